@@ -1,0 +1,1 @@
+//! holdfast over PostgreSQL: the backend for fleets of replicas sharing one database.

@@ -1,0 +1,1 @@
+//! holdfast over SQLite: the embedded default backend for tokens, locks, transaction statuses and queues.

@@ -1,0 +1,29 @@
+//! Pure claim rules for holdfast.
+//!
+//! This crate decides; it performs no I/O, reads no clock, environment or global
+//! RNG, and has no async runtime or database driver in its dependency tree, so a
+//! service can import the rules alone. Callers feed it facts (candidates, lock
+//! outcomes, loaded records, the current time, an RNG) and execute what it returns.
+//!
+//! - [`quantity`], [`ids`], [`timestamp`], [`token`]: validated values and records.
+//! - [`selection`], [`blacklist`], [`window`]: the token selection engine.
+//! - [`request`], [`admission`]: build-slot admission.
+//! - [`lease`]: the lock lifecycle (settlement and lease expiry).
+#![warn(missing_docs)]
+
+pub mod ids;
+pub mod lease;
+pub mod quantity;
+pub mod request;
+pub mod timestamp;
+pub mod token;
+
+pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
+pub use lease::TxStatus;
+pub use quantity::{Precision, Quantity, QuantityError};
+pub use request::{
+    BuildPlan, BuildStrategy, LastGreen, Queue, Request, RequestId, RequestIdError, RequestState,
+    Version,
+};
+pub use timestamp::Timestamp;
+pub use token::{Candidate, ClaimVerdict, Token};

@@ -1,0 +1,339 @@
+//! Build requests and queues: the records that build-slot admission reads and writes.
+//!
+//! Every record carries a [`Version`]; a store writes a whole record only if the
+//! version it holds still equals the one the writer read (compare-and-set), and the
+//! written record carries the next version.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::ids::{IdError, QueueName, RevisionUri};
+
+/// Why a request id was refused or two ids could not be compared.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestIdError {
+    /// The text is not `request/<queue>/<n>`.
+    #[error(
+        "invalid request id {input:?}: {reason}; expected request/<queue>/<n> with n a decimal number"
+    )]
+    Malformed {
+        /// The rejected text.
+        input: String,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// The queue part is not a valid queue name.
+    #[error("invalid request id {input:?}: {source}")]
+    Queue {
+        /// The rejected text.
+        input: String,
+        /// Why the queue name was refused.
+        source: IdError,
+    },
+    /// Two ids of different queues were compared.
+    #[error("request ids {left} and {right} belong to different queues; expected ids of one queue")]
+    DifferentQueues {
+        /// The first id.
+        left: RequestId,
+        /// The second id.
+        right: RequestId,
+    },
+}
+
+/// A request id `request/<queue>/<n>`: `n` is the ingest order within the queue.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId {
+    queue: QueueName,
+    seq: u64,
+}
+
+impl RequestId {
+    /// The id of the `seq`-th request of `queue`.
+    pub fn new(queue: QueueName, seq: u64) -> Self {
+        RequestId { queue, seq }
+    }
+
+    /// Parses `request/<queue>/<n>`; the queue may itself contain `/`.
+    pub fn parse(input: &str) -> Result<Self, RequestIdError> {
+        let malformed = |reason| RequestIdError::Malformed {
+            input: input.to_owned(),
+            reason,
+        };
+        let rest = input
+            .strip_prefix("request/")
+            .ok_or_else(|| malformed("missing the request/ prefix"))?;
+        let (queue, seq) = rest
+            .rsplit_once('/')
+            .ok_or_else(|| malformed("missing the /<n> suffix"))?;
+        if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(malformed("n is not a decimal number"));
+        }
+        let seq = seq
+            .parse::<u64>()
+            .map_err(|_| malformed("n does not fit 64 bits"))?;
+        let queue = QueueName::new(queue).map_err(|source| RequestIdError::Queue {
+            input: input.to_owned(),
+            source,
+        })?;
+        Ok(RequestId { queue, seq })
+    }
+
+    /// The queue this request belongs to.
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// The ingest order within the queue.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Orders two requests of one queue by ingest order; ids of different queues are an error.
+    pub fn compare(&self, other: &RequestId) -> Result<Ordering, RequestIdError> {
+        if self.queue != other.queue {
+            return Err(RequestIdError::DifferentQueues {
+                left: self.clone(),
+                right: other.clone(),
+            });
+        }
+        Ok(self.seq.cmp(&other.seq))
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "request/{}/{}", self.queue, self.seq)
+    }
+}
+
+impl std::str::FromStr for RequestId {
+    type Err = RequestIdError;
+    fn from_str(s: &str) -> Result<Self, RequestIdError> {
+        RequestId::parse(s)
+    }
+}
+
+/// The optimistic-concurrency version of a record: starts at 1, +1 per write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Version(pub u64);
+
+impl Version {
+    /// The version of a freshly created record.
+    pub const FIRST: Version = Version(1);
+
+    /// The version a successful write produces.
+    pub fn next(self) -> Version {
+        Version(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// The life cycle of a build request. Terminal states are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RequestState {
+    /// Ingested, waiting for admission.
+    Accepted,
+    /// Admitted: owns a slot and a build was (or will be) published.
+    Processing,
+    /// A newer head replaced it before admission (terminal).
+    Superseded,
+    /// The build passed (terminal).
+    Succeeded,
+    /// The build failed, or the request was dead-lettered (terminal).
+    Failed,
+    /// The build was cancelled (terminal).
+    Cancelled,
+}
+
+impl RequestState {
+    /// Whether no further transition is allowed.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, RequestState::Accepted | RequestState::Processing)
+    }
+
+    /// The stored name: `accepted`, `processing`, `superseded`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestState::Accepted => "accepted",
+            RequestState::Processing => "processing",
+            RequestState::Superseded => "superseded",
+            RequestState::Succeeded => "succeeded",
+            RequestState::Failed => "failed",
+            RequestState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a stored name; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            RequestState::Accepted,
+            RequestState::Processing,
+            RequestState::Superseded,
+            RequestState::Succeeded,
+            RequestState::Failed,
+            RequestState::Cancelled,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+}
+
+impl fmt::Display for RequestState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a build runs: from scratch, or incrementally from the last green revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BuildStrategy {
+    /// No usable last green (none, or not an ancestor): build everything.
+    Full,
+    /// The last green is an ancestor: build the difference since it.
+    IncrementalSinceGreen,
+}
+
+impl BuildStrategy {
+    /// The stored name: `full` or `incremental_since_green`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildStrategy::Full => "full",
+            BuildStrategy::IncrementalSinceGreen => "incremental_since_green",
+        }
+    }
+
+    /// Parses a stored name; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "full" => Some(BuildStrategy::Full),
+            "incremental_since_green" => Some(BuildStrategy::IncrementalSinceGreen),
+            _ => None,
+        }
+    }
+}
+
+/// The strategy and base of an admitted build, written once with accepted -> processing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BuildPlan {
+    /// Full or incremental.
+    pub strategy: BuildStrategy,
+    /// The last green revision an incremental build starts from; `None` for full builds.
+    pub base: Option<RevisionUri>,
+}
+
+/// A build request record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// `request/<queue>/<n>`.
+    pub id: RequestId,
+    /// The revision to build; unique within the queue.
+    pub uri: RevisionUri,
+    /// Where it is in its life cycle.
+    pub state: RequestState,
+    /// Strategy and base, present from accepted -> processing on.
+    pub plan: Option<BuildPlan>,
+    /// Compare-and-set version.
+    pub version: Version,
+}
+
+/// The last green bookmark of a queue; only moves forward.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LastGreen {
+    /// The green revision.
+    pub uri: RevisionUri,
+    /// The request that built it.
+    pub request_id: RequestId,
+}
+
+/// A build queue record. Every write replaces the whole record by compare-and-set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queue {
+    /// The queue name.
+    pub name: QueueName,
+    /// The newest ingested request (the head).
+    pub latest_request_id: Option<RequestId>,
+    /// The last green bookmark.
+    pub last_green: Option<LastGreen>,
+    /// The requests that own a build slot; occupancy is its size.
+    pub owners: BTreeSet<RequestId>,
+    /// Compare-and-set version.
+    pub version: Version,
+}
+
+impl Queue {
+    /// An empty queue at [`Version::FIRST`].
+    pub fn new(name: QueueName) -> Self {
+        Queue {
+            name,
+            latest_request_id: None,
+            last_green: None,
+            owners: BTreeSet::new(),
+            version: Version::FIRST,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_request_ids() {
+        let id = RequestId::parse("request/monorepo/main/42").unwrap();
+        assert_eq!(id.queue().as_str(), "monorepo/main");
+        assert_eq!(id.seq(), 42);
+        assert_eq!(id.to_string(), "request/monorepo/main/42");
+    }
+
+    #[test]
+    fn rejects_malformed_request_ids() {
+        for bad in [
+            "",
+            "request/",
+            "request/q",
+            "request/q/",
+            "request//1",
+            "request/q/-1",
+            "request/q/1x",
+            "req/q/1",
+            "request/q/99999999999999999999999",
+        ] {
+            let err = RequestId::parse(bad).unwrap_err();
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn compares_within_one_queue_only() {
+        let a = RequestId::parse("request/q/2").unwrap();
+        let b = RequestId::parse("request/q/10").unwrap();
+        assert_eq!(a.compare(&b), Ok(Ordering::Less));
+        let other = RequestId::parse("request/p/1").unwrap();
+        assert!(matches!(
+            a.compare(&other),
+            Err(RequestIdError::DifferentQueues { .. })
+        ));
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in [
+            RequestState::Accepted,
+            RequestState::Processing,
+            RequestState::Superseded,
+            RequestState::Succeeded,
+            RequestState::Failed,
+            RequestState::Cancelled,
+        ] {
+            assert_eq!(RequestState::from_name(s.as_str()), Some(s));
+        }
+        assert!(RequestState::Failed.is_terminal());
+        assert!(!RequestState::Processing.is_terminal());
+    }
+}

@@ -1,0 +1,71 @@
+//! Errors of the ports: one enum per port family, each wrapping a [`StoreFault`]
+//! for the backend failing. Lost races and stale tokens are verdicts, not errors.
+
+/// The backend failed. Messages never contain passwords or other secrets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreFault {
+    /// The database stayed locked by another writer for longer than the busy timeout.
+    #[error("database busy: {0}")]
+    Busy(String),
+    /// The database could not be reached, or the connection was lost.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A stored row is not valid (for example a non-canonical amount).
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// The schema is missing, or newer than this code knows.
+    #[error("schema: {0}")]
+    Schema(String),
+    /// Any other backend failure; the outcome of the operation is unknown.
+    #[error("backend error: {0}")]
+    Backend(String),
+}
+
+/// Errors of [`crate::TokenStore`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenStoreError {
+    /// A token with this id exists with different attributes (adding is idempotent
+    /// only for identical tokens).
+    #[error("token {token} already exists with different attributes: {detail}")]
+    Conflict {
+        /// The token id, as `tx:index`.
+        token: String,
+        /// What differs.
+        detail: String,
+    },
+    /// The backend failed.
+    #[error(transparent)]
+    Fault(#[from] StoreFault),
+}
+
+/// Errors of [`crate::LockStore`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockStoreError {
+    /// A window claim named more than [`crate::MAX_WINDOW`] tokens.
+    #[error("window of {len} tokens; expected at most {max}")]
+    WindowTooLarge {
+        /// Tokens requested.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The backend failed; some claims of this call may have been applied.
+    #[error(transparent)]
+    Fault(#[from] StoreFault),
+}
+
+/// Errors of [`crate::TxStatusStore`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StatusStoreError {
+    /// The backend failed.
+    #[error(transparent)]
+    Fault(#[from] StoreFault),
+}
+
+/// Errors of [`crate::QueueStore`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueStoreError {
+    /// The backend failed.
+    #[error(transparent)]
+    Fault(#[from] StoreFault),
+}

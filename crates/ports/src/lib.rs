@@ -1,0 +1,50 @@
+//! holdfast ports: the async traits holdfast needs from stores and the clock, their
+//! mocks, and the conformance suite every adapter runs unchanged.
+//!
+//! Adapters report facts (a claim was won, stale or contended; a compare-and-set
+//! applied or conflicted) and never decide policy; the domain decides. Losing a
+//! race and finding a token stale are verdicts, never errors: errors are reserved
+//! for the backend failing.
+//!
+//! Every port is an `#[async_trait]` trait usable as `Arc<dyn Port>`, and has a
+//! mockall mock (`MockTokenStore`, `MockLockStore`, ...).
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod error;
+pub mod locks;
+pub mod queues;
+pub mod statuses;
+pub mod tokens;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+use std::sync::Arc;
+
+pub use clock::{Clock, MockClock};
+pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError};
+pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport};
+pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
+pub use statuses::{MockTxStatusStore, TxStatusStore};
+pub use tokens::{CandidateQuery, MockTokenStore, NewToken, TokenStore};
+
+/// One backend's ports, as the app wires them. An adapter returns one of these
+/// from its open/connect function; every field may point at the same object.
+#[derive(Clone)]
+pub struct Stores {
+    /// Tokens, candidates and balances.
+    pub tokens: Arc<dyn TokenStore>,
+    /// Token locks.
+    pub locks: Arc<dyn LockStore>,
+    /// Transaction statuses.
+    pub statuses: Arc<dyn TxStatusStore>,
+    /// Build queues and requests.
+    pub queues: Arc<dyn QueueStore>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,90 @@
+//! The lock store port: claims on tokens, their release, the lease sweep.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
+
+use crate::error::LockStoreError;
+
+/// The most tokens one window claim may name.
+pub const MAX_WINDOW: usize = 256;
+
+/// A lock as listed for diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The locked token.
+    pub token: TokenId,
+    /// The transaction holding it.
+    pub consumer: TxId,
+    /// When it was claimed.
+    pub created_at: Timestamp,
+    /// The consumer's recorded status, if any.
+    pub consumer_status: Option<TxStatus>,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepReport {
+    /// Whether this caller held sweep leadership for the tick (only the leader deletes).
+    pub leader: bool,
+    /// Locks deleted because they were older than the lease.
+    pub expired: u64,
+    /// Locks deleted because their consumer is Deleted or Orphan.
+    pub released_by_status: u64,
+}
+
+/// Token locks: one row per locked token (the primary key is the mutual exclusion),
+/// with the consumer transaction and the claim time.
+#[mockall::automock]
+#[async_trait]
+pub trait LockStore: Send + Sync {
+    /// Claims one token for `consumer` at `at`: won, stale (not spendable, spent or
+    /// missing) or contended (locked by anyone, including `consumer` itself).
+    async fn claim(
+        &self,
+        consumer: &TxId,
+        token: &TokenId,
+        at: Timestamp,
+    ) -> Result<ClaimVerdict, LockStoreError>;
+
+    /// Claims up to [`MAX_WINDOW`] tokens in one round trip, atomically, with a
+    /// verdict per token in the order given. On error, nothing of the call is claimed
+    /// unless the error is an ambiguous commit (the caller should treat the window as
+    /// possibly held and release it by consumer and tokens).
+    async fn claim_window(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError>;
+
+    /// Releases every lock of `consumer`; returns how many were released. Idempotent.
+    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError>;
+
+    /// Releases the given tokens' locks if `consumer` holds them (others' are
+    /// untouched); returns how many were released. Idempotent.
+    async fn release_tokens(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+    ) -> Result<u64, LockStoreError>;
+
+    /// Settles `consumer` as confirmed in one transaction: marks every token it holds
+    /// spent by it at `at` and releases those locks. Returns the spent tokens. Idempotent.
+    async fn spend_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError>;
+
+    /// If this caller wins sweep leadership for the tick, deletes locks created before
+    /// `now - lease` and locks whose consumer is recorded Deleted or Orphan.
+    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError>;
+
+    /// Every lock with its consumer's recorded status, oldest first.
+    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError>;
+
+    /// Database round trips made so far by this adapter instance, across all its ports.
+    fn round_trips(&self) -> u64;
+}

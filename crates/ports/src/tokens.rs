@@ -1,0 +1,77 @@
+//! The token store port: tokens, spendable candidates and balances.
+
+use async_trait::async_trait;
+use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, WalletId};
+
+use crate::error::TokenStoreError;
+
+/// A token to add to a wallet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewToken {
+    /// Creating transaction and output index.
+    pub id: TokenId,
+    /// Owning wallet.
+    pub wallet: WalletId,
+    /// Denomination.
+    pub token_type: TokenType,
+    /// Amount.
+    pub quantity: Quantity,
+    /// Whether it may be selected.
+    pub spendable: bool,
+}
+
+/// One page of candidates: spendable, unspent, unlocked tokens of a wallet and type
+/// in ascending `(quantity, tx, index)` order, strictly after `after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateQuery {
+    /// The wallet.
+    pub wallet: WalletId,
+    /// The token type.
+    pub token_type: TokenType,
+    /// Keyset cursor: the last candidate of the previous page; `None` for the first page.
+    pub after: Option<Candidate>,
+    /// At most this many rows.
+    pub limit: usize,
+}
+
+/// Tokens, candidates and balances.
+#[mockall::automock]
+#[async_trait]
+pub trait TokenStore: Send + Sync {
+    /// Adds tokens; a token that already exists with identical attributes is left
+    /// alone (idempotent), one with different attributes is a
+    /// [`TokenStoreError::Conflict`] and nothing of the call is written. Returns how
+    /// many were new.
+    async fn add_tokens(&self, tokens: &[NewToken]) -> Result<u64, TokenStoreError>;
+
+    /// Sets the spendable flag; returns false when no such unspent token exists.
+    async fn set_spendable(
+        &self,
+        token: &TokenId,
+        spendable: bool,
+    ) -> Result<bool, TokenStoreError>;
+
+    /// One page of candidates (see [`CandidateQuery`]). Locked tokens are excluded
+    /// (anti-join); the page is read through the candidate index, never by loading
+    /// the whole wallet.
+    async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError>;
+
+    /// The sum of spendable, unspent tokens of the wallet and type, locks ignored.
+    async fn balance(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+    ) -> Result<Quantity, TokenStoreError>;
+
+    /// Unspent tokens of a wallet (of one type, or all), in ascending quantity, at
+    /// most `limit`.
+    async fn list_tokens(
+        &self,
+        wallet: &WalletId,
+        token_type: Option<TokenType>,
+        limit: usize,
+    ) -> Result<Vec<Token>, TokenStoreError>;
+
+    /// One token by id, spent or not.
+    async fn token(&self, id: &TokenId) -> Result<Option<Token>, TokenStoreError>;
+}

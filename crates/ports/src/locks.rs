@@ -79,7 +79,9 @@ pub trait LockStore: Send + Sync {
     ) -> Result<Vec<TokenId>, LockStoreError>;
 
     /// If this caller wins sweep leadership for the tick, deletes locks created before
-    /// `now - lease` and locks whose consumer is recorded Deleted or Orphan.
+    /// `now - lease` and locks whose consumer is recorded Deleted or Orphan. A lock
+    /// created exactly at `now - lease` stays; a lock both expired and of a dead
+    /// consumer counts as expired in the report.
     async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError>;
 
     /// Every lock with its consumer's recorded status, oldest first.

@@ -41,7 +41,9 @@ pub trait TokenStore: Send + Sync {
     /// Adds tokens; a token that already exists with identical attributes is left
     /// alone (idempotent), one with different attributes is a
     /// [`TokenStoreError::Conflict`] and nothing of the call is written. Returns how
-    /// many were new.
+    /// many were new. The attributes compared are wallet, type and quantity; the
+    /// spendable flag and the spent state are state, not identity, and an existing
+    /// token's state is left as it is.
     async fn add_tokens(&self, tokens: &[NewToken]) -> Result<u64, TokenStoreError>;
 
     /// Sets the spendable flag; returns false when no such unspent token exists.

@@ -1,1 +1,0 @@
-//! The adapter conformance suite (feature `conformance`): async checks every adapter runs unchanged against a real database.

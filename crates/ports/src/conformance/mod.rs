@@ -1,0 +1,148 @@
+//! The adapter conformance suite (feature `conformance`): async checks every adapter
+//! runs unchanged against a real database, so the backends cannot drift apart.
+//!
+//! # Running the suite from an adapter
+//!
+//! Implement [`Backend`] (a factory for fresh, migrated, empty databases) and invoke
+//! [`conformance_tests!`](crate::conformance_tests) in an integration test file. The
+//! macro expands to one `#[tokio::test]` per check (multi-threaded runtime), named
+//! after the check, so a failure names exactly what broke:
+//!
+//! ```text
+//! // crates/adapters-foo/tests/conformance.rs
+//! struct Foo;
+//! #[async_trait::async_trait]
+//! impl holdfast_ports::conformance::Backend for Foo {
+//!     async fn fresh(&self) -> Result<Box<dyn holdfast_ports::conformance::TestDatabase>, holdfast_ports::conformance::BackendError> {
+//!         /* create an empty database, migrate it, open one instance */
+//!     }
+//! }
+//! holdfast_ports::conformance_tests!(Foo);
+//! ```
+//!
+//! The adapter's dev-dependencies need `tokio` with the `macros` and
+//! `rt-multi-thread` features (the generated tests use `#[tokio::test]`).
+//!
+//! Checks panic with a message naming what they expected and what they saw; they
+//! never sleep and assert no timings.
+
+pub mod locks;
+pub mod queues;
+pub mod statuses;
+pub mod support;
+pub mod tokens;
+
+use async_trait::async_trait;
+
+use crate::Stores;
+
+/// Why a [`Backend`] could not provide a database (the suite then fails the check
+/// with this error's message).
+pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A factory of fresh databases for the suite. Each check calls [`Backend::fresh`]
+/// once, so checks never see each other's data and may run in parallel.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// A new, empty, fully migrated database with one adapter instance open on it.
+    async fn fresh(&self) -> Result<Box<dyn TestDatabase>, BackendError>;
+}
+
+/// One fresh database of a check, and the instances open on it.
+#[async_trait]
+pub trait TestDatabase: Send + Sync {
+    /// The ports of the first adapter instance (the same instance on every call).
+    fn stores(&self) -> Stores;
+
+    /// Opens another, independent adapter instance on the same database, as a
+    /// second replica of the app would: its own connections (pool) and its own
+    /// round-trip counter. The suite uses replicas for its concurrency checks.
+    async fn replica(&self) -> Result<Stores, BackendError>;
+}
+
+/// Calls [`Backend::fresh`], failing the check with the backend's error.
+pub async fn fresh<B: Backend + ?Sized>(backend: &B) -> Box<dyn TestDatabase> {
+    match backend.fresh().await {
+        Ok(db) => db,
+        Err(e) => panic!("conformance: the backend could not provide a fresh database: {e}"),
+    }
+}
+
+/// The names of every check, as `module::check`, in the order the macro emits them.
+pub const CHECK_NAMES: &[&str] = crate::conformance_tests!(@list names ());
+
+/// Expands to one `#[tokio::test]` per conformance check, each calling the check with
+/// a fresh database from the [`Backend`] expression given (evaluated once per test).
+///
+/// ```text
+/// holdfast_ports::conformance_tests!(my_adapter_tests::SqliteFactory::default());
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:expr) => {
+        $crate::conformance_tests!(@list tests ($backend));
+    };
+    (@list $mode:ident $extra:tt) => {
+        $crate::conformance_tests! {@$mode $extra
+            tokens::add_tokens_is_idempotent,
+            tokens::add_tokens_conflict_writes_nothing,
+            tokens::set_spendable_reports_missing_and_spent,
+            tokens::candidates_ascending_excluding_locked_spent_unspendable,
+            tokens::candidates_equal_amounts_compare_exactly,
+            tokens::candidates_keyset_paging_is_exact,
+            tokens::amounts_beyond_u64_round_trip_and_order,
+            tokens::balance_ignores_locks_excludes_spent_and_unspendable,
+            tokens::list_tokens_filters_orders_and_limits,
+            locks::claim_verdicts_stale_vs_contended,
+            locks::sixteen_claimers_one_winner,
+            locks::overlapping_windows_one_winner_per_token,
+            locks::window_verdicts_in_order,
+            locks::window_larger_than_max_is_rejected,
+            locks::window_claim_is_one_round_trip,
+            locks::release_consumer_frees_exactly_its_locks,
+            locks::release_tokens_frees_only_named_tokens_of_consumer,
+            locks::spend_consumer_marks_spent_and_releases,
+            locks::sweep_removes_expired_and_dead_consumers_only,
+            locks::list_locks_oldest_first_with_status,
+            statuses::status_round_trips_and_replaces,
+            queues::create_request_dedups_and_numbers,
+            queues::create_request_concurrent_dedups,
+            queues::queue_cas_rejects_stale_version,
+            queues::request_cas_rejects_stale_version,
+            queues::queue_cas_never_loses_a_concurrent_write,
+            queues::request_cas_never_loses_a_concurrent_write,
+            queues::owner_set_round_trips_exactly,
+            queues::list_requests_in_sequence_order,
+        }
+    };
+    (@tests ($backend:expr) $($module:ident :: $name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let db = $crate::conformance::fresh(&$backend).await;
+                $crate::conformance::$module::$name(&*db).await;
+            }
+        )*
+    };
+    (@names () $($module:ident :: $name:ident),* $(,)?) => {
+        &[$(concat!(stringify!($module), "::", stringify!($name))),*]
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CHECK_NAMES;
+
+    #[test]
+    fn check_names_are_unique() {
+        let mut names: Vec<&str> = CHECK_NAMES
+            .iter()
+            .map(|n| n.split("::").nth(1).unwrap_or(n))
+            .collect();
+        let total = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), total, "two checks share a test name");
+        assert!(total >= 29);
+    }
+}

@@ -1,0 +1,450 @@
+//! Checks of the queue store: dedup and numbering of requests, compare-and-set on
+//! queues and requests (stale versions rejected, concurrent writes never lost), and
+//! the exact round trip of the owner set.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use holdfast_domain::{
+    BuildPlan, BuildStrategy, LastGreen, Queue, Request, RequestId, RequestState, Version,
+};
+use tokio::sync::Barrier;
+
+use super::TestDatabase;
+use super::support::{queue, uri};
+use crate::{CasOutcome, Stores};
+
+async fn instances(db: &dyn TestDatabase) -> Vec<Stores> {
+    let mut out = vec![db.stores()];
+    for _ in 0..2 {
+        match db.replica().await {
+            Ok(s) => out.push(s),
+            Err(e) => panic!("conformance: could not open a replica: {e}"),
+        }
+    }
+    out
+}
+
+async fn load_queue(s: &Stores, name: &str) -> Queue {
+    s.queues
+        .load_queue(&queue(name))
+        .await
+        .expect("load_queue")
+        .unwrap_or_else(|| panic!("queue {name} must exist"))
+}
+
+fn rid(text: &str) -> RequestId {
+    RequestId::parse(text).unwrap_or_else(|e| panic!("conformance: {e}"))
+}
+
+/// `create_request` numbers requests 1, 2, 3... per queue, deduplicates on
+/// (queue, uri), creates the queue record at [`Version::FIRST`], and stores an
+/// accepted request without a plan.
+pub async fn create_request_dedups_and_numbers(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let q = queue("monorepo/main");
+    assert_eq!(s.queues.load_queue(&q).await, Ok(None));
+    let a = s
+        .queues
+        .create_request(&q, &uri("git:aaa"))
+        .await
+        .expect("create");
+    assert!(a.created);
+    assert_eq!(a.request.id, rid("request/monorepo/main/1"));
+    assert_eq!(a.request.uri, uri("git:aaa"));
+    assert_eq!(a.request.state, RequestState::Accepted);
+    assert_eq!(a.request.plan, None);
+    assert_eq!(a.request.version, Version::FIRST);
+    let b = s
+        .queues
+        .create_request(&q, &uri("git:bbb"))
+        .await
+        .expect("create");
+    assert_eq!((b.created, b.request.id.seq()), (true, 2));
+    let again = s
+        .queues
+        .create_request(&q, &uri("git:aaa"))
+        .await
+        .expect("create");
+    assert!(!again.created, "same queue and uri: deduplicated");
+    assert_eq!(again.request, a.request);
+    let other = s
+        .queues
+        .create_request(&queue("other"), &uri("git:aaa"))
+        .await
+        .expect("create");
+    assert_eq!(
+        (other.created, other.request.id.seq()),
+        (true, 1),
+        "numbering is per queue"
+    );
+    let loaded = load_queue(&s, "monorepo/main").await;
+    assert_eq!(
+        loaded,
+        Queue::new(q.clone()),
+        "a created queue is empty at version 1"
+    );
+    assert_eq!(
+        s.queues.load_request(&a.request.id).await,
+        Ok(Some(a.request.clone()))
+    );
+    assert_eq!(
+        s.queues
+            .load_request(&rid("request/monorepo/main/99"))
+            .await,
+        Ok(None)
+    );
+}
+
+/// 24 tasks on three instances ingest 8 uris three times each at once: 8 requests
+/// are created, numbered 1..=8 without gaps or repeats, and every duplicate gets the
+/// request of its uri.
+pub async fn create_request_concurrent_dedups(db: &dyn TestDatabase) {
+    let inst = instances(db).await;
+    let barrier = Arc::new(Barrier::new(24));
+    let mut tasks = Vec::new();
+    for i in 0..24usize {
+        let s = inst[i % inst.len()].clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let u = uri(&format!("git:{}", i % 8));
+            barrier.wait().await;
+            (u.clone(), s.queues.create_request(&queue("q/x"), &u).await)
+        }));
+    }
+    let mut by_uri: std::collections::BTreeMap<String, (RequestId, usize)> = Default::default();
+    for t in tasks {
+        let (u, got) = t.await.expect("task panicked");
+        let got = got.unwrap_or_else(|e| panic!("create_request {u}: {e}"));
+        assert_eq!(got.request.uri, u);
+        let entry = by_uri
+            .entry(u.to_string())
+            .or_insert((got.request.id.clone(), 0));
+        assert_eq!(entry.0, got.request.id, "{u} got two different requests");
+        if got.created {
+            entry.1 += 1;
+        }
+    }
+    assert_eq!(by_uri.len(), 8);
+    for (u, (_, created)) in &by_uri {
+        assert_eq!(*created, 1, "{u} created exactly once");
+    }
+    let seqs: BTreeSet<u64> = by_uri.values().map(|(id, _)| id.seq()).collect();
+    assert_eq!(
+        seqs,
+        (1..=8).collect::<BTreeSet<u64>>(),
+        "numbers 1..=8, no gaps or repeats"
+    );
+    let listed = inst[0]
+        .queues
+        .list_requests(&queue("q/x"), 100)
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 8);
+}
+
+/// A queue compare-and-set applies on the stored version and bumps it; a stale or
+/// missing one conflicts and writes nothing.
+pub async fn queue_cas_rejects_stale_version(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let created = s
+        .queues
+        .create_request(&queue("q"), &uri("u1"))
+        .await
+        .expect("create");
+    let mut q = load_queue(&s, "q").await;
+    q.latest_request_id = Some(created.request.id.clone());
+    assert_eq!(
+        s.queues.cas_queue(Version::FIRST, &q).await,
+        Ok(CasOutcome::Applied)
+    );
+    let stored = load_queue(&s, "q").await;
+    assert_eq!(stored.version, Version(2));
+    assert_eq!(stored.latest_request_id, Some(created.request.id.clone()));
+    let mut stale = q.clone();
+    stale.latest_request_id = None;
+    stale.owners.insert(created.request.id.clone());
+    assert_eq!(
+        s.queues.cas_queue(Version::FIRST, &stale).await,
+        Ok(CasOutcome::Conflict)
+    );
+    assert_eq!(
+        s.queues.cas_queue(Version(3), &stale).await,
+        Ok(CasOutcome::Conflict),
+        "future"
+    );
+    assert_eq!(
+        load_queue(&s, "q").await,
+        stored,
+        "a conflicting write changed nothing"
+    );
+    let missing = Queue::new(queue("never-created"));
+    assert_eq!(
+        s.queues.cas_queue(Version::FIRST, &missing).await,
+        Ok(CasOutcome::Conflict)
+    );
+    assert_eq!(s.queues.load_queue(&queue("never-created")).await, Ok(None));
+}
+
+/// A request compare-and-set applies on the stored version and bumps it, storing
+/// state and plan exactly; a stale or missing one conflicts and writes nothing.
+pub async fn request_cas_rejects_stale_version(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let r = s
+        .queues
+        .create_request(&queue("q"), &uri("u1"))
+        .await
+        .expect("create")
+        .request;
+    let processing = Request {
+        state: RequestState::Processing,
+        plan: Some(BuildPlan {
+            strategy: BuildStrategy::IncrementalSinceGreen,
+            base: Some(uri("u0")),
+        }),
+        ..r.clone()
+    };
+    assert_eq!(
+        s.queues.cas_request(Version::FIRST, &processing).await,
+        Ok(CasOutcome::Applied)
+    );
+    let stored = s
+        .queues
+        .load_request(&r.id)
+        .await
+        .expect("load")
+        .expect("stored");
+    assert_eq!(
+        stored,
+        Request {
+            version: Version(2),
+            ..processing.clone()
+        }
+    );
+    let failed = Request {
+        state: RequestState::Failed,
+        ..r.clone()
+    };
+    assert_eq!(
+        s.queues.cas_request(Version::FIRST, &failed).await,
+        Ok(CasOutcome::Conflict)
+    );
+    assert_eq!(
+        s.queues.load_request(&r.id).await,
+        Ok(Some(stored.clone())),
+        "unchanged"
+    );
+    let full = Request {
+        state: RequestState::Succeeded,
+        plan: Some(BuildPlan {
+            strategy: BuildStrategy::Full,
+            base: None,
+        }),
+        ..r.clone()
+    };
+    assert_eq!(
+        s.queues.cas_request(Version(2), &full).await,
+        Ok(CasOutcome::Applied)
+    );
+    let stored = s
+        .queues
+        .load_request(&r.id)
+        .await
+        .expect("load")
+        .expect("stored");
+    assert_eq!(
+        stored,
+        Request {
+            version: Version(3),
+            ..full
+        }
+    );
+    let ghost = Request {
+        id: rid("request/q/42"),
+        ..r
+    };
+    assert_eq!(
+        s.queues.cas_request(Version::FIRST, &ghost).await,
+        Ok(CasOutcome::Conflict)
+    );
+    assert_eq!(s.queues.load_request(&rid("request/q/42")).await, Ok(None));
+}
+
+/// 16 tasks on three instances each add their own owner to one queue by
+/// read-modify-compare-and-set-retry: all 16 owners are present at the end and the
+/// version counts exactly 16 applied writes.
+pub async fn queue_cas_never_loses_a_concurrent_write(db: &dyn TestDatabase) {
+    let inst = instances(db).await;
+    inst[0]
+        .queues
+        .create_request(&queue("a/b/c"), &uri("seed"))
+        .await
+        .expect("create");
+    let barrier = Arc::new(Barrier::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let s = inst[usize::try_from(i).unwrap_or(0) % inst.len()].clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mine = RequestId::new(queue("a/b/c"), i + 1);
+            for _attempt in 0..10_000u32 {
+                let mut q = load_queue(&s, "a/b/c").await;
+                let expected = q.version;
+                q.owners.insert(mine.clone());
+                match s.queues.cas_queue(expected, &q).await {
+                    Ok(CasOutcome::Applied) => return,
+                    Ok(CasOutcome::Conflict) => tokio::task::yield_now().await,
+                    Err(e) => panic!("cas_queue failed: {e}"),
+                }
+            }
+            panic!("task {i} never applied its write");
+        }));
+    }
+    for t in tasks {
+        t.await.expect("cas task panicked");
+    }
+    let q = load_queue(&inst[0], "a/b/c").await;
+    let want: BTreeSet<RequestId> = (1..=16)
+        .map(|n| RequestId::new(queue("a/b/c"), n))
+        .collect();
+    assert_eq!(q.owners, want, "no owner lost");
+    assert_eq!(q.version, Version(17), "16 applied writes");
+}
+
+/// 16 tasks on three instances each apply one request compare-and-set (retrying on
+/// conflict): the final version counts exactly 16 applied writes.
+pub async fn request_cas_never_loses_a_concurrent_write(db: &dyn TestDatabase) {
+    let inst = instances(db).await;
+    let id = inst[0]
+        .queues
+        .create_request(&queue("q"), &uri("u"))
+        .await
+        .expect("create")
+        .request
+        .id;
+    let barrier = Arc::new(Barrier::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..16usize {
+        let s = inst[i % inst.len()].clone();
+        let (barrier, id) = (barrier.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut applied = 0u32;
+            let mut conflicts = 0u32;
+            while applied == 0 {
+                let r = s
+                    .queues
+                    .load_request(&id)
+                    .await
+                    .expect("load")
+                    .expect("stored");
+                let state = if i % 2 == 0 {
+                    RequestState::Processing
+                } else {
+                    RequestState::Accepted
+                };
+                match s
+                    .queues
+                    .cas_request(r.version, &Request { state, ..r.clone() })
+                    .await
+                {
+                    Ok(CasOutcome::Applied) => applied += 1,
+                    Ok(CasOutcome::Conflict) => {
+                        conflicts += 1;
+                        assert!(conflicts < 10_000, "task {i} never applied its write");
+                        tokio::task::yield_now().await;
+                    }
+                    Err(e) => panic!("cas_request failed: {e}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("cas task panicked");
+    }
+    let r = inst[1]
+        .queues
+        .load_request(&id)
+        .await
+        .expect("load")
+        .expect("stored");
+    assert_eq!(r.version, Version(17), "16 applied writes, none lost");
+}
+
+/// The owner set, latest request and last green bookmark round-trip exactly: empty,
+/// one, many, with `/` in queue names and numbers beyond 2^53.
+pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let name = queue("org/repo/main");
+    s.queues
+        .create_request(&name, &uri("u"))
+        .await
+        .expect("create");
+    let owner_sets: Vec<BTreeSet<RequestId>> = vec![
+        BTreeSet::new(),
+        BTreeSet::from([RequestId::new(name.clone(), 1)]),
+        (1..=40)
+            .map(|n| RequestId::new(name.clone(), n * 3))
+            .collect(),
+        BTreeSet::from([
+            RequestId::new(name.clone(), 2),
+            RequestId::new(name.clone(), 10),
+            RequestId::new(name.clone(), (1 << 53) + 1),
+        ]),
+        BTreeSet::new(),
+    ];
+    let mut version = Version::FIRST;
+    for (step, owners) in owner_sets.into_iter().enumerate() {
+        let mut q = load_queue(&s, "org/repo/main").await;
+        q.owners = owners.clone();
+        q.latest_request_id = (step % 2 == 1).then(|| RequestId::new(name.clone(), 7));
+        q.last_green = (step % 2 == 0 && step > 0).then(|| LastGreen {
+            uri: uri("git:green/with/slashes"),
+            request_id: RequestId::new(name.clone(), 5),
+        });
+        assert_eq!(
+            s.queues.cas_queue(version, &q).await,
+            Ok(CasOutcome::Applied),
+            "step {step}"
+        );
+        version = version.next();
+        let stored = load_queue(&s, "org/repo/main").await;
+        assert_eq!(stored, Queue { version, ..q }, "step {step}");
+    }
+}
+
+/// `list_requests` lists a queue's requests in sequence order, at most `limit`.
+pub async fn list_requests_in_sequence_order(db: &dyn TestDatabase) {
+    let s = db.stores();
+    for u in ["z", "y", "x", "w"] {
+        s.queues
+            .create_request(&queue("q"), &uri(u))
+            .await
+            .expect("create");
+    }
+    s.queues
+        .create_request(&queue("q2"), &uri("other"))
+        .await
+        .expect("create");
+    let listed = s.queues.list_requests(&queue("q"), 3).await.expect("list");
+    let got: Vec<(u64, String)> = listed
+        .iter()
+        .map(|r| (r.id.seq(), r.uri.to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, "z".to_owned()),
+            (2, "y".to_owned()),
+            (3, "x".to_owned())
+        ]
+    );
+    assert!(
+        s.queues
+            .list_requests(&queue("empty"), 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}

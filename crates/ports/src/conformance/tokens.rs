@@ -1,0 +1,437 @@
+//! Checks of the token store: idempotent adds, candidates, paging, amounts, balance.
+
+use holdfast_domain::{Quantity, TokenId};
+
+use super::TestDatabase;
+use super::support::{T0, add, all_candidates, amount, chf, ids, token_id, token_type, tx, wallet};
+use crate::{CandidateQuery, NewToken, TokenStoreError};
+
+/// Adding the same tokens twice adds them once; the stored token is exact.
+pub async fn add_tokens_is_idempotent(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let batch = [
+        chf("w", "a", 0, 5),
+        chf("w", "a", 1, 7),
+        chf("w", "b", 0, 9),
+    ];
+    assert_eq!(s.tokens.add_tokens(&batch).await, Ok(3), "first add");
+    assert_eq!(
+        s.tokens.add_tokens(&batch).await,
+        Ok(0),
+        "re-adding identical tokens must add nothing"
+    );
+    assert_eq!(
+        s.tokens
+            .add_tokens(&[chf("w", "a", 0, 5), chf("w", "c", 0, 1)])
+            .await,
+        Ok(1),
+        "a batch mixing an existing and a new token adds only the new one"
+    );
+    let stored = s.tokens.token(&token_id("a", 1)).await.expect("token");
+    let stored = stored.expect("token a:1 must exist");
+    assert_eq!(stored.id, token_id("a", 1));
+    assert_eq!(stored.wallet, wallet("w"));
+    assert_eq!(stored.token_type, token_type("CHF"));
+    assert_eq!(stored.quantity, amount(7));
+    assert!(stored.spendable);
+    assert_eq!(stored.spent_by, None);
+    assert_eq!(stored.spent_at, None);
+    assert_eq!(s.tokens.token(&token_id("zz", 0)).await, Ok(None));
+    assert_eq!(s.tokens.add_tokens(&[]).await, Ok(0), "an empty add");
+}
+
+/// A token re-added with a different wallet, type or amount is a conflict naming the
+/// token, and nothing of that call is written.
+pub async fn add_tokens_conflict_writes_nothing(db: &dyn TestDatabase) {
+    let s = db.stores();
+    add(&s, &[chf("w", "a", 0, 5)]).await;
+    let mut other_type = chf("w", "a", 0, 5);
+    other_type.token_type = token_type("EUR");
+    for changed in [chf("w", "a", 0, 6), chf("v", "a", 0, 5), other_type] {
+        let err = s
+            .tokens
+            .add_tokens(&[chf("w", "new", 0, 1), changed.clone()])
+            .await
+            .expect_err("a different token under an existing id must be refused");
+        match err {
+            TokenStoreError::Conflict { token, .. } => assert_eq!(token, "a:0"),
+            other => panic!("expected Conflict for a:0, got {other:?}"),
+        }
+        assert_eq!(
+            s.tokens.token(&token_id("new", 0)).await,
+            Ok(None),
+            "the new token of a refused batch must not be written"
+        );
+    }
+    let kept = s
+        .tokens
+        .token(&token_id("a", 0))
+        .await
+        .expect("token")
+        .expect("a:0");
+    assert_eq!(kept.quantity, amount(5), "the original token is unchanged");
+    // Two different tokens under one id within one batch conflict too.
+    let err = s
+        .tokens
+        .add_tokens(&[chf("w", "d", 0, 1), chf("w", "d", 0, 2)])
+        .await
+        .expect_err("duplicate id with different amounts in one batch");
+    assert!(matches!(err, TokenStoreError::Conflict { .. }), "{err:?}");
+    assert_eq!(s.tokens.token(&token_id("d", 0)).await, Ok(None));
+}
+
+/// `set_spendable` reports whether an unspent token was found.
+pub async fn set_spendable_reports_missing_and_spent(db: &dyn TestDatabase) {
+    let s = db.stores();
+    add(&s, &[chf("w", "a", 0, 5), chf("w", "a", 1, 6)]).await;
+    assert_eq!(
+        s.tokens.set_spendable(&token_id("a", 0), false).await,
+        Ok(true)
+    );
+    let t = s
+        .tokens
+        .token(&token_id("a", 0))
+        .await
+        .expect("token")
+        .expect("a:0");
+    assert!(!t.spendable, "the flag was written");
+    assert_eq!(
+        s.tokens.set_spendable(&token_id("a", 0), true).await,
+        Ok(true)
+    );
+    assert_eq!(
+        s.tokens.set_spendable(&token_id("nope", 0), true).await,
+        Ok(false)
+    );
+    let c = tx("spender");
+    assert_eq!(
+        s.locks.claim(&c, &token_id("a", 1), T0).await,
+        Ok(holdfast_domain::ClaimVerdict::Won)
+    );
+    s.locks.spend_consumer(&c, T0).await.expect("spend");
+    assert_eq!(
+        s.tokens.set_spendable(&token_id("a", 1), false).await,
+        Ok(false),
+        "a spent token is not an unspent token"
+    );
+}
+
+/// Candidates come in ascending amount, and exclude locked, spent, non-spendable
+/// tokens and tokens of other wallets or types.
+pub async fn candidates_ascending_excluding_locked_spent_unspendable(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let mut eur = chf("w", "eur", 0, 1);
+    eur.token_type = token_type("EUR");
+    add(
+        &s,
+        &[
+            chf("w", "a", 0, 50),
+            chf("w", "a", 1, 10),
+            chf("w", "a", 2, 30),
+            chf("w", "a", 3, 20),
+            chf("w", "a", 4, 40),
+            chf("w", "locked", 0, 15),
+            chf("w", "spent", 0, 16),
+            chf("w", "off", 0, 17),
+            chf("other", "o", 0, 1),
+            eur,
+        ],
+    )
+    .await;
+    let holder = tx("holder");
+    let t0 = T0;
+    assert_eq!(
+        s.locks.claim(&holder, &token_id("locked", 0), t0).await,
+        Ok(holdfast_domain::ClaimVerdict::Won)
+    );
+    let spender = tx("spender");
+    s.locks
+        .claim(&spender, &token_id("spent", 0), t0)
+        .await
+        .expect("claim");
+    s.locks.spend_consumer(&spender, t0).await.expect("spend");
+    s.tokens
+        .set_spendable(&token_id("off", 0), false)
+        .await
+        .expect("set_spendable");
+
+    let got = all_candidates(&s, "w", 100).await;
+    let want: Vec<(TokenId, Quantity)> = [(1, 10), (3, 20), (2, 30), (4, 40), (0, 50)]
+        .into_iter()
+        .map(|(i, v)| (token_id("a", i), amount(v)))
+        .collect();
+    let got: Vec<(TokenId, Quantity)> = got.into_iter().map(|c| (c.id, c.quantity)).collect();
+    assert_eq!(
+        got, want,
+        "ascending, without locked/spent/unspendable/foreign tokens"
+    );
+
+    s.locks.release_consumer(&holder).await.expect("release");
+    let again = ids(&all_candidates(&s, "w", 100).await);
+    assert!(
+        again.contains(&token_id("locked", 0)),
+        "a released token is a candidate again"
+    );
+}
+
+/// Equal amounts are equal exactly (one encoding per value): tokens of one amount
+/// come together, ordered by token id, before any larger amount.
+pub async fn candidates_equal_amounts_compare_exactly(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let big = (1u128 << 64) + 7;
+    add(
+        &s,
+        &[
+            chf("w", "c", 0, big + 1),
+            chf("w", "b", 0, big),
+            chf("w", "a", 0, big),
+            chf("w", "d", 0, big - 1),
+            chf("w", "a", 1, big),
+        ],
+    )
+    .await;
+    let got = all_candidates(&s, "w", 100).await;
+    let want = vec![
+        token_id("d", 0),
+        token_id("a", 0),
+        token_id("a", 1),
+        token_id("b", 0),
+        token_id("c", 0),
+    ];
+    assert_eq!(ids(&got), want, "ordered by (amount, tx, index)");
+    assert_eq!(got[1].quantity, got[2].quantity);
+    assert_eq!(got[2].quantity, got[3].quantity);
+    assert_eq!(got[1].quantity, amount(big));
+}
+
+/// Keyset paging returns every candidate exactly once, in order, for every page
+/// size, including page boundaries that fall inside a run of equal amounts.
+pub async fn candidates_keyset_paging_is_exact(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let mut batch: Vec<NewToken> = Vec::new();
+    for i in 0..30u32 {
+        // Amounts 1,2,3 repeating: long runs of equal amounts across pages.
+        batch.push(chf(
+            "w",
+            &format!("t{:02}", 29 - i),
+            i % 4,
+            u128::from(i % 3) + 1,
+        ));
+    }
+    add(&s, &batch).await;
+    let whole = all_candidates(&s, "w", 1000).await;
+    assert_eq!(whole.len(), 30, "all 30 tokens are candidates");
+    for pair in whole.windows(2) {
+        let key = |c: &holdfast_domain::Candidate| (c.quantity, c.id.clone());
+        assert!(
+            key(&pair[0]) < key(&pair[1]),
+            "strictly ascending (amount, id): {pair:?}"
+        );
+    }
+    for page in [1usize, 2, 3, 4, 7, 10, 29, 30, 31] {
+        let paged = all_candidates(&s, "w", page).await;
+        assert_eq!(ids(&paged), ids(&whole), "page size {page}");
+    }
+    // A cursor at a token that is itself gone (locked meanwhile) still works.
+    let cursor = whole[4].clone();
+    s.locks
+        .claim(&tx("x"), &cursor.id, T0)
+        .await
+        .expect("claim");
+    let rest = s
+        .tokens
+        .candidates(&CandidateQuery {
+            wallet: wallet("w"),
+            token_type: token_type("CHF"),
+            after: Some(cursor),
+            limit: 100,
+        })
+        .await
+        .expect("candidates");
+    assert_eq!(ids(&rest), ids(&whole[5..]));
+    let none = s
+        .tokens
+        .candidates(&CandidateQuery {
+            wallet: wallet("w"),
+            token_type: token_type("CHF"),
+            after: None,
+            limit: 0,
+        })
+        .await
+        .expect("candidates");
+    assert!(none.is_empty(), "limit 0 returns nothing");
+}
+
+/// Amounts beyond 2^64, up to 2^128 - 1, round-trip exactly and order numerically.
+pub async fn amounts_beyond_u64_round_trip_and_order(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let values = [
+        u128::MAX,
+        1u128 << 64,
+        u128::from(u64::MAX),
+        (1u128 << 64) + 1,
+        1u128 << 100,
+        0x10,
+        0xf,
+        1,
+        u128::MAX - 1,
+    ];
+    let batch: Vec<NewToken> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| chf("w", "big", u32::try_from(i).unwrap_or(u32::MAX), *v))
+        .collect();
+    add(&s, &batch).await;
+    for (i, v) in values.iter().enumerate() {
+        let id = token_id("big", u32::try_from(i).unwrap_or(u32::MAX));
+        let t = s
+            .tokens
+            .token(&id)
+            .await
+            .expect("token")
+            .expect("stored token");
+        assert_eq!(t.quantity, amount(*v), "round trip of {v}");
+    }
+    let got: Vec<u128> = all_candidates(&s, "w", 4)
+        .await
+        .iter()
+        .map(|c| c.quantity.value())
+        .collect();
+    let mut want = values.to_vec();
+    want.sort_unstable();
+    assert_eq!(got, want, "numeric order, not text or float order");
+    add(
+        &s,
+        &[
+            chf("sum", "s", 0, 1u128 << 64),
+            chf("sum", "s", 1, 1u128 << 64),
+        ],
+    )
+    .await;
+    assert_eq!(
+        s.tokens.balance(&wallet("sum"), &token_type("CHF")).await,
+        Ok(amount(1u128 << 65)),
+        "balances beyond 2^64 are exact"
+    );
+}
+
+/// The balance counts locked tokens but not spent or non-spendable ones.
+pub async fn balance_ignores_locks_excludes_spent_and_unspendable(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let chf_t = token_type("CHF");
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(Quantity::ZERO),
+        "empty wallet"
+    );
+    let mut eur = chf("w", "eur", 0, 1000);
+    eur.token_type = token_type("EUR");
+    let mut off = chf("w", "off", 0, 2000);
+    off.spendable = false;
+    add(
+        &s,
+        &[
+            chf("w", "a", 0, 1),
+            chf("w", "a", 1, 10),
+            chf("w", "a", 2, 100),
+            chf("other", "o", 0, 5000),
+            eur,
+            off,
+        ],
+    )
+    .await;
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(amount(111))
+    );
+    s.locks
+        .claim(&tx("l"), &token_id("a", 2), T0)
+        .await
+        .expect("claim");
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(amount(111)),
+        "a locked token still counts"
+    );
+    s.locks
+        .claim(&tx("sp"), &token_id("a", 1), T0)
+        .await
+        .expect("claim");
+    s.locks.spend_consumer(&tx("sp"), T0).await.expect("spend");
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(amount(101)),
+        "a spent token does not count"
+    );
+    s.tokens
+        .set_spendable(&token_id("a", 0), false)
+        .await
+        .expect("set");
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(amount(100))
+    );
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &token_type("EUR")).await,
+        Ok(amount(1000))
+    );
+}
+
+/// `list_tokens` returns unspent tokens, ascending, filtered by type, limited.
+pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let mut eur = chf("w", "eur", 0, 2);
+    eur.token_type = token_type("EUR");
+    let mut off = chf("w", "off", 0, 4);
+    off.spendable = false;
+    add(
+        &s,
+        &[
+            chf("w", "a", 0, 3),
+            chf("w", "a", 1, 1),
+            eur,
+            off,
+            chf("w", "sp", 0, 5),
+        ],
+    )
+    .await;
+    s.locks
+        .claim(&tx("c"), &token_id("sp", 0), T0)
+        .await
+        .expect("claim");
+    s.locks.spend_consumer(&tx("c"), T0).await.expect("spend");
+    let all = s
+        .tokens
+        .list_tokens(&wallet("w"), None, 100)
+        .await
+        .expect("list");
+    let got: Vec<(TokenId, u128)> = all
+        .iter()
+        .map(|t| (t.id.clone(), t.quantity.value()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (token_id("a", 1), 1),
+            (token_id("eur", 0), 2),
+            (token_id("a", 0), 3),
+            (token_id("off", 0), 4),
+        ],
+        "unspent tokens of all types (non-spendable included), ascending"
+    );
+    let chf_only = s
+        .tokens
+        .list_tokens(&wallet("w"), Some(token_type("CHF")), 2)
+        .await
+        .expect("list");
+    let got: Vec<TokenId> = chf_only.iter().map(|t| t.id.clone()).collect();
+    assert_eq!(got, vec![token_id("a", 1), token_id("a", 0)]);
+    let spent = s
+        .tokens
+        .token(&token_id("sp", 0))
+        .await
+        .expect("token")
+        .expect("sp:0");
+    assert_eq!(spent.spent_by, Some(tx("c")));
+    assert_eq!(spent.spent_at, Some(T0));
+}

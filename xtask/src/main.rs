@@ -1,1 +1,75 @@
-fn main() {}
+//! Project automation, run as `cargo xtask <task>` (alias in `.cargo/config.toml`).
+//!
+//! Each task is one module with a `run` function; `main` only dispatches. CI runs
+//! exactly `cargo xtask ci` (see `.ci/run`), so what passes here passes there.
+//!
+//! Adding a task (`demo`, `bench`, `fuzz`, ...): write `src/<task>.rs` with
+//! `pub fn run(args: &[String]) -> Result<(), Error>`, declare the module below,
+//! add a line to [`TASKS`] and an arm to [`dispatch`]. Run commands through
+//! [`process::run`] so they are echoed and their failures become [`Error`]s.
+
+mod ci;
+mod error;
+mod postgres;
+mod process;
+mod testing;
+mod tidy;
+
+use std::process::ExitCode;
+
+pub use error::Error;
+
+/// The tasks, with the one-line help shown by `cargo xtask help`.
+const TASKS: &[(&str, &str)] = &[
+    (
+        "ci",
+        "fmt --check, clippy -D warnings, the whole test suite, tidy checks",
+    ),
+    (
+        "test [ARGS]",
+        "the whole test suite (nextest + doc tests) with a PostgreSQL server; ARGS go to the runner",
+    ),
+    ("help", "this list"),
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<(), Error> {
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (task.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    match task {
+        "ci" => ci::run(rest),
+        "test" => testing::run(rest),
+        "help" | "-h" | "--help" => {
+            print_help();
+            Ok(())
+        }
+        other => {
+            print_help();
+            Err(Error::UnknownTask(other.to_owned()))
+        }
+    }
+}
+
+fn print_help() {
+    println!("usage: cargo xtask <task>\n\ntasks:");
+    for (name, help) in TASKS {
+        println!("  {name:<12} {help}");
+    }
+    println!(
+        "\nenvironment:\n  DATABASE_URL       use this PostgreSQL server instead of a throwaway cluster\n  \
+         HOLDFAST_PG_BIN    directory with initdb/pg_ctl (default: newest /usr/lib/postgresql/*/bin)\n  \
+         CI=true            a missing PostgreSQL is an error instead of a loud skip"
+    );
+}

@@ -1,0 +1,51 @@
+//! `cargo xtask ci`: what `.ci/run` runs, in order — formatting, clippy with
+//! warnings denied, the whole test suite (see [`crate::testing`]), the tidy checks
+//! (see [`crate::tidy`]). The first failing step stops the run.
+
+use std::time::Instant;
+
+use crate::{Error, process, testing, tidy};
+
+/// The `ci` task.
+pub fn run(args: &[String]) -> Result<(), Error> {
+    if let Some(arg) = args.first() {
+        return Err(Error::UnexpectedArgument {
+            task: "ci",
+            arg: arg.clone(),
+        });
+    }
+    let started = Instant::now();
+    step("fmt", || {
+        process::run(process::cargo().args(["fmt", "--all", "--check"]))
+    })?;
+    step("clippy", || {
+        process::run(process::cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    let summary = step("test", || testing::suite(&[]))?;
+    step("tidy", tidy::run)?;
+    summary.print();
+    eprintln!(
+        "xtask ci: all steps passed in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn step<T>(name: &str, body: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    eprintln!("==> ci: {name}");
+    let started = Instant::now();
+    let result = body();
+    eprintln!(
+        "==> ci: {name} {} ({:.0}s)",
+        if result.is_ok() { "ok" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    result
+}

@@ -1,0 +1,70 @@
+//! The one error type of xtask: every task returns it, `main` prints it.
+
+use std::path::PathBuf;
+
+/// Why a task failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The first argument named no task.
+    #[error("unknown task {0:?}; expected one of: ci, test, help")]
+    UnknownTask(String),
+    /// A task got an argument it does not take.
+    #[error("task {task} takes no argument {arg:?}")]
+    UnexpectedArgument {
+        /// The task.
+        task: &'static str,
+        /// The argument.
+        arg: String,
+    },
+    /// A command could not be started.
+    #[error("could not start `{command}`: {source}")]
+    Spawn {
+        /// The command line (no environment, so no secrets).
+        command: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A command ran and failed.
+    #[error("`{command}` failed ({status})")]
+    CommandFailed {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+    },
+    /// A command's output was not what we expected.
+    #[error("`{command}` printed unexpected output: {detail}")]
+    BadOutput {
+        /// The command line.
+        command: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A file operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What we were doing.
+        action: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// PostgreSQL is needed (CI=true) but no server could be provided.
+    #[error("no PostgreSQL: {0}")]
+    NoPostgres(String),
+    /// The throwaway PostgreSQL cluster did not come up.
+    #[error("throwaway PostgreSQL cluster failed: {0}")]
+    Cluster(String),
+    /// The tidy checks found forbidden dependencies.
+    #[error("tidy: {} violation(s):\n  {}", .0.len(), .0.join("\n  "))]
+    Tidy(Vec<String>),
+    /// `cargo metadata` or `Cargo.lock` could not be understood.
+    #[error("cannot read {what}: {detail}")]
+    Metadata {
+        /// Which input.
+        what: &'static str,
+        /// What was wrong with it.
+        detail: String,
+    },
+}

@@ -11,19 +11,27 @@
 //! - [`lease`]: the lock lifecycle (settlement and lease expiry).
 #![warn(missing_docs)]
 
+pub mod blacklist;
 pub mod ids;
 pub mod lease;
 pub mod quantity;
 pub mod request;
+pub mod selection;
 pub mod timestamp;
 pub mod token;
+pub mod window;
 
+pub use blacklist::{Blacklist, BlacklistReason};
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
 pub use lease::TxStatus;
 pub use quantity::{Precision, Quantity, QuantityError};
 pub use request::{
     BuildPlan, BuildStrategy, LastGreen, Queue, Request, RequestId, RequestIdError, RequestState,
     Version,
+};
+pub use selection::{
+    Action, FetchRequest, SelectRequest, Selected, Selection, SelectionConfig,
+    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
 };
 pub use timestamp::Timestamp;
 pub use token::{Candidate, ClaimVerdict, Token};

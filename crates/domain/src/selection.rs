@@ -1,0 +1,832 @@
+//! The token selection engine (DESIGN §2 "Select", steps 1–9 and 11), sans-IO.
+//!
+//! A [`Selection`] is one Select call across all its legs. The caller drives it:
+//! it returns an [`Action`] (fetch a page of candidates, claim a window of tokens,
+//! read the balance, release tokens, back off, or done) and the caller performs it
+//! and feeds the result back through the matching `on_*` method, which returns the
+//! next action. The engine performs no I/O, reads no clock and takes its randomness
+//! from the caller's RNG, so a seeded RNG replays a call exactly.
+//!
+//! # How a call proceeds
+//!
+//! - **Scan.** Candidates arrive in ascending pages (keyset cursor: `after` is the
+//!   last candidate of the previous page; a page shorter than asked ends the scan).
+//!   Runs of equal amounts are shuffled, also when split across pages
+//!   ([`MAX_SHUFFLE_BUCKET`] bounds how much is held back).
+//! - **Window.** Small tokens are accumulated smallest first; the first token that
+//!   covers the rest is the anchor, and one member of its sufficiency window is
+//!   picked at random (see [`crate::window`]). The claim names that minimal
+//!   covering prefix, at most `batch_window` tokens.
+//! - **Verdicts.** Won: kept, and the leg's immediate-retry count resets. Stale:
+//!   blacklisted, not contention, and the next fetch asks for a refresh. Contended:
+//!   blacklisted and counted as contention. A store error blacklists nothing,
+//!   costs one immediate retry, and the window's tokens count as possibly held.
+//! - **End of a scan.** With no contention seen in the scan, the lock-ignoring
+//!   balance is compared with the *full* amount: below it is
+//!   [`SelectionFailure::InsufficientFunds`]. Otherwise (or with contention) a scan
+//!   that met only blacklisted tokens clears the blacklist, and a new scan starts,
+//!   costing one immediate retry.
+//! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
+//!   possibly held tokens) are released, the engine backs off a random time in
+//!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
+//!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. A leg that failed
+//!   through store errors alone, without contention, ends the call with
+//!   [`SelectionFailure::Store`] instead: an outage is never reported as locked funds.
+//! - **Failure** releases everything this call holds before `Done(Err)`, so a
+//!   failed call leaves nothing held (unless a release itself failed: see
+//!   [`Selection::held`]).
+//!
+//! # Unexpected input
+//!
+//! No sequence of calls panics. An answer to a question that was not asked (a
+//! claim answer while a fetch is pending, anything after `Done`) is ignored and the
+//! pending action is returned again; any answer before [`Selection::start`] starts
+//! the call. In a claim answer, a verdict for a token that was not proposed is
+//! ignored; a proposed token with no verdict, or with contradictory verdicts, is
+//! treated as a store error for that token (possibly held, not blacklisted).
+
+mod config;
+mod pages;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::blacklist::{Blacklist, BlacklistReason};
+use crate::ids::{TokenId, TokenType, TxId, WalletId};
+use crate::quantity::Quantity;
+use crate::token::{Candidate, ClaimVerdict};
+use crate::window::{self, WindowLimits, WindowPlan};
+
+pub use config::{
+    MAX_BATCH_WINDOW, MAX_IMMEDIATE_RETRIES, MAX_LEGS, MAX_PAGE_SIZE, MAX_RETRY_INTERVAL,
+    MAX_SUFFICIENCY_WINDOW, SelectionConfig, SelectionConfigError,
+};
+pub use pages::MAX_SHUFFLE_BUCKET;
+
+use pages::Scan;
+
+/// What to select: an amount of one token type from one wallet, for one consumer
+/// transaction (the lock holder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectRequest {
+    /// The wallet to select from.
+    pub wallet: WalletId,
+    /// The token type.
+    pub token_type: TokenType,
+    /// The amount to cover (at least 1).
+    pub amount: Quantity,
+    /// The transaction that will hold the locks.
+    pub consumer: TxId,
+}
+
+/// Why a [`Selection`] could not be created.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectionError {
+    /// The configuration is out of range.
+    #[error(transparent)]
+    Config(#[from] SelectionConfigError),
+    /// The requested amount was zero.
+    #[error("invalid selection amount 0: expected at least 1")]
+    ZeroAmount,
+}
+
+/// A store error reported by the caller (a failed fetch, claim, balance read or
+/// release). Never a lost race or a stale token: those are verdicts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreFailure {
+    /// What the store reported.
+    pub message: String,
+}
+
+impl StoreFailure {
+    /// A store failure with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        StoreFailure {
+            message: message.into(),
+        }
+    }
+}
+
+/// One page of candidates to read from the token store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchRequest {
+    /// Keyset cursor: candidates strictly after this one, in ascending
+    /// `(quantity, tx, index)` order; `None` starts from the smallest.
+    pub after: Option<Candidate>,
+    /// At most this many candidates; a shorter page means there are no more.
+    pub limit: usize,
+    /// Bypass any candidate cache (a stale token was found, or a new leg starts).
+    pub refresh: bool,
+}
+
+/// What the caller must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Read one page of candidates (spendable, unlocked: the anti-join), then call
+    /// [`Selection::on_candidates`].
+    Fetch(FetchRequest),
+    /// Claim these tokens (1 to 256) for the consumer in one round trip, then call
+    /// [`Selection::on_claim`] with a verdict per token.
+    Claim(Vec<TokenId>),
+    /// Read the wallet's spendable balance, ignoring locks, then call
+    /// [`Selection::on_balance`].
+    CheckBalance,
+    /// Release these tokens' locks held by the consumer (only these: never the
+    /// consumer's other locks), then call [`Selection::on_released`].
+    Release(Vec<TokenId>),
+    /// Wait this long (or be cancelled: then release [`Selection::held`]), then call
+    /// [`Selection::on_backoff_elapsed`].
+    Backoff(Duration),
+    /// The call is over. Further calls return this again.
+    Done(Result<Selected, SelectionFailure>),
+}
+
+/// A successful selection: the tokens now locked for the consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    /// The locked tokens, in the order they were won.
+    pub tokens: Vec<TokenId>,
+    /// Their total amount (at least the requested amount).
+    pub total: Quantity,
+    /// `total - amount`.
+    pub change: Quantity,
+}
+
+/// Why a Select call failed. Callers can tell "retry later" ([`FundsLocked`]) from
+/// "not enough money" ([`InsufficientFunds`]).
+///
+/// [`FundsLocked`]: SelectionFailure::FundsLocked
+/// [`InsufficientFunds`]: SelectionFailure::InsufficientFunds
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectionFailure {
+    /// The wallet's spendable balance, locks ignored, is below the requested amount.
+    #[error("insufficient funds: {available} available, {requested} requested")]
+    InsufficientFunds {
+        /// The lock-ignoring spendable balance.
+        available: Quantity,
+        /// The full requested amount.
+        requested: Quantity,
+    },
+    /// The funds exist but other transactions held the locks through every leg.
+    #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
+    FundsLocked,
+    /// The store failed (without contention) until the retry budget ran out.
+    #[error("token store error: {message}")]
+    Store {
+        /// The last store error.
+        message: String,
+    },
+}
+
+/// Counters of one Select call, for metrics (DESIGN §2 "Metrics").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SelectionStats {
+    /// Immediate retries (rescans and store errors), summed over all legs.
+    pub immediate_retries: u64,
+    /// Tokens named in claims (a window of n counts n).
+    pub lock_attempts: u64,
+    /// Contended verdicts (lost races).
+    pub conflicts: u64,
+    /// Stale verdicts.
+    pub stale: u64,
+    /// Store errors: failed fetches, claims, balance reads and releases, and claim
+    /// answers missing verdicts.
+    pub store_errors: u64,
+    /// Distinct tokens named in claims, over all legs.
+    pub distinct_tokens_attempted: u64,
+    /// Legs started.
+    pub legs: u64,
+    /// Candidate pages requested.
+    pub fetches: u64,
+    /// Claims requested.
+    pub claims: u64,
+    /// Balance reads requested.
+    pub balance_checks: u64,
+    /// Releases requested.
+    pub releases: u64,
+    /// Times the blacklist escape hatch cleared the blacklist.
+    pub blacklist_clears: u64,
+}
+
+impl SelectionStats {
+    /// Store round trips requested: fetches, claims, balance reads and releases.
+    pub fn round_trips(&self) -> u64 {
+        self.fetches + self.claims + self.balance_checks + self.releases
+    }
+}
+
+/// What to do once a release answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AfterRelease {
+    Backoff,
+    Fail(SelectionFailure),
+    Succeed(Selected),
+}
+
+/// Where the call stands: which answer it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    NotStarted,
+    Fetching(FetchRequest),
+    Claiming(Vec<Candidate>),
+    CheckingBalance,
+    Releasing {
+        tokens: Vec<TokenId>,
+        then: AfterRelease,
+    },
+    BackingOff(Duration),
+    Done(Result<Selected, SelectionFailure>),
+}
+
+/// One Select call across all its legs: a state machine the caller drives (see the
+/// [module documentation](self)).
+#[derive(Debug, Clone)]
+pub struct Selection {
+    request: SelectRequest,
+    config: SelectionConfig,
+    phase: Phase,
+    stats: SelectionStats,
+    attempted: HashSet<TokenId>,
+    blacklist: Blacklist,
+    /// Stale was seen: the next fetch asks for a refresh.
+    refresh_pending: bool,
+    /// Tokens that may be held after a failed release; retried on every release.
+    unreleased: BTreeSet<TokenId>,
+    leg: Leg,
+    scan: Scan,
+}
+
+/// Per-leg state.
+#[derive(Debug, Clone, Default)]
+struct Leg {
+    number: u32,
+    won: Vec<Candidate>,
+    won_ids: HashSet<TokenId>,
+    sum: Quantity,
+    /// Tokens whose claim errored or went unanswered: possibly held.
+    maybe_held: BTreeSet<TokenId>,
+    immediate_retries: u32,
+    contention: bool,
+    store_errors: u32,
+    last_store_error: Option<String>,
+}
+
+impl Selection {
+    /// A call for `request` with `config`; nothing happens until [`Selection::start`].
+    pub fn new(request: SelectRequest, config: SelectionConfig) -> Result<Self, SelectionError> {
+        config.validate()?;
+        if request.amount.is_zero() {
+            return Err(SelectionError::ZeroAmount);
+        }
+        Ok(Selection {
+            request,
+            config,
+            phase: Phase::NotStarted,
+            stats: SelectionStats::default(),
+            attempted: HashSet::new(),
+            blacklist: Blacklist::new(),
+            refresh_pending: false,
+            unreleased: BTreeSet::new(),
+            leg: Leg::default(),
+            scan: Scan::default(),
+        })
+    }
+
+    /// The request this call serves.
+    pub fn request(&self) -> &SelectRequest {
+        &self.request
+    }
+
+    /// The configuration this call runs with.
+    pub fn config(&self) -> &SelectionConfig {
+        &self.config
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> &SelectionStats {
+        &self.stats
+    }
+
+    /// The current leg, from 1 (0 before [`Selection::start`]).
+    pub fn leg(&self) -> u32 {
+        self.leg.number
+    }
+
+    /// The outcome, once the call is done.
+    pub fn outcome(&self) -> Option<&Result<Selected, SelectionFailure>> {
+        match &self.phase {
+            Phase::Done(result) => Some(result),
+            _ => None,
+        }
+    }
+
+    /// The tokens this call holds or may hold: those won in the current leg, those
+    /// named in a claim or release still in flight, those whose claim errored, and
+    /// those whose release failed. This is what the caller releases (by consumer
+    /// *and* these tokens) when it abandons the call, for example when cancelled
+    /// during a backoff. After success it is the selected tokens plus any whose
+    /// release failed; after a failure, only those whose release failed.
+    pub fn held(&self) -> Vec<TokenId> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut push = |id: &TokenId| {
+            if seen.insert(id.clone()) {
+                out.push(id.clone());
+            }
+        };
+        self.leg.won.iter().for_each(|c| push(&c.id));
+        match &self.phase {
+            Phase::Claiming(window) => window.iter().for_each(|c| push(&c.id)),
+            Phase::Releasing { tokens, .. } => tokens.iter().for_each(&mut push),
+            _ => {}
+        }
+        self.leg.maybe_held.iter().for_each(&mut push);
+        self.unreleased.iter().for_each(&mut push);
+        out
+    }
+
+    /// Starts the call: the first action is always a fetch. Calling it again
+    /// returns the pending action.
+    pub fn start(&mut self, _rng: &mut impl Rng) -> Action {
+        if self.phase != Phase::NotStarted {
+            return self.pending();
+        }
+        self.begin_leg(false)
+    }
+
+    /// Feeds the answer to [`Action::Fetch`].
+    pub fn on_candidates(
+        &mut self,
+        page: Result<Vec<Candidate>, StoreFailure>,
+        rng: &mut impl Rng,
+    ) -> Action {
+        let request = match &self.phase {
+            Phase::Fetching(request) => request.clone(),
+            Phase::NotStarted => return self.start(rng),
+            _ => return self.pending(),
+        };
+        match page {
+            Err(failure) => {
+                self.record_store_error(failure);
+                if !self.charge_retry() {
+                    return self.end_leg(rng);
+                }
+                self.stats.fetches += 1;
+                self.pending()
+            }
+            Ok(page) => {
+                self.scan.ingest(
+                    page,
+                    request.limit,
+                    self.config.ascending,
+                    &self.leg.won_ids,
+                    rng,
+                );
+                self.advance(rng)
+            }
+        }
+    }
+
+    /// Feeds the answer to [`Action::Claim`]: a verdict per proposed token.
+    pub fn on_claim(
+        &mut self,
+        verdicts: Result<Vec<(TokenId, ClaimVerdict)>, StoreFailure>,
+        rng: &mut impl Rng,
+    ) -> Action {
+        let window = match &self.phase {
+            Phase::Claiming(window) => window.clone(),
+            Phase::NotStarted => return self.start(rng),
+            _ => return self.pending(),
+        };
+        let verdicts = match verdicts {
+            Ok(verdicts) => verdicts,
+            Err(failure) => {
+                self.leg.maybe_held.extend(window.into_iter().map(|c| c.id));
+                self.record_store_error(failure);
+                if !self.charge_retry() {
+                    return self.end_leg(rng);
+                }
+                return self.advance(rng);
+            }
+        };
+        let answers = collate(&window, verdicts);
+        let mut unanswered = 0usize;
+        for candidate in window.iter() {
+            match answers.get(&candidate.id).copied().flatten() {
+                Some(ClaimVerdict::Won) => self.win(candidate),
+                Some(ClaimVerdict::Stale) => {
+                    self.stats.stale += 1;
+                    self.refresh_pending = true;
+                    self.blacklist_token(&candidate.id, BlacklistReason::Stale);
+                }
+                Some(ClaimVerdict::Contended) => {
+                    self.stats.conflicts += 1;
+                    self.scan.contention = true;
+                    self.leg.contention = true;
+                    self.blacklist_token(&candidate.id, BlacklistReason::Contended);
+                }
+                None => {
+                    unanswered += 1;
+                    self.leg.maybe_held.insert(candidate.id.clone());
+                }
+            }
+        }
+        if unanswered > 0 {
+            self.record_store_error(StoreFailure::new(format!(
+                "claim answer had no clear verdict for {unanswered} of {} proposed tokens",
+                window.len()
+            )));
+            if !self.charge_retry() {
+                return self.end_leg(rng);
+            }
+        }
+        self.advance(rng)
+    }
+
+    /// Feeds the answer to [`Action::CheckBalance`]: the lock-ignoring balance.
+    pub fn on_balance(
+        &mut self,
+        balance: Result<Quantity, StoreFailure>,
+        rng: &mut impl Rng,
+    ) -> Action {
+        match &self.phase {
+            Phase::CheckingBalance => {}
+            Phase::NotStarted => return self.start(rng),
+            _ => return self.pending(),
+        }
+        match balance {
+            Err(failure) => {
+                self.record_store_error(failure);
+                if !self.charge_retry() {
+                    return self.end_leg(rng);
+                }
+                self.stats.balance_checks += 1;
+                Action::CheckBalance
+            }
+            Ok(available) if available < self.request.amount => {
+                self.fail(SelectionFailure::InsufficientFunds {
+                    available,
+                    requested: self.request.amount,
+                })
+            }
+            Ok(_) => self.rescan(rng),
+        }
+    }
+
+    /// Feeds the answer to [`Action::Release`]. A failed release counts as a store
+    /// error (it costs no retry); its tokens stay in [`Selection::held`] and are
+    /// named again by the next release.
+    pub fn on_released(&mut self, result: Result<(), StoreFailure>, rng: &mut impl Rng) -> Action {
+        let (tokens, then) = match &self.phase {
+            Phase::Releasing { tokens, then } => (tokens.clone(), then.clone()),
+            Phase::NotStarted => return self.start(rng),
+            _ => return self.pending(),
+        };
+        match result {
+            Ok(()) => {
+                for token in &tokens {
+                    self.unreleased.remove(token);
+                }
+            }
+            Err(_) => {
+                self.stats.store_errors += 1;
+                self.unreleased.extend(tokens);
+            }
+        }
+        match then {
+            AfterRelease::Backoff => self.backoff(rng),
+            AfterRelease::Fail(failure) => self.done(Err(failure)),
+            AfterRelease::Succeed(selected) => self.done(Ok(selected)),
+        }
+    }
+
+    /// Feeds the end of [`Action::Backoff`]: the next leg starts from a fresh fetch.
+    pub fn on_backoff_elapsed(&mut self, rng: &mut impl Rng) -> Action {
+        match &self.phase {
+            Phase::BackingOff(_) => self.begin_leg(true),
+            Phase::NotStarted => self.start(rng),
+            _ => self.pending(),
+        }
+    }
+
+    /// The action the call waits on, asked again.
+    fn pending(&self) -> Action {
+        match &self.phase {
+            // Callers route NotStarted to `start`; a fetch is what start asks.
+            Phase::NotStarted => Action::Fetch(self.first_fetch(false)),
+            Phase::Fetching(request) => Action::Fetch(request.clone()),
+            Phase::Claiming(window) => Action::Claim(window.iter().map(|c| c.id.clone()).collect()),
+            Phase::CheckingBalance => Action::CheckBalance,
+            Phase::Releasing { tokens, .. } => Action::Release(tokens.clone()),
+            Phase::BackingOff(delay) => Action::Backoff(*delay),
+            Phase::Done(result) => Action::Done(result.clone()),
+        }
+    }
+
+    fn first_fetch(&self, refresh: bool) -> FetchRequest {
+        FetchRequest {
+            after: None,
+            limit: self.config.page_size,
+            refresh,
+        }
+    }
+
+    fn begin_leg(&mut self, refresh: bool) -> Action {
+        let number = self.leg.number.saturating_add(1);
+        self.leg = Leg {
+            number,
+            ..Leg::default()
+        };
+        self.stats.legs += 1;
+        self.new_scan();
+        self.fetch(None, refresh)
+    }
+
+    fn new_scan(&mut self) {
+        self.scan = Scan::default();
+    }
+
+    fn fetch(&mut self, after: Option<Candidate>, refresh: bool) -> Action {
+        let request = FetchRequest {
+            after,
+            limit: self.config.page_size,
+            refresh: refresh || std::mem::take(&mut self.refresh_pending),
+        };
+        self.stats.fetches += 1;
+        self.phase = Phase::Fetching(request.clone());
+        Action::Fetch(request)
+    }
+
+    /// Decides the next step from the current leg and scan.
+    fn advance(&mut self, rng: &mut impl Rng) -> Action {
+        if let Some(change) = self.leg.sum.checked_sub(self.request.amount) {
+            return self.succeed(change);
+        }
+        let remaining = self.request.amount.saturating_sub(self.leg.sum);
+        self.drop_unusable();
+        let quantities: Vec<Quantity> = self.scan.buffer.iter().map(|c| c.quantity).collect();
+        let limits = WindowLimits {
+            batch_window: self.config.batch_window.min(MAX_BATCH_WINDOW),
+            sufficiency_window: self.config.sufficiency_window,
+            max_sufficiency_ratio: self.config.max_sufficiency_ratio,
+        };
+        let headroom = u128::MAX - self.leg.sum.value();
+        let plan = window::plan(
+            &quantities,
+            remaining,
+            headroom,
+            self.scan.exhausted,
+            limits,
+        );
+        match plan {
+            WindowPlan::NeedMore => {
+                let after = self.scan.cursor.clone();
+                self.fetch(after, false)
+            }
+            plan if plan.is_empty() => self.end_of_scan(rng),
+            WindowPlan::Ready {
+                prefix,
+                anchor_choices,
+            } => {
+                let mut chosen: Vec<usize> = (0..prefix).collect();
+                match anchor_choices.len() {
+                    0 => {}
+                    1 => chosen.extend(anchor_choices.first().copied()),
+                    n => chosen.extend(anchor_choices.get(rng.random_range(0..n)).copied()),
+                }
+                self.claim(&chosen)
+            }
+        }
+    }
+
+    /// Removes from the buffer what must not be proposed: blacklisted tokens
+    /// (noting contention) and tokens already won.
+    fn drop_unusable(&mut self) {
+        let blacklist = &self.blacklist;
+        let won = &self.leg.won_ids;
+        let scan = &mut self.scan;
+        let mut contention = false;
+        let mut clean = false;
+        scan.buffer.retain(|c| {
+            if won.contains(&c.id) {
+                return false;
+            }
+            match blacklist.reason(&c.id) {
+                Some(BlacklistReason::Contended) => {
+                    contention = true;
+                    false
+                }
+                Some(BlacklistReason::Stale) => false,
+                None => {
+                    clean = true;
+                    true
+                }
+            }
+        });
+        scan.contention |= contention;
+        scan.saw_clean |= clean;
+        self.leg.contention |= contention;
+    }
+
+    /// Takes the buffer entries at `indices` (ascending except possibly the last)
+    /// out as the claim window, keeping the others in order.
+    fn claim(&mut self, indices: &[usize]) -> Action {
+        let taken: HashSet<usize> = indices.iter().copied().collect();
+        let mut window = Vec::with_capacity(indices.len());
+        for &i in indices {
+            if let Some(c) = self.scan.buffer.get(i) {
+                window.push(c.clone());
+            }
+        }
+        let mut index = 0;
+        self.scan.buffer.retain(|_| {
+            let keep = !taken.contains(&index);
+            index += 1;
+            keep
+        });
+        self.stats.claims += 1;
+        self.stats.lock_attempts += u64::try_from(window.len()).unwrap_or(u64::MAX);
+        for c in &window {
+            if self.attempted.insert(c.id.clone()) {
+                self.stats.distinct_tokens_attempted += 1;
+            }
+        }
+        let ids = window.iter().map(|c| c.id.clone()).collect();
+        self.phase = Phase::Claiming(window);
+        Action::Claim(ids)
+    }
+
+    fn win(&mut self, candidate: &Candidate) {
+        if self.leg.won_ids.contains(&candidate.id) {
+            return;
+        }
+        let Some(sum) = self.leg.sum.checked_add(candidate.quantity) else {
+            // Unreachable by the window's headroom; keep it as possibly held.
+            self.leg.maybe_held.insert(candidate.id.clone());
+            return;
+        };
+        self.leg.sum = sum;
+        self.leg.won_ids.insert(candidate.id.clone());
+        self.leg.won.push(candidate.clone());
+        self.leg.maybe_held.remove(&candidate.id);
+        self.leg.immediate_retries = 0;
+    }
+
+    fn blacklist_token(&mut self, token: &TokenId, reason: BlacklistReason) {
+        if self.config.blacklist {
+            self.blacklist.insert(token.clone(), reason);
+        }
+    }
+
+    fn record_store_error(&mut self, failure: StoreFailure) {
+        self.stats.store_errors += 1;
+        self.leg.store_errors = self.leg.store_errors.saturating_add(1);
+        self.leg.last_store_error = Some(failure.message);
+    }
+
+    /// Spends one immediate retry; false when the leg's budget is used up.
+    fn charge_retry(&mut self) -> bool {
+        if self.leg.immediate_retries >= self.config.max_immediate_retries {
+            return false;
+        }
+        self.leg.immediate_retries += 1;
+        self.stats.immediate_retries += 1;
+        true
+    }
+
+    fn end_of_scan(&mut self, rng: &mut impl Rng) -> Action {
+        if !self.scan.contention && !self.scan.balance_checked {
+            self.scan.balance_checked = true;
+            self.stats.balance_checks += 1;
+            self.phase = Phase::CheckingBalance;
+            return Action::CheckBalance;
+        }
+        self.rescan(rng)
+    }
+
+    fn rescan(&mut self, rng: &mut impl Rng) -> Action {
+        if self.scan.saw_any && !self.scan.saw_clean && !self.blacklist.is_empty() {
+            self.blacklist.clear();
+            self.stats.blacklist_clears += 1;
+        }
+        if !self.charge_retry() {
+            return self.end_leg(rng);
+        }
+        self.new_scan();
+        self.fetch(None, false)
+    }
+
+    fn end_leg(&mut self, rng: &mut impl Rng) -> Action {
+        if self.leg.store_errors > 0 && !self.leg.contention {
+            let message = self.leg.last_store_error.clone().unwrap_or_default();
+            return self.fail(SelectionFailure::Store { message });
+        }
+        if self.leg.number >= self.config.max_retries {
+            return self.fail(SelectionFailure::FundsLocked);
+        }
+        let tokens = self.take_all_held();
+        if tokens.is_empty() {
+            return self.backoff(rng);
+        }
+        self.release(tokens, AfterRelease::Backoff)
+    }
+
+    fn backoff(&mut self, rng: &mut impl Rng) -> Action {
+        let nanos = u64::try_from(self.config.retry_interval.as_nanos()).unwrap_or(u64::MAX);
+        let delay = if nanos == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(rng.random_range(0..nanos))
+        };
+        self.phase = Phase::BackingOff(delay);
+        Action::Backoff(delay)
+    }
+
+    /// Ends the call with `failure`, releasing everything held first.
+    fn fail(&mut self, failure: SelectionFailure) -> Action {
+        let tokens = self.take_all_held();
+        if tokens.is_empty() {
+            return self.done(Err(failure));
+        }
+        self.release(tokens, AfterRelease::Fail(failure))
+    }
+
+    /// Ends the call with the current leg's wins, first releasing any possibly
+    /// held token that is not part of them.
+    fn succeed(&mut self, change: Quantity) -> Action {
+        let selected = Selected {
+            tokens: self.leg.won.iter().map(|c| c.id.clone()).collect(),
+            total: self.leg.sum,
+            change,
+        };
+        let extra: Vec<TokenId> = std::mem::take(&mut self.leg.maybe_held)
+            .into_iter()
+            .chain(std::mem::take(&mut self.unreleased))
+            .filter(|t| !self.leg.won_ids.contains(t))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if extra.is_empty() {
+            return self.done(Ok(selected));
+        }
+        self.release(extra, AfterRelease::Succeed(selected))
+    }
+
+    /// Everything this leg holds or may hold, plus earlier failed releases; the leg
+    /// forgets its wins (they are being released).
+    fn take_all_held(&mut self) -> Vec<TokenId> {
+        let mut tokens: Vec<TokenId> = self.leg.won.drain(..).map(|c| c.id).collect();
+        self.leg.won_ids.clear();
+        self.leg.sum = Quantity::ZERO;
+        let won: HashSet<TokenId> = tokens.iter().cloned().collect();
+        let rest: BTreeSet<TokenId> = std::mem::take(&mut self.leg.maybe_held)
+            .into_iter()
+            .chain(std::mem::take(&mut self.unreleased))
+            .filter(|t| !won.contains(t))
+            .collect();
+        tokens.extend(rest);
+        tokens
+    }
+
+    fn release(&mut self, tokens: Vec<TokenId>, then: AfterRelease) -> Action {
+        self.stats.releases += 1;
+        self.phase = Phase::Releasing {
+            tokens: tokens.clone(),
+            then,
+        };
+        Action::Release(tokens)
+    }
+
+    fn done(&mut self, result: Result<Selected, SelectionFailure>) -> Action {
+        self.phase = Phase::Done(result.clone());
+        Action::Done(result)
+    }
+}
+
+/// The verdict per proposed token: `Some(verdict)` when the answer is clear,
+/// `None` when the store named it with contradictory verdicts. Verdicts for tokens
+/// that were not proposed are ignored; a token absent from the map got no verdict.
+fn collate(
+    window: &[Candidate],
+    verdicts: Vec<(TokenId, ClaimVerdict)>,
+) -> HashMap<TokenId, Option<ClaimVerdict>> {
+    let proposed: HashSet<&TokenId> = window.iter().map(|c| &c.id).collect();
+    let mut answers: HashMap<TokenId, Option<ClaimVerdict>> = HashMap::new();
+    for (token, verdict) in verdicts {
+        if !proposed.contains(&token) {
+            continue;
+        }
+        answers
+            .entry(token)
+            .and_modify(|seen| {
+                if *seen != Some(verdict) {
+                    *seen = None;
+                }
+            })
+            .or_insert(Some(verdict));
+    }
+    answers
+}

@@ -1,0 +1,199 @@
+//! Tuning of one Select call: windows, retry budgets and backoff.
+
+use std::time::Duration;
+
+/// The most tokens one claim may name (the lock store's window limit).
+pub const MAX_BATCH_WINDOW: usize = 256;
+
+/// The largest accepted `sufficiency_window`.
+pub const MAX_SUFFICIENCY_WINDOW: usize = 256;
+
+/// The largest accepted `page_size`.
+pub const MAX_PAGE_SIZE: usize = 10_000;
+
+/// The largest accepted `max_immediate_retries`.
+pub const MAX_IMMEDIATE_RETRIES: u32 = 1_000;
+
+/// The largest accepted `max_retries` (legs).
+pub const MAX_LEGS: u32 = 1_000;
+
+/// The longest accepted `retry_interval`.
+pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(3_600);
+
+/// How one Select call behaves. A plain struct: set the fields, then
+/// [`SelectionConfig::validate`] (which [`crate::selection::Selection::new`] calls).
+///
+/// The defaults are those of DESIGN §2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectionConfig {
+    /// How many candidates the sufficiency window may hold, the anchor included
+    /// (default 4). One of them is picked uniformly at random.
+    pub sufficiency_window: usize,
+    /// A candidate joins the sufficiency window only if it is at most this many
+    /// times the anchor (default 5).
+    pub max_sufficiency_ratio: u32,
+    /// The most tokens one claim names (default 256; 1 gives single-token claims).
+    pub batch_window: usize,
+    /// How many candidates one fetch asks for (default 256).
+    pub page_size: usize,
+    /// Refetches (or store errors) without a won lock allowed in one leg (default 5).
+    pub max_immediate_retries: u32,
+    /// How many legs one call may run, the first included (default 10).
+    pub max_retries: u32,
+    /// Backoff between legs is uniform in `[0, retry_interval)` (default 5 s).
+    pub retry_interval: Duration,
+    /// Skip tokens that lost a race or were stale for the rest of the call
+    /// (default true; false only to measure what the blacklist buys).
+    pub blacklist: bool,
+    /// Scan candidates smallest first (default true; false shuffles each page
+    /// randomly, only to measure what ordering buys).
+    pub ascending: bool,
+}
+
+impl Default for SelectionConfig {
+    fn default() -> Self {
+        SelectionConfig {
+            sufficiency_window: 4,
+            max_sufficiency_ratio: 5,
+            batch_window: MAX_BATCH_WINDOW,
+            page_size: 256,
+            max_immediate_retries: 5,
+            max_retries: 10,
+            retry_interval: Duration::from_secs(5),
+            blacklist: true,
+            ascending: true,
+        }
+    }
+}
+
+/// A [`SelectionConfig`] field outside its accepted range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid selection config: {key} = {value}; expected {expected}")]
+pub struct SelectionConfigError {
+    /// The field name, as in [`SelectionConfig`].
+    pub key: &'static str,
+    /// The rejected value, as text.
+    pub value: String,
+    /// The accepted range, in words.
+    pub expected: &'static str,
+}
+
+impl SelectionConfig {
+    /// Checks every field against its range; the error names the first bad field,
+    /// its value and what was expected.
+    pub fn validate(&self) -> Result<(), SelectionConfigError> {
+        fn bad(
+            key: &'static str,
+            value: impl std::fmt::Debug,
+            expected: &'static str,
+        ) -> Result<(), SelectionConfigError> {
+            Err(SelectionConfigError {
+                key,
+                value: format!("{value:?}"),
+                expected,
+            })
+        }
+        if !(1..=MAX_SUFFICIENCY_WINDOW).contains(&self.sufficiency_window) {
+            return bad(
+                "sufficiency_window",
+                self.sufficiency_window,
+                "1 to 256 candidates",
+            );
+        }
+        if self.max_sufficiency_ratio < 1 {
+            return bad(
+                "max_sufficiency_ratio",
+                self.max_sufficiency_ratio,
+                "at least 1 (times the anchor)",
+            );
+        }
+        if !(1..=MAX_BATCH_WINDOW).contains(&self.batch_window) {
+            return bad("batch_window", self.batch_window, "1 to 256 tokens");
+        }
+        if !(1..=MAX_PAGE_SIZE).contains(&self.page_size) {
+            return bad("page_size", self.page_size, "1 to 10000 candidates");
+        }
+        if self.max_immediate_retries > MAX_IMMEDIATE_RETRIES {
+            return bad(
+                "max_immediate_retries",
+                self.max_immediate_retries,
+                "0 to 1000",
+            );
+        }
+        if !(1..=MAX_LEGS).contains(&self.max_retries) {
+            return bad("max_retries", self.max_retries, "1 to 1000 legs");
+        }
+        if self.retry_interval.is_zero() || self.retry_interval > MAX_RETRY_INTERVAL {
+            return bad(
+                "retry_interval",
+                self.retry_interval,
+                "more than 0 and at most 1 hour",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_design() {
+        let c = SelectionConfig::default();
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(
+            (
+                c.sufficiency_window,
+                c.max_sufficiency_ratio,
+                c.batch_window
+            ),
+            (4, 5, 256)
+        );
+        assert_eq!((c.max_immediate_retries, c.max_retries), (5, 10));
+        assert_eq!(c.retry_interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn rejects_each_out_of_range_field_by_name() {
+        type Edit = fn(&mut SelectionConfig);
+        let cases: &[(Edit, &str, &str)] = &[
+            (|c| c.sufficiency_window = 0, "sufficiency_window", "0"),
+            (|c| c.sufficiency_window = 257, "sufficiency_window", "257"),
+            (
+                |c| c.max_sufficiency_ratio = 0,
+                "max_sufficiency_ratio",
+                "0",
+            ),
+            (|c| c.batch_window = 0, "batch_window", "0"),
+            (|c| c.batch_window = 257, "batch_window", "257"),
+            (|c| c.page_size = 0, "page_size", "0"),
+            (|c| c.page_size = 10_001, "page_size", "10001"),
+            (
+                |c| c.max_immediate_retries = 1_001,
+                "max_immediate_retries",
+                "1001",
+            ),
+            (|c| c.max_retries = 0, "max_retries", "0"),
+            (
+                |c| c.retry_interval = Duration::ZERO,
+                "retry_interval",
+                "0ns",
+            ),
+            (
+                |c| c.retry_interval = Duration::from_secs(3_601),
+                "retry_interval",
+                "3601s",
+            ),
+        ];
+        for (edit, key, value) in cases {
+            let mut c = SelectionConfig::default();
+            edit(&mut c);
+            let err = c.validate().unwrap_err();
+            assert_eq!(err.key, *key);
+            assert_eq!(err.value, *value);
+            let text = err.to_string();
+            assert!(text.contains(key) && text.contains("expected"), "{text}");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! One scan over a wallet's candidates: pages fetched by keyset cursor, the
+//! equal-amount shuffle, and what the scan has seen (for the blacklist escape hatch
+//! and the fast-fail gate).
+
+use std::collections::HashSet;
+
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+use crate::ids::TokenId;
+use crate::token::Candidate;
+
+/// The largest run of equal amounts held back across pages to be shuffled as one
+/// bucket. A longer run is released (and shuffled) in chunks of this size, which
+/// bounds the memory and the round trips spent before the first claim.
+pub const MAX_SHUFFLE_BUCKET: usize = 1024;
+
+/// The state of one scan (one pass from the smallest candidate upwards).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scan {
+    /// The last candidate of the last page, as the store returned it.
+    pub(crate) cursor: Option<Candidate>,
+    /// The store has nothing beyond the last page.
+    pub(crate) exhausted: bool,
+    /// Candidates ready to be planned, in scan order.
+    pub(crate) buffer: Vec<Candidate>,
+    /// The trailing equal-amount run of the last full page, kept back until the
+    /// next page shows whether the run continues.
+    held_back: Vec<Candidate>,
+    /// Every token id this scan has received.
+    seen: HashSet<TokenId>,
+    /// The scan received at least one usable candidate.
+    pub(crate) saw_any: bool,
+    /// The scan met at least one candidate that was not blacklisted.
+    pub(crate) saw_clean: bool,
+    /// The scan met contention (a lost race, or a token blacklisted for one).
+    pub(crate) contention: bool,
+    /// The fast-fail balance check already ran in this scan.
+    pub(crate) balance_checked: bool,
+}
+
+impl Scan {
+    /// Takes one page answered to a fetch of `limit` candidates.
+    ///
+    /// Zero amounts (they cover nothing), tokens this call already won and ids the
+    /// scan already received are dropped. A page shorter than `limit` ends the scan;
+    /// so does a full page with no id new to the scan (a store not honouring the
+    /// cursor would otherwise be fetched from for ever). With `ascending`, the page
+    /// is sorted by amount (stable, so a correct store's order is kept) and every
+    /// run of equal amounts is shuffled; without it the page is shuffled whole.
+    pub(crate) fn ingest(
+        &mut self,
+        page: Vec<Candidate>,
+        limit: usize,
+        ascending: bool,
+        won: &HashSet<TokenId>,
+        rng: &mut (impl Rng + ?Sized),
+    ) {
+        let full = page.len() >= limit;
+        if let Some(last) = page.last() {
+            self.cursor = Some(last.clone());
+        }
+        let mut any_new = false;
+        let mut fresh = Vec::with_capacity(page.len());
+        for candidate in page {
+            if !self.seen.insert(candidate.id.clone()) {
+                continue;
+            }
+            any_new = true;
+            if candidate.quantity.is_zero() || won.contains(&candidate.id) {
+                continue;
+            }
+            fresh.push(candidate);
+        }
+        self.saw_any |= !fresh.is_empty();
+        self.exhausted = !full || !any_new;
+
+        if !ascending {
+            fresh.shuffle(rng);
+            self.buffer.append(&mut fresh);
+            return;
+        }
+        let mut merged = std::mem::take(&mut self.held_back);
+        merged.append(&mut fresh);
+        merged.sort_by_key(|c| c.quantity);
+        if !self.exhausted {
+            let tail = trailing_run_start(&merged);
+            if merged.len() - tail < MAX_SHUFFLE_BUCKET {
+                self.held_back = merged.split_off(tail);
+            }
+        }
+        shuffle_equal_runs(&mut merged, rng);
+        self.buffer.append(&mut merged);
+    }
+}
+
+/// Where the last run of equal amounts starts.
+fn trailing_run_start(sorted: &[Candidate]) -> usize {
+    let Some(last) = sorted.last() else {
+        return 0;
+    };
+    sorted
+        .iter()
+        .rposition(|c| c.quantity != last.quantity)
+        .map_or(0, |i| i + 1)
+}
+
+/// Shuffles every run of equal amounts in place, leaving the ascending order.
+fn shuffle_equal_runs(sorted: &mut [Candidate], rng: &mut (impl Rng + ?Sized)) {
+    let mut start = 0;
+    while start < sorted.len() {
+        let quantity = sorted[start].quantity;
+        let len = sorted[start..]
+            .iter()
+            .take_while(|c| c.quantity == quantity)
+            .count();
+        if len > 1 {
+            sorted[start..start + len].shuffle(rng);
+        }
+        start += len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::TxId;
+    use crate::quantity::{Precision, Quantity};
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn c(tx: &str, v: u128) -> Candidate {
+        Candidate {
+            id: TokenId::new(TxId::new(tx).unwrap(), 0),
+            quantity: Quantity::new(v, Precision::MAX).unwrap(),
+        }
+    }
+
+    #[test]
+    fn holds_back_a_trailing_run_of_a_full_page() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut scan = Scan::default();
+        let won = HashSet::new();
+        scan.ingest(
+            vec![c("a", 1), c("b", 5), c("c", 5)],
+            3,
+            true,
+            &won,
+            &mut rng,
+        );
+        assert_eq!(scan.buffer, vec![c("a", 1)]);
+        assert!(!scan.exhausted);
+        assert_eq!(scan.cursor, Some(c("c", 5)));
+        scan.ingest(vec![c("d", 5), c("e", 7)], 3, true, &won, &mut rng);
+        assert!(scan.exhausted);
+        let amounts: Vec<u128> = scan.buffer.iter().map(|c| c.quantity.value()).collect();
+        assert_eq!(amounts, vec![1, 5, 5, 5, 7]);
+    }
+
+    #[test]
+    fn a_full_page_of_known_ids_ends_the_scan() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut scan = Scan::default();
+        let won = HashSet::new();
+        scan.ingest(vec![c("a", 1), c("b", 2)], 2, true, &won, &mut rng);
+        assert!(!scan.exhausted);
+        scan.ingest(vec![c("a", 1), c("b", 2)], 2, true, &won, &mut rng);
+        assert!(scan.exhausted);
+        assert_eq!(scan.buffer.len(), 2);
+    }
+}

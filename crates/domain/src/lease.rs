@@ -1,7 +1,21 @@
 //! The lock lifecycle: which transaction statuses release a consumer's locks, and
-//! when a lock's lease has expired.
+//! when a lock's lease has expired (DESIGN §2 "Lock lifecycle").
+//!
+//! - [`settlement_action`]: Confirmed, Deleted and Invalid release all locks of the
+//!   consumer; Pending, Busy, Unknown, Orphan and unrecognised statuses keep them.
+//! - [`PersistPolicy::after_attempt`]: a releasing status is persisted with bounded
+//!   retries; it releases exactly once, after the status was persisted or after the
+//!   retries were exhausted, and not at all when the listener was cancelled.
+//! - [`LeaseConfig::is_expired`]: the sweep deletes a lock older than the lease, or
+//!   one whose consumer is Deleted or Orphan.
+//!
+//! Release is idempotent (a delete by consumer), so a recovery pass after a restart
+//! applies the same rules again without harm.
 
 use std::fmt;
+use std::time::Duration;
+
+use crate::timestamp::Timestamp;
 
 /// The status of a transaction as holdfast records it, and as a settlement source
 /// reports it.
@@ -52,5 +66,334 @@ impl TxStatus {
 impl fmt::Display for TxStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A settlement status as a settlement source reports it: a known [`TxStatus`], the
+/// source's `Invalid` verdict, or a code this version does not know.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SettlementStatus {
+    /// A status holdfast records as is.
+    Known(TxStatus),
+    /// Final and invalid; recorded as [`TxStatus::Deleted`].
+    Invalid,
+    /// A code this version does not recognise; never retried, never releases.
+    Unrecognised(String),
+}
+
+impl SettlementStatus {
+    /// Interprets a reported code: a [`TxStatus`] name, `valid` (Confirmed),
+    /// `invalid`, or anything else as [`SettlementStatus::Unrecognised`].
+    pub fn from_code(code: &str) -> Self {
+        match code {
+            "valid" => SettlementStatus::Known(TxStatus::Confirmed),
+            "invalid" => SettlementStatus::Invalid,
+            other => TxStatus::from_name(other)
+                .map(SettlementStatus::Known)
+                .unwrap_or_else(|| SettlementStatus::Unrecognised(other.to_owned())),
+        }
+    }
+
+    /// The status to record for the consumer, if any (`Invalid` is recorded as
+    /// Deleted; an unrecognised code records nothing).
+    pub fn recorded(&self) -> Option<TxStatus> {
+        match self {
+            SettlementStatus::Known(status) => Some(*status),
+            SettlementStatus::Invalid => Some(TxStatus::Deleted),
+            SettlementStatus::Unrecognised(_) => None,
+        }
+    }
+}
+
+/// What to do with the locks of a consumer transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockAction {
+    /// Release every lock of the consumer (idempotent).
+    ReleaseAll,
+    /// Release nothing.
+    Keep,
+}
+
+/// Whether a settlement status releases the consumer's locks: Confirmed, Deleted
+/// and Invalid do; Pending, Busy, Unknown, Orphan (released only by the lease
+/// sweep) and unrecognised codes do not.
+pub fn settlement_action(status: &SettlementStatus) -> LockAction {
+    match status {
+        SettlementStatus::Known(TxStatus::Confirmed | TxStatus::Deleted)
+        | SettlementStatus::Invalid => LockAction::ReleaseAll,
+        SettlementStatus::Known(
+            TxStatus::Pending | TxStatus::Busy | TxStatus::Unknown | TxStatus::Orphan,
+        )
+        | SettlementStatus::Unrecognised(_) => LockAction::Keep,
+    }
+}
+
+/// How one attempt to persist a settlement status ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PersistResult {
+    /// The status was stored.
+    Persisted,
+    /// Storing it failed.
+    Failed,
+    /// The listener itself was cancelled meanwhile (shutdown).
+    Cancelled,
+}
+
+/// The next move after a persistence attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PersistStep {
+    /// Stop; apply this to the consumer's locks.
+    Done(LockAction),
+    /// Try to persist again after this backoff.
+    RetryAfter(Duration),
+}
+
+/// Bounded retries for persisting a settlement status: attempts are numbered from 1,
+/// and the backoff doubles from `initial_backoff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PersistPolicy {
+    /// Attempts before giving up; at least 1 (default 3).
+    pub max_attempts: u32,
+    /// The backoff after the first failed attempt (default 1 s).
+    pub initial_backoff: Duration,
+}
+
+impl Default for PersistPolicy {
+    fn default() -> Self {
+        PersistPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl PersistPolicy {
+    /// Decides after persistence attempt number `attempt` (from 1) of `status`.
+    ///
+    /// For a releasing status the sequence of attempts ends in exactly one
+    /// [`PersistStep::Done`]: [`LockAction::ReleaseAll`] once persisted or once the
+    /// attempts are exhausted (the transaction is final either way; keeping its
+    /// locks would only leak them until the lease), [`LockAction::Keep`] if the
+    /// listener was cancelled (recovery and the lease sweep are the backstops). A
+    /// status that does not release is [`LockAction::Keep`] whatever happened.
+    pub fn after_attempt(
+        &self,
+        status: &SettlementStatus,
+        attempt: u32,
+        result: PersistResult,
+    ) -> PersistStep {
+        if settlement_action(status) == LockAction::Keep {
+            return PersistStep::Done(LockAction::Keep);
+        }
+        match result {
+            PersistResult::Persisted => PersistStep::Done(LockAction::ReleaseAll),
+            PersistResult::Cancelled => PersistStep::Done(LockAction::Keep),
+            PersistResult::Failed if attempt >= self.max_attempts => {
+                PersistStep::Done(LockAction::ReleaseAll)
+            }
+            PersistResult::Failed => {
+                let doublings = attempt.saturating_sub(1).min(16);
+                let factor = 1u32 << doublings;
+                PersistStep::RetryAfter(self.initial_backoff.saturating_mul(factor))
+            }
+        }
+    }
+}
+
+/// The default lease: a lock older than this is swept.
+pub const DEFAULT_LEASE_EXPIRY: Duration = Duration::from_secs(180);
+/// The default period of the lease sweep.
+pub const DEFAULT_CLEANUP_PERIOD: Duration = Duration::from_secs(60);
+
+/// Lease sweep settings. Plain data; [`LeaseConfig::validate`] checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// Locks older than this are deleted (default 3 min).
+    pub lease_expiry: Duration,
+    /// How often the sweep runs (default 1 min).
+    pub cleanup_period: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            lease_expiry: DEFAULT_LEASE_EXPIRY,
+            cleanup_period: DEFAULT_CLEANUP_PERIOD,
+        }
+    }
+}
+
+/// Why a [`LeaseConfig`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseConfigError {
+    /// `lease_expiry` was zero.
+    #[error("invalid lease config: lease_expiry is 0 ms; expected more than zero")]
+    LeaseExpiryZero,
+    /// `cleanup_period` was zero.
+    #[error("invalid lease config: cleanup_period is 0 ms; expected more than zero")]
+    CleanupPeriodZero,
+}
+
+impl LeaseConfig {
+    /// Checks that both durations are positive.
+    pub fn validate(&self) -> Result<(), LeaseConfigError> {
+        if self.lease_expiry.is_zero() {
+            return Err(LeaseConfigError::LeaseExpiryZero);
+        }
+        if self.cleanup_period.is_zero() {
+            return Err(LeaseConfigError::CleanupPeriodZero);
+        }
+        Ok(())
+    }
+
+    /// Whether a lock created at `created_at`, whose consumer has the recorded
+    /// `consumer` status, is swept at `now`: it is older than the lease, or its
+    /// consumer is Deleted or Orphan.
+    pub fn is_expired(
+        &self,
+        created_at: Timestamp,
+        consumer: Option<TxStatus>,
+        now: Timestamp,
+    ) -> bool {
+        lock_expired(created_at, consumer, now, self.lease_expiry)
+    }
+}
+
+/// The lease rule: a lock expires when `created_at < now - lease` or when its
+/// consumer is Deleted or Orphan.
+pub fn lock_expired(
+    created_at: Timestamp,
+    consumer: Option<TxStatus>,
+    now: Timestamp,
+    lease: Duration,
+) -> bool {
+    matches!(consumer, Some(TxStatus::Deleted | TxStatus::Orphan))
+        || created_at < now.saturating_sub(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [TxStatus; 6] = [
+        TxStatus::Pending,
+        TxStatus::Confirmed,
+        TxStatus::Deleted,
+        TxStatus::Orphan,
+        TxStatus::Busy,
+        TxStatus::Unknown,
+    ];
+
+    #[test]
+    fn settlement_releases_only_final_statuses() {
+        let release: Vec<_> = ALL
+            .into_iter()
+            .filter(|s| settlement_action(&SettlementStatus::Known(*s)) == LockAction::ReleaseAll)
+            .collect();
+        assert_eq!(release, [TxStatus::Confirmed, TxStatus::Deleted]);
+        assert_eq!(
+            settlement_action(&SettlementStatus::Invalid),
+            LockAction::ReleaseAll
+        );
+        assert_eq!(
+            settlement_action(&SettlementStatus::Unrecognised("42".into())),
+            LockAction::Keep
+        );
+    }
+
+    #[test]
+    fn codes_parse_to_statuses() {
+        assert_eq!(
+            SettlementStatus::from_code("valid"),
+            SettlementStatus::Known(TxStatus::Confirmed)
+        );
+        assert_eq!(
+            SettlementStatus::from_code("invalid"),
+            SettlementStatus::Invalid
+        );
+        assert_eq!(
+            SettlementStatus::from_code("invalid").recorded(),
+            Some(TxStatus::Deleted)
+        );
+        assert_eq!(
+            SettlementStatus::from_code("busy"),
+            SettlementStatus::Known(TxStatus::Busy)
+        );
+        let odd = SettlementStatus::from_code("VALID?");
+        assert_eq!(odd, SettlementStatus::Unrecognised("VALID?".into()));
+        assert_eq!(odd.recorded(), None);
+    }
+
+    /// Runs the persistence attempts of `status` with the given results and returns
+    /// how often the locks were released and the backoffs asked for.
+    fn run(status: &SettlementStatus, results: &[PersistResult]) -> (usize, Vec<Duration>) {
+        let policy = PersistPolicy::default();
+        let mut releases = 0;
+        let mut backoffs = Vec::new();
+        for (i, result) in results.iter().enumerate() {
+            let attempt = u32::try_from(i + 1).unwrap();
+            match policy.after_attempt(status, attempt, *result) {
+                PersistStep::Done(LockAction::ReleaseAll) => {
+                    releases += 1;
+                    break;
+                }
+                PersistStep::Done(LockAction::Keep) => break,
+                PersistStep::RetryAfter(d) => backoffs.push(d),
+            }
+        }
+        (releases, backoffs)
+    }
+
+    #[test]
+    fn exhausted_persistence_releases_exactly_once() {
+        use PersistResult::*;
+        let confirmed = SettlementStatus::Known(TxStatus::Confirmed);
+        let (releases, backoffs) = run(&confirmed, &[Failed, Failed, Failed, Failed]);
+        assert_eq!(releases, 1);
+        assert_eq!(backoffs, [Duration::from_secs(1), Duration::from_secs(2)]);
+        assert_eq!(run(&confirmed, &[Failed, Persisted]).0, 1);
+        assert_eq!(run(&SettlementStatus::Invalid, &[Persisted]).0, 1);
+        assert_eq!(run(&confirmed, &[Failed, Cancelled]).0, 0);
+        let busy = SettlementStatus::Known(TxStatus::Busy);
+        assert_eq!(run(&busy, &[Failed, Failed, Failed]), (0, vec![]));
+    }
+
+    #[test]
+    fn lease_expires_by_age_or_consumer_status() {
+        let config = LeaseConfig::default();
+        let now = Timestamp::from_millis(1_000_000);
+        let fresh = Timestamp::from_millis(1_000_000 - 180_000);
+        let old = Timestamp::from_millis(1_000_000 - 180_001);
+        assert!(!config.is_expired(fresh, None, now));
+        assert!(config.is_expired(old, None, now));
+        assert!(config.is_expired(old, Some(TxStatus::Pending), now));
+        for status in ALL {
+            let expected = matches!(status, TxStatus::Deleted | TxStatus::Orphan);
+            assert_eq!(
+                config.is_expired(fresh, Some(status), now),
+                expected,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn lease_config_rejects_zero_durations() {
+        assert_eq!(LeaseConfig::default().validate(), Ok(()));
+        let zero_lease = LeaseConfig {
+            lease_expiry: Duration::ZERO,
+            ..LeaseConfig::default()
+        };
+        let err = zero_lease.validate().unwrap_err();
+        assert_eq!(err, LeaseConfigError::LeaseExpiryZero);
+        assert!(err.to_string().contains("lease_expiry"), "{err}");
+        let zero_period = LeaseConfig {
+            cleanup_period: Duration::ZERO,
+            ..LeaseConfig::default()
+        };
+        assert_eq!(
+            zero_period.validate(),
+            Err(LeaseConfigError::CleanupPeriodZero)
+        );
     }
 }

@@ -11,6 +11,7 @@
 //! - [`lease`]: the lock lifecycle (settlement and lease expiry).
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod blacklist;
 pub mod ids;
 pub mod lease;
@@ -21,9 +22,16 @@ pub mod timestamp;
 pub mod token;
 pub mod window;
 
+pub use admission::{
+    AdmissionConfig, AdmissionConfigError, AdmissionError, AncestryAnswer, AncestryFact,
+    BuildOutcome, Decision, Need, ProcessInput, ProcessMemo, Reply, Write,
+};
 pub use blacklist::{Blacklist, BlacklistReason};
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
-pub use lease::TxStatus;
+pub use lease::{
+    LeaseConfig, LeaseConfigError, LockAction, PersistPolicy, PersistResult, PersistStep,
+    SettlementStatus, TxStatus,
+};
 pub use quantity::{Precision, Quantity, QuantityError};
 pub use request::{
     BuildPlan, BuildStrategy, LastGreen, Queue, Request, RequestId, RequestIdError, RequestState,

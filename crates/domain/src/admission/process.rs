@@ -1,0 +1,227 @@
+//! The process (admit) step: supersede older heads, resume an own claim, gate,
+//! claim, mark processing, publish.
+
+// Private helpers return a whole `Decision` as their early exit; it is moved once
+// and never stored, so boxing it would only add allocations.
+#![allow(clippy::result_large_err)]
+
+use super::reconcile::prune_decision;
+use super::{
+    AdmissionConfig, AncestryAnswer, AncestryFact, DeadLetterReason, Decision, LoadedRequests,
+    Need, QueueWrite, Reply, RequestWrite, RetryReason, Write, check_pair, inconsistent, is_head,
+    release, reply, write_request,
+};
+use crate::request::{BuildPlan, BuildStrategy, Queue, Request, RequestId, RequestState, Version};
+
+/// What one delivery of a process message remembers between its own decisions:
+/// the fence it wrote, if any. Start each delivery with a fresh memo, and call
+/// [`ProcessMemo::record_applied`] after every write that was applied. A crash loses
+/// the memo, which is safe: the redelivery fences again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessMemo {
+    fenced: Option<(RequestId, Version)>,
+}
+
+impl ProcessMemo {
+    /// A memo for a new delivery.
+    pub fn new() -> Self {
+        ProcessMemo::default()
+    }
+
+    /// Records a write that the store applied.
+    pub fn record_applied(&mut self, write: &Write) {
+        if let Write::Request {
+            kind: RequestWrite::Fence,
+            request,
+            ..
+        } = write
+        {
+            self.fenced = Some((request.id.clone(), request.version));
+        }
+    }
+
+    /// Whether this delivery fenced `request` and nobody wrote it since.
+    fn fenced(&self, request: &Request) -> bool {
+        self.fenced
+            .as_ref()
+            .is_some_and(|(id, version)| *id == request.id && *version == request.version)
+    }
+}
+
+/// Everything the process step reads.
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessInput<'a> {
+    /// The request named by the message.
+    pub id: &'a RequestId,
+    /// The request as loaded now (loaded before the queue).
+    pub request: Option<&'a Request>,
+    /// Its queue as loaded now.
+    pub queue: Option<&'a Queue>,
+    /// Requests of slot owners loaded on a [`Need::Requests`]; may be stale, since a
+    /// terminal or missing request stays so. Reload them in each iteration or keep
+    /// them, either is safe.
+    pub owners: &'a LoadedRequests,
+    /// The ancestry answer obtained on a [`Need::Ancestry`], if any.
+    pub ancestry: Option<&'a AncestryFact>,
+    /// This delivery's memo.
+    pub memo: &'a ProcessMemo,
+}
+
+/// Decides the next move of a process (admit) delivery.
+///
+/// In order:
+/// 1. invalid config -> [`Reply::Error`]; missing request or queue ->
+///    [`Reply::DeadLetter`];
+/// 2. terminal: release its id if it still owns a slot (a lost mark race against
+///    a terminal writer), else ack;
+/// 3. processing: owning a slot -> [`Reply::Publish`] (resume or republish, also
+///    when a newer head exists: processing requests are never superseded); without
+///    a slot -> ack (its slot was released by an outcome or dead-letter chain,
+///    which writes its terminal state);
+/// 4. accepted and older than the latest head: owning a slot -> fence, then
+///    release, then supersede (release before supersede); else supersede. This
+///    happens even with the gate closed;
+/// 5. accepted head owning a slot (a crash between claim and mark): resume,
+///    without the gate: mark processing with the plan, then publish;
+/// 6. accepted head without a slot: gate on |owners| < max_concurrent. Closed ->
+///    reconcile first (load the owners' requests, prune terminal or missing ones),
+///    then [`Reply::Hold`] with the gate wait delay if none could be pruned. Open ->
+///    determine the plan (asking for ancestry when there is a last green; an
+///    ancestry failure is a [`Reply::Retry`] before any claim), then claim by
+///    adding the id.
+///
+/// A failed mark is never compensated: the redelivery resumes (step 5) and the
+/// dead-letter step releases. A lost mark race against a delivery that marked the
+/// request processing lands in step 3 and keeps the slot.
+pub fn decide_process(config: &AdmissionConfig, input: &ProcessInput<'_>) -> Decision {
+    if let Err(e) = config.validate() {
+        return reply(Reply::Error(e.into()));
+    }
+    let Some(request) = input.request else {
+        return reply(Reply::DeadLetter(DeadLetterReason::RequestMissing(
+            input.id.clone(),
+        )));
+    };
+    let Some(queue) = input.queue else {
+        return reply(Reply::DeadLetter(DeadLetterReason::QueueMissing(
+            input.id.queue().clone(),
+        )));
+    };
+    if request.id != *input.id {
+        return inconsistent(input.id, format!("loaded request {}", request.id));
+    }
+    if let Err(decision) = check_pair(request, queue) {
+        return decision;
+    }
+    let owned = queue.owners.contains(&request.id);
+    match request.state {
+        RequestState::Processing => {
+            if !owned {
+                return reply(Reply::Ack);
+            }
+            match &request.plan {
+                Some(plan) => reply(Reply::Publish {
+                    request: request.clone(),
+                    plan: plan.clone(),
+                }),
+                None => inconsistent(&request.id, "processing without a build plan"),
+            }
+        }
+        RequestState::Accepted => accepted(config, input, request, queue, owned),
+        _ if owned => release(queue, &request.id),
+        _ => reply(Reply::Ack),
+    }
+}
+
+fn accepted(
+    config: &AdmissionConfig,
+    input: &ProcessInput<'_>,
+    request: &Request,
+    queue: &Queue,
+    owned: bool,
+) -> Decision {
+    let head = match is_head(&request.id, queue) {
+        Ok(head) => head,
+        Err(decision) => return decision,
+    };
+    if !head {
+        if !owned {
+            return write_request(request, RequestWrite::Supersede, RequestState::Superseded);
+        }
+        if input.memo.fenced(request) {
+            return release(queue, &request.id);
+        }
+        return write_request(request, RequestWrite::Fence, RequestState::Accepted);
+    }
+    if owned {
+        return match plan(request, queue, input.ancestry) {
+            Ok(plan) => {
+                let mut next = request.clone();
+                next.state = RequestState::Processing;
+                next.plan = Some(plan);
+                next.version = request.version.next();
+                Decision::Write(Write::Request {
+                    kind: RequestWrite::MarkProcessing,
+                    expected: request.version,
+                    request: next,
+                })
+            }
+            Err(decision) => decision,
+        };
+    }
+    if queue.owners.len() >= config.capacity() {
+        return match prune_decision(queue, input.owners) {
+            Ok(Some(decision)) => decision,
+            Ok(None) => reply(Reply::Hold(config.gate_wait_delay)),
+            Err(decision) => decision,
+        };
+    }
+    if let Err(decision) = plan(request, queue, input.ancestry) {
+        return decision;
+    }
+    let mut next = queue.clone();
+    next.owners.insert(request.id.clone());
+    next.version = queue.version.next();
+    Decision::Write(Write::Queue {
+        kind: QueueWrite::Claim,
+        expected: queue.version,
+        queue: next,
+    })
+}
+
+/// The build plan: full without a last green or when it is not an ancestor,
+/// incremental from the last green when it is.
+fn plan(
+    request: &Request,
+    queue: &Queue,
+    ancestry: Option<&AncestryFact>,
+) -> Result<BuildPlan, Decision> {
+    let Some(green) = &queue.last_green else {
+        return Ok(BuildPlan {
+            strategy: BuildStrategy::Full,
+            base: None,
+        });
+    };
+    let fact = ancestry.filter(|f| f.ancestor == green.uri && f.descendant == request.uri);
+    let Some(fact) = fact else {
+        return Err(Decision::Need(Need::Ancestry {
+            ancestor: green.uri.clone(),
+            descendant: request.uri.clone(),
+        }));
+    };
+    match &fact.answer {
+        AncestryAnswer::Ancestor => Ok(BuildPlan {
+            strategy: BuildStrategy::IncrementalSinceGreen,
+            base: Some(green.uri.clone()),
+        }),
+        AncestryAnswer::NotAncestor | AncestryAnswer::NotFound => Ok(BuildPlan {
+            strategy: BuildStrategy::Full,
+            base: None,
+        }),
+        AncestryAnswer::Failed(reason) => Err(reply(Reply::Retry(RetryReason::Ancestry {
+            ancestor: fact.ancestor.clone(),
+            descendant: fact.descendant.clone(),
+            reason: reason.clone(),
+        }))),
+    }
+}

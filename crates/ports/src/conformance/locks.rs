@@ -156,8 +156,9 @@ pub async fn overlapping_windows_one_winner_per_token(db: &dyn TestDatabase) {
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             let me = tx(&format!("window-{i:02}"));
-            // Windows of 8 starting at i: each token is named by up to 8 windows.
-            let window: Vec<TokenId> = (i..i + 8).map(|k| token_id("pool", k % 24)).collect();
+            // Windows of 9 starting at i (0..16) name every token 0..24, most of
+            // them in several windows at once.
+            let window: Vec<TokenId> = (i..i + 9).map(|k| token_id("pool", k % 24)).collect();
             barrier.wait().await;
             let verdicts = s.locks.claim_window(&me, &window, T0).await;
             (me, window, verdicts)

@@ -1,1 +1,174 @@
-//! holdfast over SQLite: the embedded default backend for tokens, locks, transaction statuses and queues.
+//! holdfast over SQLite: the embedded default backend for tokens, locks,
+//! transaction statuses and queues.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let options = SqliteOptions { busy_timeout: Duration::from_secs(5), readers: 4 };
+//! let backend = SqliteBackend::open("sqlite://holdfast.db", options).await?;
+//! let stores = backend.stores(); // holdfast_ports::Stores: tokens, locks, statuses, queues
+//! # let _ = stores;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it uses SQLite
+//! - Bundled SQLite (rusqlite), WAL journal, `synchronous = FULL` (a committed claim
+//!   survives a power cut), a busy timeout (default 5 s) after which a call fails
+//!   with [`StoreFault::Busy`](holdfast_ports::StoreFault::Busy) instead of panicking.
+//! - One writer connection and [`SqliteOptions::readers`] reader connections per
+//!   instance; every call runs on tokio's blocking threads, never on the executor.
+//!   Every transaction that may write is `BEGIN IMMEDIATE`.
+//! - Several instances (replicas, processes) may open one file; SQLite's file lock
+//!   serializes their writers and the lock table's primary key gives exactly one
+//!   winner per token.
+//! - Versioned migrations ([`MIGRATIONS`]) are applied on open and recorded in
+//!   `holdfast_schema`; a newer schema than this code knows is
+//!   [`OpenError::SchemaTooNew`].
+//! - Amounts are stored as [`Quantity::to_storage`](holdfast_domain::Quantity::to_storage)
+//!   text (32 hex digits), read through the partial index `tokens_candidates`;
+//!   timestamps as RFC 3339 UTC text with milliseconds (see [`timetext`]).
+//! - [`LockStore::round_trips`](holdfast_ports::LockStore::round_trips) counts one per
+//!   transaction sent (a window claim of up to 256 tokens is one).
+//! - The lease sweep needs no leadership election here: SQLite's single writer
+//!   serializes sweepers, so every caller is the leader of its own turn.
+#![warn(missing_docs)]
+
+mod codec;
+mod locks;
+mod open;
+mod pool;
+mod queues;
+mod schema;
+mod statuses;
+pub mod timetext;
+mod tokens;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use holdfast_domain::Timestamp;
+use holdfast_ports::{StoreFault, Stores};
+use rusqlite::{Connection, OpenFlags};
+
+pub use open::{Location, MAX_BUSY_TIMEOUT, MAX_READERS, OpenError, SqliteOptions};
+pub use schema::{MIGRATIONS, Migration, SCHEMA_VERSION};
+
+use pool::{Db, Pool};
+
+/// One adapter instance on a SQLite database: implements every holdfast port.
+/// Cheap to clone (the clones share the connections).
+#[derive(Clone, Debug)]
+pub struct SqliteBackend {
+    pool: Arc<Pool>,
+    location: Location,
+}
+
+impl SqliteBackend {
+    /// Opens (creating if missing) the database at `location` — `sqlite://path`,
+    /// `sqlite:path`, `sqlite::memory:` or a plain file path — and applies any
+    /// missing migrations.
+    pub async fn open(location: &str, options: SqliteOptions) -> Result<Self, OpenError> {
+        options.validate()?;
+        let location = Location::parse(location)?;
+        let loc = location.clone();
+        let pool = tokio::task::spawn_blocking(move || open_pool(&loc, &options))
+            .await
+            .map_err(|e| StoreFault::Backend(format!("the open task failed: {e}")))??;
+        tracing::debug!(?location, "opened SQLite backend");
+        Ok(SqliteBackend {
+            pool: Arc::new(pool),
+            location,
+        })
+    }
+
+    /// A private, migrated in-memory database (one connection; for tests and demos).
+    pub async fn open_in_memory() -> Result<Self, OpenError> {
+        Self::open(":memory:", SqliteOptions::default()).await
+    }
+
+    /// The ports of this instance, as the app wires them.
+    pub fn stores(&self) -> Stores {
+        let me = Arc::new(self.clone());
+        Stores {
+            tokens: me.clone(),
+            locks: me.clone(),
+            statuses: me.clone(),
+            queues: me,
+        }
+    }
+
+    /// Where this instance's database lives.
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+}
+
+fn configure(conn: &Connection, options: &SqliteOptions) -> Result<(), StoreFault> {
+    conn.busy_timeout(options.busy_timeout).db()?;
+    conn.pragma_update(None, "synchronous", "FULL").db()?;
+    conn.pragma_update(None, "foreign_keys", "ON").db()?;
+    Ok(())
+}
+
+fn open_connection(
+    path: &std::path::Path,
+    options: &SqliteOptions,
+) -> Result<Connection, OpenError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| OpenError::Unavailable {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    configure(&conn, options)?;
+    Ok(conn)
+}
+
+fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenError> {
+    let now = Timestamp(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .and_then(|d| u64::try_from(d.as_millis()).ok())
+            .unwrap_or(0),
+    );
+    match location {
+        Location::Memory => {
+            let mut conn = Connection::open_in_memory().db()?;
+            configure(&conn, options)?;
+            schema::migrate(&mut conn, now)?;
+            Ok(Pool::new(conn, Vec::new()))
+        }
+        Location::File(path) => {
+            let mut writer = open_connection(path, options)?;
+            let mode: String = writer
+                .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+                .map_err(|e| match pool::fault(e) {
+                    StoreFault::Corrupt(reason) | StoreFault::Unavailable(reason) => {
+                        OpenError::Unavailable {
+                            path: path.display().to_string(),
+                            reason,
+                        }
+                    }
+                    other => OpenError::Fault(other),
+                })?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(OpenError::Unavailable {
+                    path: path.display().to_string(),
+                    reason: format!("journal mode is {mode}; expected WAL"),
+                });
+            }
+            schema::migrate(&mut writer, now)?;
+            let mut readers = Vec::with_capacity(options.readers);
+            for _ in 0..options.readers {
+                let reader = open_connection(path, options)?;
+                reader.pragma_update(None, "query_only", "ON").db()?;
+                readers.push(reader);
+            }
+            Ok(Pool::new(writer, readers))
+        }
+    }
+}

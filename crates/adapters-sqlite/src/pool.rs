@@ -1,0 +1,203 @@
+//! Connections: one writer and a few readers per adapter instance, used only on
+//! tokio's blocking threads, and the round-trip counter.
+//!
+//! Every write runs on the writer connection inside `BEGIN IMMEDIATE`, so a
+//! transaction takes SQLite's write lock up front (waiting up to the busy timeout)
+//! instead of failing when it upgrades a read. Reads run on a reader connection
+//! (WAL lets them proceed beside the writer); an in-memory database has only the
+//! writer, which then serves reads too.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use holdfast_ports::StoreFault;
+use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
+
+/// Maps a rusqlite error to the port's fault: busy/locked after the timeout is
+/// [`StoreFault::Busy`], never a panic.
+pub(crate) fn fault(e: rusqlite::Error) -> StoreFault {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => StoreFault::Busy(e.to_string()),
+            ErrorCode::CannotOpen | ErrorCode::PermissionDenied | ErrorCode::ReadOnly => {
+                StoreFault::Unavailable(e.to_string())
+            }
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                StoreFault::Corrupt(e.to_string())
+            }
+            _ => StoreFault::Backend(e.to_string()),
+        },
+        _ => StoreFault::Backend(e.to_string()),
+    }
+}
+
+/// `.db()?` turns a rusqlite result into one whose error converts into any port error.
+pub(crate) trait Db<T> {
+    fn db(self) -> Result<T, StoreFault>;
+}
+
+impl<T> Db<T> for Result<T, rusqlite::Error> {
+    fn db(self) -> Result<T, StoreFault> {
+        self.map_err(fault)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a connection cannot leave a transaction open (dropping
+    // the rusqlite Transaction rolls it back), so the connection is still usable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The connections of one adapter instance.
+pub(crate) struct Pool {
+    writer: Mutex<Connection>,
+    readers: Option<Readers>,
+    round_trips: AtomicU64,
+}
+
+struct Readers {
+    idle: Mutex<Vec<Connection>>,
+    returned: Condvar,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("readers", &self.readers.is_some())
+            .field("round_trips", &self.round_trips.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(writer: Connection, readers: Vec<Connection>) -> Pool {
+        let readers = (!readers.is_empty()).then(|| Readers {
+            idle: Mutex::new(readers),
+            returned: Condvar::new(),
+        });
+        Pool {
+            writer: Mutex::new(writer),
+            readers,
+            round_trips: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the writer, on a blocking
+    /// thread; commits when `f` returns Ok, rolls back otherwise. One round trip.
+    pub(crate) async fn write<T, E, F>(self: &Arc<Self>, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreFault> + Send + 'static,
+    {
+        let pool = Arc::clone(self);
+        pool.round_trips.fetch_add(1, Ordering::Relaxed);
+        run_blocking(move || {
+            let mut conn = lock(&pool.writer);
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .db()?;
+            let out = f(&tx)?;
+            tx.commit().db()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Runs `f` in a read transaction (one consistent snapshot) on a reader, on a
+    /// blocking thread. One round trip.
+    pub(crate) async fn read<T, E, F>(self: &Arc<Self>, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<StoreFault> + Send + 'static,
+    {
+        let pool = Arc::clone(self);
+        pool.round_trips.fetch_add(1, Ordering::Relaxed);
+        run_blocking(move || match &pool.readers {
+            None => {
+                let mut conn = lock(&pool.writer);
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Deferred)
+                    .db()?;
+                f(&tx)
+            }
+            Some(readers) => {
+                let mut conn = readers.checkout();
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Deferred)
+                    .db()?;
+                f(&tx)
+            }
+        })
+        .await
+    }
+}
+
+/// A reader connection taken from the pool; given back when dropped (also when the
+/// work panicked), so the pool never shrinks.
+struct Checked<'a> {
+    readers: &'a Readers,
+    conn: Option<Connection>,
+}
+
+impl std::ops::Deref for Checked<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("taken only in drop"))
+    }
+}
+
+impl std::ops::DerefMut for Checked<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.conn
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("taken only in drop"))
+    }
+}
+
+impl Drop for Checked<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            lock(&self.readers.idle).push(conn);
+            self.readers.returned.notify_one();
+        }
+    }
+}
+
+impl Readers {
+    /// Waits (on this blocking thread) for an idle reader.
+    fn checkout(&self) -> Checked<'_> {
+        let mut idle = lock(&self.idle);
+        loop {
+            if let Some(conn) = idle.pop() {
+                return Checked {
+                    readers: self,
+                    conn: Some(conn),
+                };
+            }
+            idle = self
+                .returned
+                .wait(idle)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+async fn run_blocking<T, E, F>(f: F) -> Result<T, E>
+where
+    F: FnOnce() -> Result<T, E> + Send + 'static,
+    T: Send + 'static,
+    E: From<StoreFault> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(out) => out,
+        Err(e) => Err(StoreFault::Backend(format!("the database task failed: {e}")).into()),
+    }
+}

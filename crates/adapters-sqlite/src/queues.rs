@@ -1,0 +1,283 @@
+//! The queue store over SQLite.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use holdfast_domain::{
+    BuildPlan, BuildStrategy, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
+    RevisionUri, Version,
+};
+use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use rusqlite::{OptionalExtension, Transaction, params};
+
+use crate::SqliteBackend;
+use crate::codec::{
+    corrupt, queue_from_sql, request_id_from_sql, seq_from_sql, seq_to_sql, uri_from_sql,
+    version_from_sql, version_to_sql,
+};
+use crate::pool::Db;
+
+const REQUEST_COLUMNS: &str = "queue, seq, uri, state, strategy, base, version";
+
+fn request_row(r: &rusqlite::Row<'_>) -> Result<Request, StoreFault> {
+    let queue: String = r.get(0).db()?;
+    let seq: i64 = r.get(1).db()?;
+    let row = format!("requests row request/{queue}/{seq}");
+    let queue = queue_from_sql(&row, queue)?;
+    let id = RequestId::new(queue, seq_from_sql(&row, seq)?);
+    let uri = uri_from_sql(&row, r.get(2).db()?)?;
+    let state: String = r.get(3).db()?;
+    let state = RequestState::from_name(&state)
+        .ok_or_else(|| corrupt(&row, format!("unknown state {state:?}")))?;
+    let strategy: Option<String> = r.get(4).db()?;
+    let base: Option<String> = r.get(5).db()?;
+    let plan = match strategy {
+        None => None,
+        Some(s) => Some(BuildPlan {
+            strategy: BuildStrategy::from_name(&s)
+                .ok_or_else(|| corrupt(&row, format!("unknown build strategy {s:?}")))?,
+            base: base.map(|b| uri_from_sql(&row, b)).transpose()?,
+        }),
+    };
+    Ok(Request {
+        id,
+        uri,
+        state,
+        plan,
+        version: version_from_sql(&row, r.get(6).db()?)?,
+    })
+}
+
+fn load_request_in(tx: &Transaction<'_>, id: &RequestId) -> Result<Option<Request>, StoreFault> {
+    let sql = format!("SELECT {REQUEST_COLUMNS} FROM requests WHERE queue = ?1 AND seq = ?2");
+    let mut stmt = tx.prepare_cached(&sql).db()?;
+    let raw = stmt
+        .query_row(params![id.queue().as_str(), seq_to_sql(id.seq())?], |r| {
+            Ok(request_row(r))
+        })
+        .optional()
+        .db()?;
+    raw.transpose()
+}
+
+#[async_trait]
+impl QueueStore for SqliteBackend {
+    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
+        let name = name.clone();
+        self.pool
+            .read(move |tx| {
+                let row = format!("queues row {name}");
+                type QueueCols = (Option<String>, Option<String>, Option<String>, i64);
+                let cols: Option<QueueCols> = tx
+                    .prepare_cached(
+                        "SELECT latest_request, last_green_uri, last_green_request, version
+                         FROM queues WHERE name = ?1",
+                    )
+                    .db()?
+                    .query_row([name.as_str()], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
+                    .optional()
+                    .db()?;
+                let Some((latest, green_uri, green_request, version)) = cols else {
+                    return Ok(None);
+                };
+                let last_green = match (green_uri, green_request) {
+                    (None, None) => None,
+                    (Some(u), Some(r)) => Some(LastGreen {
+                        uri: uri_from_sql(&row, u)?,
+                        request_id: request_id_from_sql(&row, &r)?,
+                    }),
+                    _ => {
+                        return Err(corrupt(
+                            &row,
+                            "last green has a uri without a request or the reverse",
+                        )
+                        .into());
+                    }
+                };
+                let mut owners = BTreeSet::new();
+                let mut stmt = tx
+                    .prepare_cached("SELECT request FROM queue_owners WHERE queue = ?1")
+                    .db()?;
+                let mut rows = stmt.query([name.as_str()]).db()?;
+                while let Some(r) = rows.next().db()? {
+                    let text: String = r.get(0).db()?;
+                    owners.insert(request_id_from_sql(
+                        &format!("queue_owners row {name}"),
+                        &text,
+                    )?);
+                }
+                Ok(Some(Queue {
+                    latest_request_id: latest.map(|l| request_id_from_sql(&row, &l)).transpose()?,
+                    last_green,
+                    owners,
+                    version: version_from_sql(&row, version)?,
+                    name: name.clone(),
+                }))
+            })
+            .await
+    }
+
+    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
+        let id = id.clone();
+        self.pool
+            .read(move |tx| Ok(load_request_in(tx, &id)?))
+            .await
+    }
+
+    async fn create_request(
+        &self,
+        queue: &QueueName,
+        uri: &RevisionUri,
+    ) -> Result<Ingested, QueueStoreError> {
+        let (queue, uri) = (queue.clone(), uri.clone());
+        self.pool
+            .write(move |tx| {
+                tx.prepare_cached(
+                    "INSERT INTO queues (name, version) VALUES (?1, 1) ON CONFLICT (name) DO NOTHING",
+                )
+                .db()?
+                .execute([queue.as_str()])
+                .db()?;
+                let sql = format!("SELECT {REQUEST_COLUMNS} FROM requests WHERE queue = ?1 AND uri = ?2");
+                let existing = tx
+                    .prepare_cached(&sql)
+                    .db()?
+                    .query_row(params![queue.as_str(), uri.as_str()], |r| Ok(request_row(r)))
+                    .optional()
+                    .db()?
+                    .transpose()?;
+                if let Some(request) = existing {
+                    return Ok(Ingested { request, created: false });
+                }
+                let last: i64 = tx
+                    .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM requests WHERE queue = ?1")
+                    .db()?
+                    .query_row([queue.as_str()], |r| r.get(0))
+                    .db()?;
+                let seq = last.checked_add(1).ok_or_else(|| {
+                    StoreFault::Backend(format!("queue {queue} has run out of request numbers"))
+                })?;
+                tx.prepare_cached(
+                    "INSERT INTO requests (queue, seq, uri, state, version) VALUES (?1, ?2, ?3, ?4, 1)",
+                )
+                .db()?
+                .execute(params![queue.as_str(), seq, uri.as_str(), RequestState::Accepted.as_str()])
+                .db()?;
+                let seq = seq_from_sql(&format!("requests row of {queue}"), seq)?;
+                Ok(Ingested {
+                    request: Request {
+                        id: RequestId::new(queue.clone(), seq),
+                        uri: uri.clone(),
+                        state: RequestState::Accepted,
+                        plan: None,
+                        version: Version::FIRST,
+                    },
+                    created: true,
+                })
+            })
+            .await
+    }
+
+    async fn cas_queue(
+        &self,
+        expected: Version,
+        queue: &Queue,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        let queue = queue.clone();
+        let (exp, next) = (version_to_sql(expected)?, version_to_sql(expected.next())?);
+        self.pool
+            .write(move |tx| {
+                let n = tx
+                    .prepare_cached(
+                        "UPDATE queues SET latest_request = ?2, last_green_uri = ?3,
+                                last_green_request = ?4, version = ?5
+                         WHERE name = ?1 AND version = ?6",
+                    )
+                    .db()?
+                    .execute(params![
+                        queue.name.as_str(),
+                        queue.latest_request_id.as_ref().map(ToString::to_string),
+                        queue.last_green.as_ref().map(|g| g.uri.as_str()),
+                        queue.last_green.as_ref().map(|g| g.request_id.to_string()),
+                        next,
+                        exp
+                    ])
+                    .db()?;
+                if n == 0 {
+                    return Ok(CasOutcome::Conflict);
+                }
+                tx.prepare_cached("DELETE FROM queue_owners WHERE queue = ?1")
+                    .db()?
+                    .execute([queue.name.as_str()])
+                    .db()?;
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO queue_owners (queue, request) VALUES (?1, ?2)")
+                    .db()?;
+                for owner in &queue.owners {
+                    insert
+                        .execute(params![queue.name.as_str(), owner.to_string()])
+                        .db()?;
+                }
+                Ok(CasOutcome::Applied)
+            })
+            .await
+    }
+
+    async fn cas_request(
+        &self,
+        expected: Version,
+        request: &Request,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        let request = request.clone();
+        let (exp, next) = (version_to_sql(expected)?, version_to_sql(expected.next())?);
+        let seq = seq_to_sql(request.id.seq())?;
+        self.pool
+            .write(move |tx| {
+                let plan = request.plan.as_ref();
+                let n = tx
+                    .prepare_cached(
+                        "UPDATE requests SET uri = ?3, state = ?4, strategy = ?5, base = ?6, version = ?7
+                         WHERE queue = ?1 AND seq = ?2 AND version = ?8",
+                    )
+                    .db()?
+                    .execute(params![
+                        request.id.queue().as_str(),
+                        seq,
+                        request.uri.as_str(),
+                        request.state.as_str(),
+                        plan.map(|p| p.strategy.as_str()),
+                        plan.and_then(|p| p.base.as_ref()).map(RevisionUri::as_str),
+                        next,
+                        exp
+                    ])
+                    .db()?;
+                Ok(if n == 1 { CasOutcome::Applied } else { CasOutcome::Conflict })
+            })
+            .await
+    }
+
+    async fn list_requests(
+        &self,
+        queue: &QueueName,
+        limit: usize,
+    ) -> Result<Vec<Request>, QueueStoreError> {
+        let queue = queue.clone();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.pool
+            .read(move |tx| {
+                let sql = format!(
+                    "SELECT {REQUEST_COLUMNS} FROM requests WHERE queue = ?1 ORDER BY seq LIMIT ?2"
+                );
+                let mut stmt = tx.prepare_cached(&sql).db()?;
+                let mut rows = stmt.query(params![queue.as_str(), limit]).db()?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next().db()? {
+                    out.push(request_row(r)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+}

@@ -1,0 +1,552 @@
+//! Behaviour of the selection engine (DESIGN §2 "Select"), driven against an
+//! in-memory wallet. Randomised behaviours are checked over many fixed seeds.
+
+mod selection_sim;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use holdfast_domain::{
+    Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionError, SelectionFailure,
+    StoreFailure, TokenId,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use selection_sim::{Run, Wallet, q, request, run, tid};
+
+fn defaults() -> SelectionConfig {
+    SelectionConfig::default()
+}
+
+/// Small budgets so contended runs stay short.
+fn tight() -> SelectionConfig {
+    SelectionConfig {
+        max_immediate_retries: 2,
+        max_retries: 3,
+        retry_interval: Duration::from_millis(100),
+        ..SelectionConfig::default()
+    }
+}
+
+/// How often each token was the whole selection, over `seeds` runs.
+fn picks(
+    wallet: &Wallet,
+    amount: u128,
+    config: &SelectionConfig,
+    seeds: u64,
+) -> BTreeMap<TokenId, u32> {
+    let mut counts = BTreeMap::new();
+    for seed in 0..seeds {
+        let r = run(wallet.clone(), amount, config.clone(), seed);
+        let tokens = r.picked();
+        assert_eq!(
+            tokens.len(),
+            1,
+            "seed {seed}: expected one token\n{}",
+            r.trace
+        );
+        *counts.entry(tokens[0].clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn smallest_fit_picks_the_small_token() {
+    let wallet = Wallet::of(&[1, 200]);
+    for seed in 0..20 {
+        let r = run(wallet.clone(), 1, defaults(), seed);
+        assert_eq!(r.picked(), vec![tid(0)], "seed {seed}\n{}", r.trace);
+        let selected = r.outcome.as_ref().unwrap();
+        assert_eq!((selected.total, selected.change), (q(1), q(0)));
+    }
+}
+
+#[test]
+fn equal_amounts_are_shuffled() {
+    let counts = picks(&Wallet::of(&[10, 10, 10, 10, 10]), 10, &defaults(), 40);
+    assert!(counts.len() > 1, "{counts:?}");
+}
+
+#[test]
+fn an_equal_run_split_across_pages_is_shuffled_as_one_bucket() {
+    // Window 1 isolates the bucket shuffle: without holding the trailing run of a
+    // full page back, only the first page's two tokens could ever be picked.
+    let config = SelectionConfig {
+        sufficiency_window: 1,
+        page_size: 2,
+        ..defaults()
+    };
+    let counts = picks(&Wallet::of(&[10, 10, 10, 10, 10]), 10, &config, 60);
+    let later_pages = counts
+        .keys()
+        .filter(|t| **t != tid(0) && **t != tid(1))
+        .count();
+    assert!(later_pages > 0, "{counts:?}");
+}
+
+#[test]
+fn sufficiency_window_spreads_over_the_count_cap_only() {
+    let counts = picks(&Wallet::of(&[2, 3, 4, 5, 6, 200]), 1, &defaults(), 200);
+    assert!(counts.len() >= 2, "{counts:?}");
+    assert!(!counts.contains_key(&tid(4)), "6 picked: {counts:?}");
+    assert!(!counts.contains_key(&tid(5)), "200 picked: {counts:?}");
+}
+
+#[test]
+fn ratio_cap_excludes_what_the_count_cap_admits() {
+    // Three candidates fit the count cap of 4; 60 > 5 x 10 is excluded by the ratio.
+    let wallet = Wallet::of(&[10, 20, 60]);
+    let counts = picks(&wallet, 5, &defaults(), 200);
+    assert!(
+        counts.contains_key(&tid(0)) && counts.contains_key(&tid(1)),
+        "{counts:?}"
+    );
+    assert!(!counts.contains_key(&tid(2)), "{counts:?}");
+    // The same run without the ratio cap picks 60: the assertion above can fail.
+    let no_ratio = SelectionConfig {
+        max_sufficiency_ratio: u32::MAX,
+        ..defaults()
+    };
+    let counts = picks(&wallet, 5, &no_ratio, 200);
+    assert!(counts.contains_key(&tid(2)), "{counts:?}");
+}
+
+#[test]
+fn a_request_dwarfed_by_every_token_still_spreads() {
+    // The cap is 5 x the anchor (20), not 5 x the request (1).
+    let counts = picks(&Wallet::of(&[20, 30, 40, 50]), 1, &defaults(), 100);
+    assert!(counts.len() > 1, "{counts:?}");
+}
+
+#[test]
+fn a_blacklisted_anchor_gets_no_lookahead() {
+    // t00 = 2 is always contended. While it anchors, the window is {2, 9, 10}
+    // (11 > 5 x 2). Once blacklisted it anchors nothing: 9 anchors and 11 joins.
+    let wallet = Wallet::of(&[2, 9, 10, 11]).hot(0, u32::MAX);
+    let mut saw_eleven = false;
+    for seed in 0..200 {
+        let r = run(wallet.clone(), 1, defaults(), seed);
+        let first = &r.claims[0];
+        if first == &vec![tid(0)] {
+            // The next claim is planned with t00 blacklisted.
+            assert_ne!(r.claims[1], vec![tid(0)], "{}", r.trace);
+            saw_eleven |= r.picked() == vec![tid(3)];
+        } else {
+            assert_ne!(
+                r.picked(),
+                vec![tid(3)],
+                "11 chosen next to anchor 2\n{}",
+                r.trace
+            );
+        }
+        let tries = r.claims.iter().filter(|c| c.contains(&tid(0))).count();
+        assert!(tries <= 1, "blacklisted t00 claimed again\n{}", r.trace);
+    }
+    assert!(
+        saw_eleven,
+        "11 never chosen after the anchor 2 was blacklisted"
+    );
+}
+
+#[test]
+fn blacklisted_tokens_never_enter_a_window_until_the_escape_hatch() {
+    // t00 loses once; the second scan sees only t00, which is blacklisted: the
+    // blacklist is cleared once and the third scan wins it.
+    let r = run(Wallet::of(&[5]).hot(0, 1), 5, defaults(), 7);
+    assert_eq!(r.picked(), vec![tid(0)], "{}", r.trace);
+    assert_eq!(r.stats.blacklist_clears, 1, "{}", r.trace);
+    assert_eq!(r.stats.fetches, 3, "{}", r.trace);
+    assert_eq!(r.claims.len(), 2, "{}", r.trace);
+    // With a clean token next to it, the contended token is never retried.
+    let r = run(Wallet::of(&[5, 6]).hot(0, 1), 5, defaults(), 1);
+    let tries = r.claims.iter().filter(|c| c.contains(&tid(0))).count();
+    assert!(tries <= 1, "{}", r.trace);
+    assert_eq!(r.stats.blacklist_clears, 0, "{}", r.trace);
+}
+
+#[test]
+fn without_the_blacklist_a_lost_token_is_retried_on_the_next_scan() {
+    let config = SelectionConfig {
+        blacklist: false,
+        ..defaults()
+    };
+    let r = run(Wallet::of(&[5]).hot(0, 1), 5, config, 7);
+    assert_eq!(r.picked(), vec![tid(0)]);
+    assert_eq!(r.stats.fetches, 2, "{}", r.trace);
+    assert_eq!(r.stats.blacklist_clears, 0);
+}
+
+#[test]
+fn stale_is_not_contention_and_asks_for_a_refresh() {
+    // The only token turns out spent: no contention, so the balance is read and
+    // the call fails fast with InsufficientFunds.
+    let r = run(Wallet::of(&[5]).stale(0), 5, defaults(), 3);
+    assert_eq!(
+        r.outcome,
+        Err(SelectionFailure::InsufficientFunds {
+            available: q(0),
+            requested: q(5)
+        }),
+        "{}",
+        r.trace
+    );
+    assert_eq!(
+        (r.stats.stale, r.stats.conflicts, r.stats.store_errors),
+        (1, 0, 0)
+    );
+    // A stale token next to a good one: the next fetch asks for a refresh (pages
+    // of one, so a fetch follows the stale verdict).
+    let config = SelectionConfig {
+        sufficiency_window: 1,
+        page_size: 1,
+        ..defaults()
+    };
+    let r = run(Wallet::of(&[5, 6]).stale(0), 5, config, 3);
+    assert_eq!(r.picked(), vec![tid(1)], "{}", r.trace);
+    let lines: Vec<&str> = r.trace.lines().collect();
+    let stale_at = lines.iter().position(|l| l.contains("t00:stale")).unwrap();
+    assert!(
+        lines[stale_at + 1].contains("fetch") && lines[stale_at + 1].contains("refresh=true"),
+        "{}",
+        r.trace
+    );
+    assert_eq!(r.trace.matches("refresh=true").count(), 1, "{}", r.trace);
+    assert_eq!(r.stats.balance_checks, 0);
+}
+
+#[test]
+fn contended_is_blacklisted_counted_and_ends_in_funds_locked() {
+    let r = run(Wallet::of(&[5]).hot(0, u32::MAX), 5, tight(), 3);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert!(r.stats.conflicts >= 3, "{}", r.trace);
+    assert_eq!((r.stats.stale, r.stats.store_errors), (0, 0));
+    assert_eq!(
+        r.stats.balance_checks, 0,
+        "contention must suppress fast fail"
+    );
+    assert_eq!(r.stats.legs, 3);
+    assert_eq!(r.backoffs.len(), 2);
+    assert!(r.backoffs.iter().all(|d| *d < Duration::from_millis(100)));
+    assert_eq!(r.stats.distinct_tokens_attempted, 1);
+}
+
+#[test]
+fn a_store_error_is_retried_not_blacklisted() {
+    let mut wallet = Wallet::of(&[5]);
+    wallet.fail_claims = 1;
+    let r = run(wallet, 5, defaults(), 3);
+    assert_eq!(r.picked(), vec![tid(0)], "{}", r.trace);
+    assert_eq!(
+        (r.stats.store_errors, r.stats.conflicts, r.stats.stale),
+        (1, 0, 0)
+    );
+    assert_eq!(r.stats.blacklist_clears, 0);
+    // One retry for the error, one for the rescan; the win does not undo the sum.
+    assert_eq!(r.stats.immediate_retries, 2, "{}", r.trace);
+}
+
+#[test]
+fn store_errors_that_exhaust_the_budget_surface_as_a_store_failure() {
+    for (what, mut wallet) in [
+        ("fetch", Wallet::of(&[5])),
+        ("claim", Wallet::of(&[5])),
+        ("balance", Wallet::of(&[1])),
+    ] {
+        match what {
+            "fetch" => wallet.fail_fetches = u32::MAX,
+            "claim" => wallet.fail_claims = u32::MAX,
+            _ => wallet.fail_balances = u32::MAX,
+        }
+        let r = run(wallet, 5, defaults(), 3);
+        assert!(
+            matches!(&r.outcome, Err(SelectionFailure::Store { message }) if message.contains(what)),
+            "{what}: {}",
+            r.trace
+        );
+        assert_eq!(
+            r.stats.legs, 1,
+            "{what}: no backoff for an outage\n{}",
+            r.trace
+        );
+        assert_eq!(r.stats.immediate_retries, 5, "{what}\n{}", r.trace);
+        assert!(r.wallet.held_by_consumer().is_empty());
+    }
+}
+
+#[test]
+fn store_errors_with_contention_are_funds_locked() {
+    let mut wallet = Wallet::of(&[5]).hot(0, u32::MAX);
+    wallet.fail_fetches = 1;
+    let r = run(wallet, 5, tight(), 3);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.stats.store_errors, 1);
+}
+
+#[test]
+fn fast_fail_compares_the_balance_with_the_full_amount() {
+    // 3 + 4 = 7 < 10. Compared with the remainder (3 after winning 7) the balance
+    // would look sufficient and the call would end in FundsLocked instead.
+    let expected = Err(SelectionFailure::InsufficientFunds {
+        available: q(7),
+        requested: q(10),
+    });
+    let r = run(Wallet::of(&[3, 4]), 10, defaults(), 1);
+    assert_eq!(r.outcome, expected, "{}", r.trace);
+    let single = SelectionConfig {
+        batch_window: 1,
+        ..defaults()
+    };
+    let r = run(Wallet::of(&[3, 4]), 10, single, 1);
+    assert_eq!(r.claims, vec![vec![tid(0)], vec![tid(1)]], "{}", r.trace);
+    assert_eq!(r.outcome, expected, "{}", r.trace);
+    assert!(
+        r.trace.contains("release [t00=3 t01=4] -> ok"),
+        "{}",
+        r.trace
+    );
+    assert!(r.wallet.held_by_consumer().is_empty());
+    assert!(r.held_after.is_empty());
+    // Funds locked by others count in the balance: not insufficient.
+    let r = run(Wallet::of(&[3, 4, 5]).locked_by_other(2), 10, tight(), 1);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+}
+
+#[test]
+fn an_empty_wallet_fails_fast() {
+    let r = run(Wallet::of(&[]), 1, defaults(), 0);
+    assert_eq!(
+        r.outcome,
+        Err(SelectionFailure::InsufficientFunds {
+            available: q(0),
+            requested: q(1)
+        })
+    );
+    assert_eq!(r.stats.round_trips(), 2, "{}", r.trace);
+}
+
+#[test]
+fn dust_is_claimed_in_minimal_windows_of_at_most_256() {
+    let dust = Wallet::of(&[1; 768]);
+    let r = run(dust.clone(), 100, defaults(), 5);
+    assert_eq!(r.claims.iter().map(Vec::len).collect::<Vec<_>>(), vec![100]);
+    let selected = r.outcome.unwrap();
+    assert_eq!((selected.total, selected.change), (q(100), q(0)));
+
+    let r = run(dust.clone(), 600, defaults(), 5);
+    let sizes: Vec<usize> = r.claims.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![256, 256, 88], "{}", r.trace);
+    let selected = r.outcome.unwrap();
+    assert_eq!(selected.tokens.len(), 600);
+    assert_eq!(selected.tokens.iter().collect::<BTreeSet<_>>().len(), 600);
+
+    let r = run(dust, 769, defaults(), 5);
+    assert!(r.claims.iter().all(|c| c.len() <= 256));
+    assert!(matches!(
+        r.outcome,
+        Err(SelectionFailure::InsufficientFunds { .. })
+    ));
+    assert!(r.wallet.held_by_consumer().is_empty());
+}
+
+#[test]
+fn dust_then_an_anchor_covers_the_rest() {
+    let r = run(Wallet::of(&[1, 1, 1, 50]), 10, defaults(), 5);
+    assert_eq!(r.claims, vec![vec![tid(0), tid(1), tid(2), tid(3)]]);
+    let selected = r.outcome.unwrap();
+    assert_eq!((selected.total, selected.change), (q(53), q(43)));
+}
+
+#[test]
+fn a_failed_leg_releases_its_wins_before_backing_off() {
+    // 3 is won, 7 is always lost: each leg ends by releasing 3.
+    let r = run(Wallet::of(&[3, 7]).hot(1, u32::MAX), 10, tight(), 2);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    let lines: Vec<&str> = r.trace.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.contains("backoff") {
+            assert!(
+                lines[i - 1].contains("release [t00=3] -> ok"),
+                "{}",
+                r.trace
+            );
+        }
+    }
+    assert!(
+        r.trace.contains("L2 fetch after=- limit=256 refresh=true"),
+        "{}",
+        r.trace
+    );
+    assert!(r.wallet.held_by_consumer().is_empty());
+    assert!(r.held_after.is_empty());
+}
+
+#[test]
+fn a_won_lock_resets_the_immediate_retry_budget() {
+    // Single-token claims over tokens that each lose once: every leg would end
+    // after 2 fruitless rescans, but each win resets the count.
+    let mut wallet = Wallet::of(&[1, 1, 1, 1, 1, 1]);
+    for i in 0..6 {
+        wallet = wallet.hot(i, 1);
+    }
+    let config = SelectionConfig {
+        batch_window: 1,
+        sufficiency_window: 1,
+        blacklist: false,
+        ..tight()
+    };
+    let r = run(wallet, 6, config, 9);
+    assert!(r.outcome.is_ok(), "{}", r.trace);
+    assert_eq!(r.stats.legs, 1, "{}", r.trace);
+}
+
+#[test]
+fn a_failed_release_keeps_the_tokens_in_held_and_retries_them() {
+    let mut wallet = Wallet::of(&[3, 7]).hot(1, u32::MAX);
+    wallet.fail_releases = 1;
+    let r = run(wallet, 10, tight(), 2);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked));
+    assert!(
+        r.trace.contains("release [t00=3] -> store error"),
+        "{}",
+        r.trace
+    );
+    assert!(r.wallet.held_by_consumer().is_empty(), "{}", r.trace);
+    assert!(r.held_after.is_empty());
+}
+
+#[test]
+fn new_rejects_a_zero_amount_and_a_bad_config() {
+    let zero = Selection::new(request(0), defaults());
+    assert_eq!(zero.unwrap_err(), SelectionError::ZeroAmount);
+    let bad = SelectionConfig {
+        batch_window: 300,
+        ..defaults()
+    };
+    let err = Selection::new(request(1), bad).unwrap_err();
+    assert!(err.to_string().contains("batch_window = 300"), "{err}");
+}
+
+#[test]
+fn failures_name_their_figures() {
+    let e = SelectionFailure::InsufficientFunds {
+        available: q(7),
+        requested: q(10),
+    };
+    assert_eq!(
+        e.to_string(),
+        "insufficient funds: 7 available, 10 requested"
+    );
+    assert!(
+        SelectionFailure::FundsLocked
+            .to_string()
+            .contains("retry later")
+    );
+}
+
+fn cand(n: usize, v: u128) -> Candidate {
+    Candidate {
+        id: tid(n),
+        quantity: q(v),
+    }
+}
+
+#[test]
+fn unexpected_answers_are_ignored_and_the_pending_action_repeats() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut s = Selection::new(request(5), defaults()).unwrap();
+    // Before start: any answer starts the call.
+    let first = s.on_claim(Ok(vec![]), &mut rng);
+    assert!(matches!(first, Action::Fetch(_)));
+    assert_eq!(s.start(&mut rng), first);
+    // A claim answer while a fetch is pending is ignored.
+    assert_eq!(
+        s.on_claim(Ok(vec![(tid(0), ClaimVerdict::Won)]), &mut rng),
+        first
+    );
+    assert_eq!(s.on_balance(Ok(q(1)), &mut rng), first);
+    let claim = s.on_candidates(Ok(vec![cand(0, 5)]), &mut rng);
+    assert_eq!(claim, Action::Claim(vec![tid(0)]));
+    // Verdicts for unknown tokens are ignored; duplicates that agree are fine.
+    let done = s.on_claim(
+        Ok(vec![
+            (tid(9), ClaimVerdict::Won),
+            (tid(0), ClaimVerdict::Won),
+            (tid(0), ClaimVerdict::Won),
+        ]),
+        &mut rng,
+    );
+    let Action::Done(Ok(selected)) = &done else {
+        panic!("{done:?}")
+    };
+    assert_eq!(selected.tokens, vec![tid(0)]);
+    assert_eq!(s.on_backoff_elapsed(&mut rng), done);
+    assert_eq!(s.held(), vec![tid(0)]);
+}
+
+#[test]
+fn a_missing_or_contradictory_verdict_is_a_store_error_and_possibly_held() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut s = Selection::new(request(5), defaults()).unwrap();
+    s.start(&mut rng);
+    let claim = s.on_candidates(Ok(vec![cand(0, 2), cand(1, 5)]), &mut rng);
+    assert_eq!(claim, Action::Claim(vec![tid(0), tid(1)]));
+    let next = s.on_claim(
+        Ok(vec![
+            (tid(0), ClaimVerdict::Won),
+            (tid(0), ClaimVerdict::Contended),
+        ]),
+        &mut rng,
+    );
+    assert_eq!(s.stats().store_errors, 1);
+    assert_eq!(s.held(), vec![tid(0), tid(1)]);
+    // Nothing left in the scan, no contention: the balance is asked.
+    assert_eq!(next, Action::CheckBalance);
+    let next = s.on_balance(Ok(q(3)), &mut rng);
+    assert_eq!(next, Action::Release(vec![tid(0), tid(1)]));
+    let done = s.on_released(Ok(()), &mut rng);
+    assert!(matches!(
+        done,
+        Action::Done(Err(SelectionFailure::InsufficientFunds { .. }))
+    ));
+    assert!(s.held().is_empty());
+}
+
+#[test]
+fn an_ambiguous_claim_is_released_after_success_elsewhere() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let config = SelectionConfig {
+        sufficiency_window: 1,
+        ..defaults()
+    };
+    let mut s = Selection::new(request(5), config).unwrap();
+    s.start(&mut rng);
+    let claim = s.on_candidates(Ok(vec![cand(0, 5), cand(1, 6)]), &mut rng);
+    assert_eq!(claim, Action::Claim(vec![tid(0)]));
+    let next = s.on_claim(Err(StoreFailure::new("timeout")), &mut rng);
+    assert_eq!(next, Action::Claim(vec![tid(1)]));
+    let next = s.on_claim(Ok(vec![(tid(1), ClaimVerdict::Won)]), &mut rng);
+    assert_eq!(next, Action::Release(vec![tid(0)]));
+    let done = s.on_released(Ok(()), &mut rng);
+    let Action::Done(Ok(selected)) = done else {
+        panic!("{done:?}")
+    };
+    assert_eq!(selected.tokens, vec![tid(1)]);
+    assert_eq!(s.held(), vec![tid(1)]);
+}
+
+#[test]
+fn held_covers_the_claim_in_flight_for_cancellation() {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut s = Selection::new(request(5), defaults()).unwrap();
+    s.start(&mut rng);
+    s.on_candidates(Ok(vec![cand(0, 2), cand(1, 5)]), &mut rng);
+    assert_eq!(s.held(), vec![tid(0), tid(1)]);
+}
+
+#[test]
+fn runs_are_replayable() {
+    let wallet = Wallet::of(&[1, 2, 2, 2, 5, 5, 9, 40]).hot(3, 2).stale(6);
+    let a: Run = run(wallet.clone(), 12, tight(), 42);
+    let b: Run = run(wallet, 12, tight(), 42);
+    assert_eq!(a.trace, b.trace);
+}

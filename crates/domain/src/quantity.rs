@@ -166,7 +166,7 @@ impl Quantity {
             .strip_prefix("0x")
             .or_else(|| input.strip_prefix("0X"))
         {
-            Some(hex) if hex.is_empty() => {
+            Some("") => {
                 return Err(QuantityError::MissingHexDigits { input: owned() });
             }
             Some(hex) => (hex, 16, "hex"),

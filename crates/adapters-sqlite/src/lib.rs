@@ -123,8 +123,21 @@ fn open_connection(
         path: path.display().to_string(),
         reason: e.to_string(),
     })?;
-    configure(&conn, options)?;
+    configure(&conn, options).map_err(|e| at_path(path, e))?;
     Ok(conn)
+}
+
+/// A fault while opening `path`: a file that cannot be used (not a database,
+/// unreadable) is [`OpenError::Unavailable`] naming the path; busy and the rest
+/// stay faults.
+fn at_path(path: &std::path::Path, fault: StoreFault) -> OpenError {
+    match fault {
+        StoreFault::Corrupt(reason) | StoreFault::Unavailable(reason) => OpenError::Unavailable {
+            path: path.display().to_string(),
+            reason,
+        },
+        other => OpenError::Fault(other),
+    }
 }
 
 fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenError> {
@@ -146,15 +159,7 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
             let mut writer = open_connection(path, options)?;
             let mode: String = writer
                 .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-                .map_err(|e| match pool::fault(e) {
-                    StoreFault::Corrupt(reason) | StoreFault::Unavailable(reason) => {
-                        OpenError::Unavailable {
-                            path: path.display().to_string(),
-                            reason,
-                        }
-                    }
-                    other => OpenError::Fault(other),
-                })?;
+                .map_err(|e| at_path(path, pool::fault(e)))?;
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(OpenError::Unavailable {
                     path: path.display().to_string(),

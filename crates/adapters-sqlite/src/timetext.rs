@@ -163,7 +163,7 @@ pub fn parse(input: &str) -> Result<Timestamp, TimeTextError> {
                 .map_err(|_| fail("the fraction is not decimal"))?;
         }
     }
-    if month < 1 || month > 12 {
+    if !(1..=12).contains(&month) {
         return Err(fail("month out of range"));
     }
     if day < 1 || day > days_in_month(year, month) {

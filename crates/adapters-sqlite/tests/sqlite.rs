@@ -1,0 +1,272 @@
+//! SQLite-specific behaviour beyond the conformance suite: schema versions, corrupt
+//! rows, tolerant timestamps, busy timeouts, readers beside the writer, open errors.
+
+mod common;
+
+use std::time::Duration;
+
+use holdfast_adapters_sqlite::{OpenError, SCHEMA_VERSION, SqliteBackend, SqliteOptions};
+use holdfast_domain::{
+    ClaimVerdict, Precision, Quantity, Timestamp, TokenId, TokenType, TxId, WalletId,
+};
+use holdfast_ports::{CandidateQuery, LockStoreError, NewToken, StoreFault, TokenStoreError};
+use rusqlite::Connection;
+
+use common::TempDb;
+
+const T0: Timestamp = Timestamp(1_796_025_600_000);
+
+fn token(tx: &str, index: u32, value: u128) -> NewToken {
+    NewToken {
+        id: TokenId::new(TxId::new(tx).expect("tx"), index),
+        wallet: WalletId::new("w").expect("wallet"),
+        token_type: TokenType::new("CHF").expect("type"),
+        quantity: Quantity::new(value, Precision::MAX).expect("amount"),
+        spendable: true,
+    }
+}
+
+fn first_page() -> CandidateQuery {
+    CandidateQuery {
+        wallet: WalletId::new("w").expect("wallet"),
+        token_type: TokenType::new("CHF").expect("type"),
+        after: None,
+        limit: 10,
+    }
+}
+
+fn raw(file: &TempDb) -> Connection {
+    let conn = Connection::open(file.path()).expect("raw connection");
+    conn.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    conn
+}
+
+#[tokio::test]
+async fn reopening_applies_migrations_once_and_a_newer_schema_is_refused() {
+    let file = TempDb::new();
+    drop(file.open().await);
+    drop(file.open().await);
+    let conn = raw(&file);
+    let versions: Vec<i64> = conn
+        .prepare("SELECT version FROM holdfast_schema ORDER BY version")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    conn.execute(
+        "INSERT INTO holdfast_schema (version, name, applied_at) VALUES (99, 'future', '2030-01-01T00:00:00.000Z')",
+        [],
+    )
+    .expect("insert");
+    let err = SqliteBackend::open(&file.url(), SqliteOptions::default())
+        .await
+        .expect_err("a newer schema must be refused");
+    assert_eq!(
+        err,
+        OpenError::SchemaTooNew {
+            found: 99,
+            known: SCHEMA_VERSION
+        }
+    );
+    assert!(err.to_string().contains("upgrade holdfast"), "{err}");
+}
+
+#[tokio::test]
+async fn a_corrupt_amount_is_a_corrupt_fault_naming_the_row() {
+    let file = TempDb::new();
+    let s = file.open().await.stores();
+    s.tokens
+        .add_tokens(&[token("good", 0, 5), token("bad", 3, 7)])
+        .await
+        .expect("add");
+    raw(&file)
+        .execute(
+            "UPDATE tokens SET amount = '0000000000000000000000000000000G' WHERE tx = 'bad'",
+            [],
+        )
+        .expect("corrupt the row");
+    let id = TokenId::new(TxId::new("bad").expect("tx"), 3);
+    let errors = [
+        s.tokens.candidates(&first_page()).await.map(|_| ()),
+        s.tokens
+            .balance(&first_page().wallet, &first_page().token_type)
+            .await
+            .map(|_| ()),
+        s.tokens.token(&id).await.map(|_| ()),
+    ];
+    for result in errors {
+        match result {
+            Err(TokenStoreError::Fault(StoreFault::Corrupt(msg))) => {
+                assert!(msg.contains("tokens row bad:3"), "{msg}");
+                assert!(msg.contains("0000000000000000000000000000000G"), "{msg}");
+            }
+            other => panic!("expected a Corrupt fault, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn stored_timestamps_in_other_layouts_are_read_and_junk_is_refused() {
+    let file = TempDb::new();
+    let s = file.open().await.stores();
+    s.tokens.add_tokens(&[token("t", 0, 1)]).await.expect("add");
+    let consumer = TxId::new("c").expect("tx");
+    let tok = TokenId::new(TxId::new("t").expect("tx"), 0);
+    assert_eq!(
+        s.locks.claim(&consumer, &tok, T0).await,
+        Ok(ClaimVerdict::Won)
+    );
+    let conn = raw(&file);
+    let stored: String = conn
+        .query_row("SELECT created_at FROM locks", [], |r| r.get(0))
+        .expect("created_at");
+    assert_eq!(
+        stored, "2026-11-30T08:00:00.000Z",
+        "the one documented write form"
+    );
+    for layout in [
+        "2026-11-30 08:00:00",
+        "2026-11-30T08:00:00Z",
+        "2026-11-30T09:00:00.000+01:00",
+        "2026-11-30T08:00:00.000000",
+    ] {
+        conn.execute("UPDATE locks SET created_at = ?1", [layout])
+            .expect("update");
+        let locks = s.locks.list_locks().await.expect("list_locks");
+        assert_eq!(locks[0].created_at, T0, "{layout}");
+    }
+    conn.execute("UPDATE locks SET created_at = 'last tuesday'", [])
+        .expect("update");
+    match s.locks.list_locks().await {
+        Err(LockStoreError::Fault(StoreFault::Corrupt(msg))) => {
+            assert!(msg.contains("locks row t:0"), "{msg}");
+            assert!(msg.contains("\"last tuesday\""), "{msg}");
+        }
+        other => panic!("expected a Corrupt fault, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_write_lock_is_busy_after_the_timeout_and_readers_still_read() {
+    let file = TempDb::new();
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_millis(50),
+        readers: 2,
+    };
+    let backend = SqliteBackend::open(&file.url(), options)
+        .await
+        .expect("open");
+    let s = backend.stores();
+    s.tokens.add_tokens(&[token("t", 0, 1)]).await.expect("add");
+
+    let mut other = raw(&file);
+    let writer = other
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .expect("take the write lock");
+    writer
+        .execute("INSERT INTO tx_statuses (tx, status, recorded_at) VALUES ('x', 'pending', '2026-11-30T08:00:00.000Z')", [])
+        .expect("uncommitted write");
+
+    let consumer = TxId::new("c").expect("tx");
+    let tok = TokenId::new(TxId::new("t").expect("tx"), 0);
+    match s.locks.claim(&consumer, &tok, T0).await {
+        Err(LockStoreError::Fault(StoreFault::Busy(msg))) => {
+            assert!(msg.contains("locked"), "{msg}")
+        }
+        other => panic!("expected Busy while another connection writes, got {other:?}"),
+    }
+    // WAL: reads proceed beside the writer and do not see its uncommitted row.
+    assert_eq!(
+        s.tokens
+            .candidates(&first_page())
+            .await
+            .expect("read")
+            .len(),
+        1
+    );
+    assert_eq!(
+        s.statuses.status(&TxId::new("x").expect("tx")).await,
+        Ok(None)
+    );
+
+    writer.commit().expect("commit");
+    assert_eq!(
+        s.locks.claim(&consumer, &tok, T0).await,
+        Ok(ClaimVerdict::Won)
+    );
+}
+
+#[tokio::test]
+async fn open_errors_are_typed() {
+    let bad = SqliteBackend::open("mysql://root:secret@db/x", SqliteOptions::default()).await;
+    assert!(
+        matches!(bad, Err(OpenError::InvalidLocation { .. })),
+        "{bad:?}"
+    );
+    let opts = SqliteOptions {
+        readers: 0,
+        ..SqliteOptions::default()
+    };
+    let bad = SqliteBackend::open("sqlite::memory:", opts).await;
+    assert!(
+        matches!(
+            bad,
+            Err(OpenError::InvalidOption {
+                option: "readers",
+                ..
+            })
+        ),
+        "{bad:?}"
+    );
+
+    let file = TempDb::new();
+    let missing_dir = file.dir().join("no/such/dir/h.db");
+    let bad =
+        SqliteBackend::open(&missing_dir.display().to_string(), SqliteOptions::default()).await;
+    assert!(matches!(bad, Err(OpenError::Unavailable { .. })), "{bad:?}");
+
+    let junk = file.dir().join("junk.db");
+    std::fs::write(&junk, vec![b'x'; 4096]).expect("write junk");
+    let bad = SqliteBackend::open(
+        &format!("sqlite://{}", junk.display()),
+        SqliteOptions::default(),
+    )
+    .await;
+    match bad {
+        Err(OpenError::Unavailable { reason, .. }) => {
+            assert!(reason.contains("not a database"), "{reason}")
+        }
+        other => panic!("expected Unavailable for a junk file, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn in_memory_databases_are_private_and_work() {
+    let a = SqliteBackend::open_in_memory()
+        .await
+        .expect("open")
+        .stores();
+    let b = SqliteBackend::open_in_memory()
+        .await
+        .expect("open")
+        .stores();
+    a.tokens.add_tokens(&[token("t", 0, 3)]).await.expect("add");
+    assert_eq!(
+        a.tokens
+            .candidates(&first_page())
+            .await
+            .expect("read")
+            .len(),
+        1
+    );
+    assert!(
+        b.tokens
+            .candidates(&first_page())
+            .await
+            .expect("read")
+            .is_empty()
+    );
+}

@@ -46,6 +46,15 @@ pub type BackendError = Box<dyn std::error::Error + Send + Sync>;
 pub trait Backend: Send + Sync {
     /// A new, empty, fully migrated database with one adapter instance open on it.
     async fn fresh(&self) -> Result<Box<dyn TestDatabase>, BackendError>;
+
+    /// Why this backend cannot run here (for example: no database server was
+    /// provided to the test run). `Some` makes each generated test print a loud
+    /// `SKIPPED` line and return without running its check; a backend must return
+    /// `Some` only when its test command decided that skipping is acceptable.
+    /// The default never skips.
+    fn skip_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One fresh database of a check, and the instances open on it.
@@ -119,7 +128,12 @@ macro_rules! conformance_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
-                let db = $crate::conformance::fresh(&$backend).await;
+                let backend = $backend;
+                if let Some(reason) = $crate::conformance::Backend::skip_reason(&backend) {
+                    eprintln!("SKIPPED: conformance {}: {reason}", stringify!($name));
+                    return;
+                }
+                let db = $crate::conformance::fresh(&backend).await;
                 $crate::conformance::$module::$name(&*db).await;
             }
         )*

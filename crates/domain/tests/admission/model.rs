@@ -1,0 +1,1194 @@
+//! The model harness: an in-memory versioned store that executes admission
+//! decisions like the app does (load the request, then the queue, decide, attempt
+//! one compare-and-set, reload), with injectable faults, and checks the invariants
+//! of DESIGN §3 after every step.
+//!
+//! The harness is generic over a [`Design`], so the same scripts run against the
+//! owner-keyed rules of `holdfast_domain::admission` and against the old
+//! anonymous-count design (the oracle in `oracle.rs`). Slot ownership is tracked by
+//! a ghost map (who claimed, who released), which is what makes the invariants
+//! checkable for a design that does not record owners.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use holdfast_domain::admission::{
+    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, LoadedRequests, Need,
+    ProcessMemo, QueueWrite, Reply, RequestWrite, Write, decide_ingest,
+};
+use holdfast_domain::{
+    LastGreen, Queue, QueueName, Request, RequestId, RequestState, RevisionUri, Version,
+};
+
+/// The name of the one queue of the model.
+pub const QUEUE: &str = "q";
+
+/// The id of the `n`-th request of the model queue.
+pub fn rid(n: u64) -> RequestId {
+    RequestId::new(QueueName::new(QUEUE).unwrap(), n)
+}
+
+/// A revision uri.
+pub fn uri(name: &str) -> RevisionUri {
+    RevisionUri::new(name).unwrap()
+}
+
+/// The stored queue row: the domain record plus the anonymous count that only the
+/// old design reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRow {
+    /// The queue record.
+    pub queue: Queue,
+    /// The old design's in-flight count.
+    pub count: u32,
+}
+
+/// A message of the model's delivery system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// Ingest a revision.
+    Ingest(RevisionUri),
+    /// Admit a request.
+    Process(RequestId),
+    /// A build of the request ended.
+    Outcome(RequestId, BuildOutcome),
+    /// The request's message failed for good.
+    DeadLetter(RequestId),
+    /// Prune the owners (owner-keyed design only).
+    Reconcile,
+}
+
+impl Msg {
+    fn subject(&self) -> Option<&RequestId> {
+        match self {
+            Msg::Process(id) | Msg::Outcome(id, _) | Msg::DeadLetter(id) => Some(id),
+            Msg::Ingest(_) | Msg::Reconcile => None,
+        }
+    }
+}
+
+/// What a delivery loaded, as a design sees it.
+#[derive(Debug)]
+pub struct View<'a> {
+    /// The request, loaded first.
+    pub request: Option<&'a Request>,
+    /// The queue row, loaded second.
+    pub row: Option<&'a QueueRow>,
+    /// Owners' requests loaded on demand.
+    pub owners: &'a LoadedRequests,
+    /// The ancestry answer, once asked.
+    pub ancestry: Option<&'a AncestryFact>,
+    /// The owner-keyed design's memo.
+    pub memo: &'a ProcessMemo,
+    /// Labels of the writes this delivery had applied (the old design is
+    /// sequential code and remembers what it did).
+    pub applied: &'a [&'static str],
+}
+
+/// One write as the harness executes it.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Compare-and-set the queue row.
+    Queue {
+        /// The version read.
+        expected: Version,
+        /// The new row.
+        row: QueueRow,
+    },
+    /// Compare-and-set a request.
+    Request {
+        /// The version read.
+        expected: Version,
+        /// The new record.
+        request: Request,
+    },
+}
+
+/// A write with its label and, for the owner-keyed design, the domain write.
+#[derive(Debug, Clone)]
+pub struct HWrite {
+    /// Short name: claim, mark, release, ...
+    pub label: &'static str,
+    /// What to write.
+    pub target: Target,
+    /// The domain write, for [`ProcessMemo::record_applied`].
+    pub domain: Option<Write>,
+}
+
+/// A design's decision.
+#[derive(Debug)]
+pub enum Act {
+    /// Attempt a write.
+    Write(HWrite),
+    /// Load something.
+    Need(Need),
+    /// Answer the message.
+    Reply(Reply),
+}
+
+/// A slot change seen by a queue write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotChange {
+    /// The request took a slot.
+    Claim(RequestId),
+    /// The request's slot was given up.
+    Release(RequestId),
+}
+
+/// A set of admission rules the harness can execute.
+pub trait Design {
+    /// Decides a process delivery.
+    fn process(&self, cfg: &AdmissionConfig, id: &RequestId, view: &View<'_>) -> Act;
+    /// Decides a build outcome delivery.
+    fn outcome(&self, view: &View<'_>, outcome: BuildOutcome) -> Act;
+    /// Decides a dead-letter delivery.
+    fn dead_letter(&self, view: &View<'_>) -> Act;
+    /// Decides a reconcile pass.
+    fn reconcile(&self, view: &View<'_>) -> Act;
+    /// How many slots are taken.
+    fn occupancy(&self, row: &QueueRow) -> usize;
+    /// The slot changes of a queue write made on behalf of `actor`.
+    fn slot_changes(
+        &self,
+        before: &QueueRow,
+        after: &QueueRow,
+        actor: Option<&RequestId>,
+    ) -> Vec<SlotChange>;
+}
+
+/// The owner-keyed rules of `holdfast_domain::admission`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OwnerKeyed;
+
+fn queue_label(kind: &QueueWrite) -> &'static str {
+    match kind {
+        QueueWrite::StampLatest => "stamp",
+        QueueWrite::Claim => "claim",
+        QueueWrite::Release => "release",
+        QueueWrite::Prune { .. } => "prune",
+        QueueWrite::Backfill { .. } => "backfill",
+    }
+}
+
+fn request_label(kind: &RequestWrite) -> &'static str {
+    match kind {
+        RequestWrite::Fence => "fence",
+        RequestWrite::Supersede => "supersede",
+        RequestWrite::MarkProcessing => "mark",
+        RequestWrite::Finish(_) => "finish",
+        RequestWrite::Fail => "fail",
+    }
+}
+
+/// Turns a domain decision into a harness act; queue writes keep the row's count.
+pub fn act(decision: Decision, row: Option<&QueueRow>) -> Act {
+    match decision {
+        Decision::Reply(reply) => Act::Reply(reply),
+        Decision::Need(need) => Act::Need(need),
+        Decision::Write(write) => {
+            let (label, target) = match &write {
+                Write::Queue {
+                    kind,
+                    expected,
+                    queue,
+                } => (
+                    queue_label(kind),
+                    Target::Queue {
+                        expected: *expected,
+                        row: QueueRow {
+                            queue: queue.clone(),
+                            count: row.map_or(0, |r| r.count),
+                        },
+                    },
+                ),
+                Write::Request {
+                    kind,
+                    expected,
+                    request,
+                } => (
+                    request_label(kind),
+                    Target::Request {
+                        expected: *expected,
+                        request: request.clone(),
+                    },
+                ),
+            };
+            Act::Write(HWrite {
+                label,
+                target,
+                domain: Some(write),
+            })
+        }
+    }
+}
+
+impl Design for OwnerKeyed {
+    fn process(&self, cfg: &AdmissionConfig, id: &RequestId, view: &View<'_>) -> Act {
+        let input = holdfast_domain::admission::ProcessInput {
+            id,
+            request: view.request,
+            queue: view.row.map(|r| &r.queue),
+            owners: view.owners,
+            ancestry: view.ancestry,
+            memo: view.memo,
+        };
+        act(
+            holdfast_domain::admission::decide_process(cfg, &input),
+            view.row,
+        )
+    }
+
+    fn outcome(&self, view: &View<'_>, outcome: BuildOutcome) -> Act {
+        act(
+            holdfast_domain::admission::decide_outcome(
+                view.request,
+                view.row.map(|r| &r.queue),
+                outcome,
+            ),
+            view.row,
+        )
+    }
+
+    fn dead_letter(&self, view: &View<'_>) -> Act {
+        act(
+            holdfast_domain::admission::decide_dead_letter(
+                view.request,
+                view.row.map(|r| &r.queue),
+            ),
+            view.row,
+        )
+    }
+
+    fn reconcile(&self, view: &View<'_>) -> Act {
+        match view.row {
+            Some(row) => act(
+                holdfast_domain::admission::decide_reconcile(&row.queue, view.owners),
+                view.row,
+            ),
+            None => Act::Reply(Reply::Ack),
+        }
+    }
+
+    fn occupancy(&self, row: &QueueRow) -> usize {
+        row.queue.owners.len()
+    }
+
+    fn slot_changes(
+        &self,
+        before: &QueueRow,
+        after: &QueueRow,
+        _actor: Option<&RequestId>,
+    ) -> Vec<SlotChange> {
+        let claims = after
+            .queue
+            .owners
+            .difference(&before.queue.owners)
+            .cloned()
+            .map(SlotChange::Claim);
+        let releases = before
+            .queue
+            .owners
+            .difference(&after.queue.owners)
+            .cloned()
+            .map(SlotChange::Release);
+        releases.chain(claims).collect()
+    }
+}
+
+/// A fault injected into a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The store fails before writing; the delivery retries.
+    FailBeforeWrite,
+    /// The store writes, then reports an error; the delivery retries.
+    CommitThenError,
+    /// Publishing the build fails; the delivery retries.
+    PublishFails,
+}
+
+/// How a delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// The design replied.
+    Reply(Reply),
+    /// A store operation failed (injected): the message is retried.
+    StoreError,
+    /// Publishing failed (injected): the message is retried.
+    PublishFailed,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepResult {
+    /// Loaded something.
+    Loaded,
+    /// Attempted a write.
+    Wrote {
+        /// Its label.
+        label: &'static str,
+        /// Whether it was applied.
+        applied: bool,
+    },
+    /// The delivery ended.
+    Ended(End),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Create,
+    LoadRequest,
+    LoadQueue,
+    Decide,
+}
+
+/// A message in the inbox with its failed delivery attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// The message.
+    pub msg: Msg,
+    /// Failed attempts so far (holds do not count).
+    pub attempts: u32,
+}
+
+#[derive(Debug)]
+struct Delivery {
+    msg: Msg,
+    attempts: u32,
+    phase: Phase,
+    subject: Option<RequestId>,
+    request: Option<Request>,
+    row: Option<QueueRow>,
+    owners: LoadedRequests,
+    ancestry: Option<AncestryFact>,
+    memo: ProcessMemo,
+    applied: Vec<&'static str>,
+    fault: Option<(&'static str, Fault)>,
+}
+
+/// The in-memory store.
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    /// The queue row, if created.
+    pub queue: Option<QueueRow>,
+    /// Every request.
+    pub requests: BTreeMap<RequestId, Request>,
+    next_seq: u64,
+}
+
+/// The model world: store, inbox, in-flight deliveries, running builds, ghost
+/// ownership and the invariant violations seen so far.
+#[derive(Debug)]
+pub struct World<D> {
+    /// The rules under test.
+    pub design: D,
+    /// Admission settings.
+    pub cfg: AdmissionConfig,
+    /// Failed attempts after which a process or outcome message is dead-lettered.
+    pub max_attempts: u32,
+    /// The store.
+    pub store: Store,
+    /// Messages waiting for delivery.
+    pub inbox: VecDeque<Pending>,
+    active: BTreeMap<u64, Delivery>,
+    next_delivery: u64,
+    /// Builds published and still running.
+    pub builds: BTreeSet<RequestId>,
+    /// Every publish, in order.
+    pub published: Vec<RequestId>,
+    /// What the ancestry source answers, by descendant uri (default: ancestor).
+    pub ancestry: BTreeMap<RevisionUri, AncestryAnswer>,
+    ghost: BTreeMap<RequestId, u32>,
+    /// Leaks injected on purpose (crafted states), exempt from the ownership checks
+    /// until released.
+    pub tolerated: BTreeSet<RequestId>,
+    max_lowered: bool,
+    /// Every invariant violation seen, in order.
+    pub violations: Vec<String>,
+    /// Applied writes and replies, in order.
+    pub trace: Vec<String>,
+    /// Holds replied.
+    pub holds: u32,
+    progress: u64,
+}
+
+/// Steps after which one delivery is considered livelocked.
+const DELIVERY_STEP_LIMIT: usize = 400;
+
+impl<D: Design> World<D> {
+    /// A world with an empty queue row.
+    pub fn new(design: D, cfg: AdmissionConfig) -> Self {
+        let queue = Queue::new(QueueName::new(QUEUE).unwrap());
+        World {
+            design,
+            cfg,
+            max_attempts: 3,
+            store: Store {
+                queue: Some(QueueRow { queue, count: 0 }),
+                requests: BTreeMap::new(),
+                next_seq: 1,
+            },
+            inbox: VecDeque::new(),
+            active: BTreeMap::new(),
+            next_delivery: 1,
+            builds: BTreeSet::new(),
+            published: Vec::new(),
+            ancestry: BTreeMap::new(),
+            ghost: BTreeMap::new(),
+            tolerated: BTreeSet::new(),
+            max_lowered: false,
+            violations: Vec::new(),
+            trace: Vec::new(),
+            holds: 0,
+            progress: 0,
+        }
+    }
+
+    /// Sets the queue's last green bookmark (as the record step would).
+    pub fn set_last_green(&mut self, green: &str) {
+        let row = self.store.queue.as_mut().unwrap();
+        row.queue.last_green = Some(LastGreen {
+            uri: uri(green),
+            request_id: rid(0),
+        });
+    }
+
+    /// Lowers (or raises) max_concurrent; lowering allows excess owners until drain.
+    pub fn set_max(&mut self, max: u32) {
+        if max < self.cfg.max_concurrent {
+            self.max_lowered = true;
+        }
+        self.cfg.max_concurrent = max;
+    }
+
+    /// Rebuilds the ghost from the stored owners (after crafting a state by hand).
+    pub fn resync_ghost(&mut self) {
+        self.ghost.clear();
+        if let Some(row) = &self.store.queue {
+            for id in &row.queue.owners {
+                self.ghost.insert(id.clone(), 1);
+            }
+        }
+    }
+
+    /// The state of a request.
+    pub fn state(&self, id: &RequestId) -> RequestState {
+        self.store.requests[id].state
+    }
+
+    /// The request record.
+    pub fn request(&self, id: &RequestId) -> &Request {
+        &self.store.requests[id]
+    }
+
+    /// The owners, by sequence number.
+    pub fn owners(&self) -> Vec<u64> {
+        self.row().queue.owners.iter().map(RequestId::seq).collect()
+    }
+
+    /// The queue row.
+    pub fn row(&self) -> &QueueRow {
+        self.store.queue.as_ref().unwrap()
+    }
+
+    /// Requests in `state`.
+    pub fn count_in(&self, state: RequestState) -> usize {
+        self.store
+            .requests
+            .values()
+            .filter(|r| r.state == state)
+            .count()
+    }
+
+    /// Trace lines of applied writes with this label.
+    pub fn applied(&self, label: &str) -> usize {
+        let needle = format!(": {label} applied");
+        self.trace.iter().filter(|l| l.contains(&needle)).count()
+    }
+
+    /// Starts a delivery of `msg` (not taken from the inbox).
+    pub fn start(&mut self, msg: Msg) -> u64 {
+        self.start_pending(Pending { msg, attempts: 0 })
+    }
+
+    /// Starts the delivery of the first inbox message equal to `msg`, or of a new
+    /// copy if there is none.
+    pub fn take(&mut self, msg: Msg) -> u64 {
+        match self.inbox.iter().position(|p| p.msg == msg) {
+            Some(i) => {
+                let pending = self.inbox.remove(i).unwrap();
+                self.start_pending(pending)
+            }
+            None => self.start(msg),
+        }
+    }
+
+    /// Starts the delivery of the inbox message at `index`.
+    pub fn start_inbox(&mut self, index: usize) -> Option<u64> {
+        let pending = self.inbox.remove(index)?;
+        Some(self.start_pending(pending))
+    }
+
+    fn start_pending(&mut self, pending: Pending) -> u64 {
+        let id = self.next_delivery;
+        self.next_delivery += 1;
+        let (phase, subject) = match &pending.msg {
+            Msg::Ingest(_) => (Phase::Create, None),
+            Msg::Reconcile => (Phase::LoadQueue, None),
+            other => (Phase::LoadRequest, other.subject().cloned()),
+        };
+        self.active.insert(
+            id,
+            Delivery {
+                msg: pending.msg,
+                attempts: pending.attempts,
+                phase,
+                subject,
+                request: None,
+                row: None,
+                owners: LoadedRequests::new(),
+                ancestry: None,
+                memo: ProcessMemo::new(),
+                applied: Vec::new(),
+                fault: None,
+            },
+        );
+        id
+    }
+
+    /// The in-flight deliveries.
+    pub fn active_ids(&self) -> Vec<u64> {
+        self.active.keys().copied().collect()
+    }
+
+    /// The message of an in-flight delivery.
+    pub fn active_msg(&self, delivery: u64) -> Option<Msg> {
+        self.active.get(&delivery).map(|d| d.msg.clone())
+    }
+
+    /// Arms a fault for the delivery's next write labelled `label` (any write with
+    /// "*"; its publish with "publish").
+    pub fn fault_on(&mut self, delivery: u64, label: &'static str, fault: Fault) {
+        if let Some(d) = self.active.get_mut(&delivery) {
+            d.fault = Some((label, fault));
+        }
+    }
+
+    /// Abandons a delivery: the message is redelivered later.
+    pub fn crash(&mut self, delivery: u64) {
+        if let Some(d) = self.active.remove(&delivery) {
+            self.trace.push(format!("#{delivery} crashed"));
+            self.inbox.push_back(Pending {
+                msg: d.msg,
+                attempts: d.attempts,
+            });
+            self.check_state();
+        }
+    }
+
+    /// Runs an ingest to completion and returns the request id.
+    pub fn ingest(&mut self, name: &str) -> RequestId {
+        let d = self.start(Msg::Ingest(uri(name)));
+        self.run(d);
+        let n = self
+            .store
+            .requests
+            .values()
+            .find(|r| r.uri == uri(name))
+            .unwrap();
+        n.id.clone()
+    }
+
+    /// Delivers `msg` (taken from the inbox if there) to completion.
+    pub fn deliver(&mut self, msg: Msg) -> End {
+        let d = self.take(msg);
+        self.run(d)
+    }
+
+    /// Delivers the process message of `id`.
+    pub fn process(&mut self, id: &RequestId) -> End {
+        self.deliver(Msg::Process(id.clone()))
+    }
+
+    /// Ends the running build of `id` with `outcome`: its outcome message is queued.
+    pub fn finish_build(&mut self, id: &RequestId, outcome: BuildOutcome) {
+        self.builds.remove(id);
+        self.inbox.push_back(Pending {
+            msg: Msg::Outcome(id.clone(), outcome),
+            attempts: 0,
+        });
+    }
+
+    /// Runs a delivery to its end.
+    pub fn run(&mut self, delivery: u64) -> End {
+        for _ in 0..DELIVERY_STEP_LIMIT {
+            match self.step(delivery) {
+                Some(StepResult::Ended(end)) => return end,
+                Some(_) => {}
+                None => panic!("delivery #{delivery} is not active"),
+            }
+        }
+        self.violations
+            .push(format!("livelock: delivery #{delivery} did not end"));
+        self.active.remove(&delivery);
+        End::StoreError
+    }
+
+    /// Steps a delivery until a write labelled `label` was applied.
+    pub fn run_until_applied(&mut self, delivery: u64, label: &str) {
+        for _ in 0..DELIVERY_STEP_LIMIT {
+            match self.step(delivery) {
+                Some(StepResult::Wrote { label: l, applied }) if l == label && applied => return,
+                Some(StepResult::Ended(end)) => {
+                    panic!("delivery #{delivery} ended with {end:?} before {label}")
+                }
+                Some(_) => {}
+                None => panic!("delivery #{delivery} is not active"),
+            }
+        }
+        panic!("delivery #{delivery} never applied {label}");
+    }
+
+    /// Advances a delivery by one step: one load, or one decision with at most one
+    /// write, or its end. `None` if it is not active.
+    pub fn step(&mut self, delivery: u64) -> Option<StepResult> {
+        let mut d = self.active.remove(&delivery)?;
+        let result = self.advance(delivery, &mut d);
+        match &result {
+            StepResult::Ended(end) => self.finish(delivery, d, end.clone()),
+            _ => {
+                self.active.insert(delivery, d);
+            }
+        }
+        self.check_state();
+        Some(result)
+    }
+
+    fn advance(&mut self, delivery: u64, d: &mut Delivery) -> StepResult {
+        match d.phase {
+            Phase::Create => {
+                let Msg::Ingest(u) = &d.msg else {
+                    unreachable!()
+                };
+                let request = self.create_request(u);
+                d.subject = Some(request.id.clone());
+                d.request = Some(request);
+                d.phase = Phase::LoadQueue;
+                StepResult::Loaded
+            }
+            Phase::LoadRequest => {
+                d.request = d
+                    .subject
+                    .as_ref()
+                    .and_then(|id| self.store.requests.get(id).cloned());
+                d.phase = Phase::LoadQueue;
+                StepResult::Loaded
+            }
+            Phase::LoadQueue => {
+                d.row = self.store.queue.clone();
+                d.phase = Phase::Decide;
+                StepResult::Loaded
+            }
+            Phase::Decide => self.decide(delivery, d),
+        }
+    }
+
+    fn create_request(&mut self, u: &RevisionUri) -> Request {
+        if let Some(existing) = self.store.requests.values().find(|r| &r.uri == u) {
+            return existing.clone();
+        }
+        if self.store.queue.is_none() {
+            self.store.queue = Some(QueueRow {
+                queue: Queue::new(QueueName::new(QUEUE).unwrap()),
+                count: 0,
+            });
+        }
+        let request = Request {
+            id: rid(self.store.next_seq),
+            uri: u.clone(),
+            state: RequestState::Accepted,
+            plan: None,
+            version: Version::FIRST,
+        };
+        self.store.next_seq += 1;
+        self.store
+            .requests
+            .insert(request.id.clone(), request.clone());
+        self.trace.push(format!("create {} ({u})", request.id));
+        request
+    }
+
+    fn decide(&mut self, delivery: u64, d: &mut Delivery) -> StepResult {
+        for _ in 0..4 {
+            let view = View {
+                request: d.request.as_ref(),
+                row: d.row.as_ref(),
+                owners: &d.owners,
+                ancestry: d.ancestry.as_ref(),
+                memo: &d.memo,
+                applied: &d.applied,
+            };
+            let act = match &d.msg {
+                Msg::Ingest(_) => match d.request.as_ref() {
+                    Some(request) => act(
+                        decide_ingest(request, d.row.as_ref().map(|r| &r.queue)),
+                        d.row.as_ref(),
+                    ),
+                    None => Act::Reply(Reply::Ack),
+                },
+                Msg::Process(id) => self.design.process(&self.cfg, id, &view),
+                Msg::Outcome(_, outcome) => self.design.outcome(&view, *outcome),
+                Msg::DeadLetter(_) => self.design.dead_letter(&view),
+                Msg::Reconcile => self.design.reconcile(&view),
+            };
+            match act {
+                Act::Need(Need::Requests(ids)) => {
+                    for id in ids {
+                        let loaded = self.store.requests.get(&id).cloned();
+                        d.owners.insert(id, loaded);
+                    }
+                }
+                Act::Need(Need::Ancestry {
+                    ancestor,
+                    descendant,
+                }) => {
+                    let answer = self
+                        .ancestry
+                        .get(&descendant)
+                        .cloned()
+                        .unwrap_or(AncestryAnswer::Ancestor);
+                    d.ancestry = Some(AncestryFact {
+                        ancestor,
+                        descendant,
+                        answer,
+                    });
+                }
+                Act::Reply(Reply::Publish { request, plan }) => {
+                    if let Some(("publish", Fault::PublishFails)) = d.fault {
+                        d.fault = None;
+                        return StepResult::Ended(End::PublishFailed);
+                    }
+                    if request.plan.as_ref() != Some(&plan) {
+                        self.violations.push(format!(
+                            "publish of {} with a plan other than the stored one",
+                            request.id
+                        ));
+                    }
+                    self.builds.insert(request.id.clone());
+                    self.published.push(request.id.clone());
+                    self.trace
+                        .push(format!("#{delivery} publish {}", request.id));
+                    return StepResult::Ended(End::Reply(Reply::Publish { request, plan }));
+                }
+                Act::Reply(reply) => return StepResult::Ended(End::Reply(reply)),
+                Act::Write(write) => {
+                    let fault = match d.fault {
+                        Some((label, fault))
+                            if fault != Fault::PublishFails
+                                && (label == "*" || label == write.label) =>
+                        {
+                            d.fault = None;
+                            Some(fault)
+                        }
+                        _ => None,
+                    };
+                    if fault == Some(Fault::FailBeforeWrite) {
+                        self.trace
+                            .push(format!("#{delivery} {}: {} failed", who(d), write.label));
+                        return StepResult::Ended(End::StoreError);
+                    }
+                    let applied = self.apply(delivery, d, &write);
+                    if applied {
+                        d.applied.push(write.label);
+                        if let Some(domain) = &write.domain {
+                            d.memo.record_applied(domain);
+                        }
+                    }
+                    if fault == Some(Fault::CommitThenError) {
+                        return StepResult::Ended(End::StoreError);
+                    }
+                    d.phase = Phase::LoadRequest;
+                    d.row = None;
+                    d.request = None;
+                    return StepResult::Wrote {
+                        label: write.label,
+                        applied,
+                    };
+                }
+            }
+        }
+        self.violations
+            .push(format!("delivery #{delivery} kept asking for loads"));
+        StepResult::Ended(End::StoreError)
+    }
+
+    fn apply(&mut self, delivery: u64, d: &Delivery, write: &HWrite) -> bool {
+        let actor = d.subject.clone();
+        let applied = match &write.target {
+            Target::Queue { expected, row } => {
+                let Some(current) = self.store.queue.clone() else {
+                    return false;
+                };
+                if current.queue.version != *expected {
+                    false
+                } else {
+                    let mut after = row.clone();
+                    after.queue.version = expected.next();
+                    self.check_queue_write(&current, &after, actor.as_ref(), write.label);
+                    self.store.queue = Some(after);
+                    true
+                }
+            }
+            Target::Request { expected, request } => {
+                match self.store.requests.get(&request.id).cloned() {
+                    Some(current) if current.version == *expected => {
+                        let mut after = request.clone();
+                        after.version = expected.next();
+                        self.check_request_write(&current, &after);
+                        self.store.requests.insert(after.id.clone(), after);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        };
+        let outcome = if applied { "applied" } else { "conflict" };
+        let detail = if applied {
+            self.describe()
+        } else {
+            String::new()
+        };
+        self.trace.push(format!(
+            "#{delivery} {}: {} {outcome}{detail}",
+            who(d),
+            write.label
+        ));
+        if applied {
+            self.progress += 1;
+        }
+        applied
+    }
+
+    fn describe(&self) -> String {
+        let Some(row) = self.store.queue.as_ref() else {
+            return " [no queue]".to_owned();
+        };
+        let owners: Vec<String> = row
+            .queue
+            .owners
+            .iter()
+            .map(|i| i.seq().to_string())
+            .collect();
+        let states: Vec<String> = self
+            .store
+            .requests
+            .values()
+            .map(|r| format!("{}={}", r.id.seq(), r.state))
+            .collect();
+        format!(
+            " [owners {{{}}} count {} latest {} | {}]",
+            owners.join(","),
+            row.count,
+            row.queue
+                .latest_request_id
+                .as_ref()
+                .map_or("-".to_owned(), |l| l.seq().to_string()),
+            states.join(" ")
+        )
+    }
+
+    fn check_queue_write(
+        &mut self,
+        before: &QueueRow,
+        after: &QueueRow,
+        actor: Option<&RequestId>,
+        label: &str,
+    ) {
+        if after.queue.latest_request_id < before.queue.latest_request_id {
+            self.violations.push(format!(
+                "latest moved backwards from {:?} to {:?}",
+                before.queue.latest_request_id, after.queue.latest_request_id
+            ));
+        }
+        for change in self.design.slot_changes(before, after, actor) {
+            match change {
+                SlotChange::Claim(id) => {
+                    let held = self.ghost.entry(id.clone()).or_default();
+                    if *held > 0 {
+                        self.violations
+                            .push(format!("one slot per request: {id} claimed a second slot"));
+                    }
+                    *held += 1;
+                    let latest = after.queue.latest_request_id.as_ref();
+                    if label != "backfill" && latest.is_some_and(|l| id < *l) {
+                        self.violations
+                            .push(format!("latest head only: {id} claimed while not the head"));
+                    }
+                    if self.design.occupancy(after) > self.cfg.capacity() {
+                        self.violations.push(format!(
+                            "capacity: claim by {id} took {} slots of {}",
+                            self.design.occupancy(after),
+                            self.cfg.max_concurrent
+                        ));
+                    }
+                }
+                SlotChange::Release(id) => {
+                    let held = self.ghost.entry(id.clone()).or_default();
+                    if *held == 0 {
+                        let by = actor.map_or("reconcile".to_owned(), ToString::to_string);
+                        self.violations.push(format!(
+                            "release only by owner: {by} released a slot {id} does not hold (double release)"
+                        ));
+                        continue;
+                    }
+                    *held -= 1;
+                    self.tolerated.remove(&id);
+                    if actor != Some(&id) {
+                        let live = self
+                            .store
+                            .requests
+                            .get(&id)
+                            .is_some_and(|r| !r.state.is_terminal());
+                        if live {
+                            self.violations.push(format!(
+                                "release only by owner: live {id} released by {actor:?}"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_request_write(&mut self, before: &Request, after: &Request) {
+        use RequestState::*;
+        let allowed = matches!(
+            (before.state, after.state),
+            (Accepted, Accepted | Processing | Superseded | Failed)
+                | (Processing, Succeeded | Failed | Cancelled)
+        );
+        if !allowed {
+            self.violations.push(format!(
+                "terminal is final / legal transitions: {} {} -> {}",
+                before.id, before.state, after.state
+            ));
+        }
+        let plan_ok = match (&before.plan, &after.plan) {
+            (None, None) => after.state != Processing,
+            (None, Some(_)) => before.state == Accepted && after.state == Processing,
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+        };
+        if !plan_ok {
+            self.violations
+                .push(format!("plan written once with processing: {}", after.id));
+        }
+    }
+
+    fn pending_for(&self, id: &RequestId, kinds: fn(&Msg) -> bool) -> bool {
+        let matches = |m: &Msg| m.subject() == Some(id) && kinds(m);
+        self.inbox.iter().any(|p| matches(&p.msg)) || self.active.values().any(|d| matches(&d.msg))
+    }
+
+    /// Checks the state invariants (ghost-based, so they apply to every design).
+    fn check_state(&mut self) {
+        let Some(row) = self.store.queue.clone() else {
+            return;
+        };
+        let occupancy = self.design.occupancy(&row);
+        let mut found = Vec::new();
+        if !self.max_lowered && occupancy > self.cfg.capacity() {
+            found.push(format!(
+                "capacity: {occupancy} slots taken, max {}",
+                self.cfg.max_concurrent
+            ));
+        }
+        let held: u32 = self.ghost.values().sum();
+        if usize::try_from(held).unwrap() != occupancy {
+            found.push(format!(
+                "slot accounting: {occupancy} slots taken but {held} held by requests"
+            ));
+        }
+        for (id, n) in &self.ghost {
+            if *n == 0 || self.tolerated.contains(id) {
+                continue;
+            }
+            match self.store.requests.get(id) {
+                None => found.push(format!("owners are live: {id} owns a slot but is missing")),
+                Some(r) if r.state.is_terminal() => {
+                    if !self.pending_for(id, |m| matches!(m, Msg::Process(_))) {
+                        found.push(format!(
+                            "terminal and superseded own no slot: {id} is {} and owns a slot",
+                            r.state
+                        ));
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        for r in self.store.requests.values() {
+            if r.state == RequestState::Processing
+                && self.ghost.get(&r.id).copied().unwrap_or(0) == 0
+                && !self.tolerated.contains(&r.id)
+                && !self.pending_for(&r.id, |m| {
+                    matches!(m, Msg::Outcome(..) | Msg::DeadLetter(_))
+                })
+            {
+                found.push(format!(
+                    "processing implies owner: {} is processing without a slot",
+                    r.id
+                ));
+            }
+        }
+        for f in found {
+            if !self.violations.contains(&f) {
+                self.violations.push(f);
+            }
+        }
+    }
+
+    fn finish(&mut self, delivery: u64, d: Delivery, end: End) {
+        let line = match &end {
+            End::Reply(Reply::Publish { .. }) => None,
+            End::Reply(reply) => Some(format!("#{delivery} {}: {}", who(&d), short(reply))),
+            End::StoreError => Some(format!("#{delivery} {}: store error", who(&d))),
+            End::PublishFailed => Some(format!("#{delivery} {}: publish failed", who(&d))),
+        };
+        self.trace.extend(line);
+        let retry = |w: &mut Self, d: Delivery| {
+            let attempts = d.attempts + 1;
+            let dead =
+                matches!(d.msg, Msg::Process(_) | Msg::Outcome(..)) && attempts >= w.max_attempts;
+            match (dead, d.subject) {
+                (true, Some(id)) => w.inbox.push_back(Pending {
+                    msg: Msg::DeadLetter(id),
+                    attempts: 0,
+                }),
+                _ => w.inbox.push_back(Pending {
+                    msg: d.msg,
+                    attempts,
+                }),
+            }
+        };
+        match end {
+            End::Reply(Reply::Ack) | End::Reply(Reply::Publish { .. }) => {
+                self.progress += 1;
+                if let (Msg::Ingest(_), Some(id)) = (&d.msg, &d.subject) {
+                    self.inbox.push_back(Pending {
+                        msg: Msg::Process(id.clone()),
+                        attempts: 0,
+                    });
+                }
+            }
+            End::Reply(Reply::Hold(_)) => {
+                self.holds += 1;
+                if let Some(id) = &d.subject
+                    && self.ghost.get(id).copied().unwrap_or(0) > 0
+                {
+                    self.violations
+                        .push(format!("no wedge: {id} is held by its own slot"));
+                }
+                self.inbox.push_back(Pending {
+                    msg: d.msg,
+                    attempts: d.attempts,
+                });
+            }
+            End::Reply(Reply::Retry(_)) | End::StoreError | End::PublishFailed => {
+                self.progress += 1;
+                retry(self, d);
+            }
+            End::Reply(Reply::DeadLetter(_) | Reply::Error(_)) => {
+                self.progress += 1;
+                if let Some(id) = d.subject
+                    && !matches!(d.msg, Msg::DeadLetter(_))
+                {
+                    self.inbox.push_back(Pending {
+                        msg: Msg::DeadLetter(id),
+                        attempts: 0,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Delivers everything, finishing running builds (succeeded) when nothing else
+    /// moves, until the world is quiet. Fails on a wedge: messages remain that can
+    /// only hold.
+    pub fn drain(&mut self) -> Result<(), String> {
+        for _ in 0..2_000 {
+            while let Some(&id) = self.active.keys().next() {
+                self.run(id);
+            }
+            if self.inbox.is_empty() && self.builds.is_empty() {
+                return Ok(());
+            }
+            let before = self.progress;
+            for _ in 0..self.inbox.len() {
+                if let Some(id) = self.start_inbox(0) {
+                    self.run(id);
+                }
+            }
+            if self.progress == before {
+                match self.builds.iter().next().cloned() {
+                    Some(id) => self.finish_build(&id, BuildOutcome::Succeeded),
+                    None => {
+                        return Err(format!(
+                            "wedge: only holds remain ({} messages) with {} slots taken",
+                            self.inbox.len(),
+                            self.design.occupancy(self.row())
+                        ));
+                    }
+                }
+            }
+        }
+        Err("drain did not converge".to_owned())
+    }
+
+    /// After a drain: no slot is taken and every request is terminal.
+    pub fn assert_drained_clean(&self) {
+        assert_eq!(self.violations, Vec::<String>::new(), "{:#?}", self.trace);
+        assert_eq!(self.design.occupancy(self.row()), 0, "{:#?}", self.trace);
+        for r in self.store.requests.values() {
+            assert!(
+                r.state.is_terminal(),
+                "{} is {}: {:#?}",
+                r.id,
+                r.state,
+                self.trace
+            );
+        }
+    }
+}
+
+trait Capacity {
+    fn capacity(&self) -> usize;
+}
+
+impl Capacity for AdmissionConfig {
+    fn capacity(&self) -> usize {
+        usize::try_from(self.max_concurrent).unwrap()
+    }
+}
+
+fn who(d: &Delivery) -> String {
+    let kind = match &d.msg {
+        Msg::Ingest(_) => "ingest",
+        Msg::Process(_) => "process",
+        Msg::Outcome(..) => "outcome",
+        Msg::DeadLetter(_) => "dead-letter",
+        Msg::Reconcile => "reconcile",
+    };
+    match &d.subject {
+        Some(id) => format!("{kind} {}", id.seq()),
+        None => kind.to_owned(),
+    }
+}
+
+fn short(reply: &Reply) -> String {
+    match reply {
+        Reply::Ack => "ack".to_owned(),
+        Reply::Hold(d) => format!("hold {}ms", d.as_millis()),
+        Reply::Retry(_) => "retry".to_owned(),
+        Reply::DeadLetter(_) => "dead-letter".to_owned(),
+        Reply::Publish { .. } => "publish".to_owned(),
+        Reply::Error(e) => format!("error: {e}"),
+    }
+}

@@ -1,0 +1,150 @@
+//! Random interleavings of ingest, process, outcome, dead letter and reconcile
+//! deliveries with random faults and crashes; every invariant is checked after
+//! every step, and the drained world must end with no owners and every request
+//! terminal.
+
+use holdfast_domain::admission::{AdmissionConfig, AncestryAnswer, BuildOutcome};
+use proptest::prelude::*;
+
+use crate::model::{Fault, Msg, OwnerKeyed, World, uri};
+
+/// Distinct revisions; a small pool makes duplicate ingests common.
+const URIS: usize = 6;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Ingest(usize),
+    Start(usize),
+    Step(usize, Option<Fault>),
+    Crash(usize),
+    Duplicate(usize),
+    FinishBuild(usize, BuildOutcome),
+    DeadLetter(usize),
+    Reconcile,
+}
+
+fn fault() -> impl Strategy<Value = Option<Fault>> {
+    prop_oneof![
+        12 => Just(None),
+        1 => Just(Some(Fault::FailBeforeWrite)),
+        1 => Just(Some(Fault::CommitThenError)),
+        1 => Just(Some(Fault::PublishFails)),
+    ]
+}
+
+fn outcome() -> impl Strategy<Value = BuildOutcome> {
+    prop_oneof![
+        Just(BuildOutcome::Succeeded),
+        Just(BuildOutcome::Failed),
+        Just(BuildOutcome::Cancelled),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..URIS).prop_map(Op::Ingest),
+        4 => any::<usize>().prop_map(Op::Start),
+        12 => (any::<usize>(), fault()).prop_map(|(i, f)| Op::Step(i, f)),
+        1 => any::<usize>().prop_map(Op::Crash),
+        1 => any::<usize>().prop_map(Op::Duplicate),
+        2 => (any::<usize>(), outcome()).prop_map(|(i, o)| Op::FinishBuild(i, o)),
+        1 => any::<usize>().prop_map(Op::DeadLetter),
+        1 => Just(Op::Reconcile),
+    ]
+}
+
+fn apply(w: &mut World<OwnerKeyed>, op: Op) {
+    let active = w.active_ids();
+    match op {
+        Op::Ingest(i) => w.inbox.push_back(crate::model::Pending {
+            msg: Msg::Ingest(uri(&format!("rev-{i}"))),
+            attempts: 0,
+        }),
+        Op::Start(i) => {
+            if !w.inbox.is_empty() {
+                w.start_inbox(i % w.inbox.len());
+            }
+        }
+        Op::Step(i, fault) => {
+            if let Some(&d) = active.get(i % active.len().max(1)) {
+                if let Some(fault) = fault {
+                    let label = if fault == Fault::PublishFails {
+                        "publish"
+                    } else {
+                        "*"
+                    };
+                    w.fault_on(d, label, fault);
+                }
+                w.step(d);
+            }
+        }
+        Op::Crash(i) => {
+            if let Some(&d) = active.get(i % active.len().max(1)) {
+                w.crash(d);
+            }
+        }
+        Op::Duplicate(i) => {
+            let n = w.inbox.len() + active.len();
+            if n > 0 {
+                let i = i % n;
+                let msg = match w.inbox.get(i) {
+                    Some(p) => p.msg.clone(),
+                    None => w.active_msg(active[i - w.inbox.len()]).unwrap(),
+                };
+                w.start(msg);
+            }
+        }
+        Op::FinishBuild(i, outcome) => {
+            let builds: Vec<_> = w.builds.iter().cloned().collect();
+            if let Some(id) = builds.get(i % builds.len().max(1)) {
+                w.finish_build(id, outcome);
+            }
+        }
+        Op::DeadLetter(i) => {
+            let ids: Vec<_> = w.store.requests.keys().cloned().collect();
+            if let Some(id) = ids.get(i % ids.len().max(1)) {
+                w.start(Msg::DeadLetter(id.clone()));
+            }
+        }
+        Op::Reconcile => {
+            w.start(Msg::Reconcile);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 2_000,
+        max_shrink_iters: 2_000,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_interleavings_keep_every_invariant_and_drain_clean(
+        max in 1u32..=3,
+        green in any::<bool>(),
+        ops in prop::collection::vec(op(), 50),
+    ) {
+        let mut w = World::new(OwnerKeyed, AdmissionConfig {
+            max_concurrent: max,
+            ..AdmissionConfig::default()
+        });
+        if green {
+            w.set_last_green("rev-green");
+            w.ancestry.insert(uri("rev-1"), AncestryAnswer::NotAncestor);
+            w.ancestry.insert(uri("rev-2"), AncestryAnswer::NotFound);
+            w.ancestry.insert(uri("rev-5"), AncestryAnswer::Failed("flaky".into()));
+        }
+        for op in ops {
+            apply(&mut w, op);
+            prop_assert!(w.violations.is_empty(), "{:#?}\n{:#?}", w.violations, w.trace);
+        }
+        let drained = w.drain();
+        prop_assert!(drained.is_ok(), "{:?}\n{:#?}", drained, w.trace);
+        prop_assert!(w.violations.is_empty(), "{:#?}\n{:#?}", w.violations, w.trace);
+        prop_assert!(w.row().queue.owners.is_empty(), "{:#?}", w.trace);
+        for r in w.store.requests.values() {
+            prop_assert!(r.state.is_terminal(), "{} is {}: {:#?}", r.id, r.state, w.trace);
+        }
+    }
+}

@@ -1,1 +1,46 @@
 //! holdfast over PostgreSQL: the backend for fleets of replicas sharing one database.
+//!
+//! [`PgBackend::connect`] opens a pool, applies the embedded migrations (serialized
+//! across replicas by PostgreSQL's migration advisory lock) and returns a backend
+//! whose [`PgBackend::stores`] are holdfast's four ports.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), holdfast_adapters_postgres::ConnectError> {
+//! use holdfast_adapters_postgres::{LockStrategy, PgBackend, PgOptions};
+//!
+//! let backend = PgBackend::connect(
+//!     "postgres://holdfast@db.internal/holdfast",
+//!     PgOptions { strategy: LockStrategy::SkipLocked, ..PgOptions::default() },
+//! )
+//! .await?;
+//! let stores = backend.stores();
+//! # let _ = stores; Ok(()) }
+//! ```
+//!
+//! - Amounts are `NUMERIC(39,0)`: exact, numerically ordered, every `u128` fits.
+//! - Candidates are read through the partial index `tokens_candidates` on
+//!   `(wallet, token_type, amount, tx_id, idx)` of spendable, unspent tokens: an
+//!   ascending index scan, no sort, keyset pages.
+//! - Claims follow the configured [`LockStrategy`]; a window claim of up to 256
+//!   tokens is one statement reporting won / stale / contended per token.
+//! - The lease sweep takes `pg_try_advisory_xact_lock(`[`SWEEP_LOCK_KEY`]`)`; only
+//!   the replica that gets it deletes.
+//! - Every operation holds at most one pooled connection, never two.
+//! - [`PgBackend::round_trips`] counts statements; [`PgBackend::server_errors`]
+//!   counts statements the server failed.
+
+mod backend;
+mod error;
+mod locks;
+mod options;
+mod queues;
+mod rows;
+mod schema;
+mod statuses;
+mod tokens;
+
+pub use backend::PgBackend;
+pub use error::{ConnectError, redact_url};
+pub use locks::{SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED};
+pub use options::{LockStrategy, OptionsError, PgOptions, UnknownStrategy};
+pub use schema::MIGRATIONS;

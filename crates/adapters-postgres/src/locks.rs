@@ -1,0 +1,360 @@
+//! The lock store: claims under the three strategies, release, settlement, the
+//! lease sweep under an advisory lock, and the lock listing.
+//!
+//! A window claim is one statement (see [`WINDOW`] and [`WINDOW_SKIP_LOCKED`]):
+//! the candidates arrive as two arrays; `spendable` reads which of them are still
+//! spendable (without row locks); `claimed` inserts lock rows with
+//! `ON CONFLICT DO NOTHING`, in `(tx_id, idx)` order so concurrent claimers never
+//! wait on each other in a cycle; the result reports, per candidate, whether it
+//! was won and whether it was still spendable. Not won and not spendable is
+//! *stale*; not won but spendable is *contended* (someone else's lock row, or,
+//! under `skip_locked`, a row another claimer is locking right now).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_ports::{LockInfo, LockStore, LockStoreError, MAX_WINDOW, StoreFault, SweepReport};
+
+use crate::backend::{PgBackend, millis, timestamp, to_fault};
+use crate::error::sqlstate;
+use crate::options::LockStrategy;
+use crate::rows::{self, get};
+
+/// The advisory lock key of sweep leadership: the bytes of `"holdfast"`.
+pub const SWEEP_LOCK_KEY: i64 = 0x686f_6c64_6661_7374;
+
+macro_rules! window_sql {
+    ($eligible:literal, $source:literal) => {
+        concat!(
+            "WITH candidates AS (
+                 SELECT c.tx_id, c.idx FROM UNNEST($1::text[], $2::bigint[]) AS c(tx_id, idx)
+             ),
+             spendable AS (
+                 SELECT t.tx_id, t.idx FROM tokens t
+                 JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
+                 WHERE t.spendable AND t.spent_by IS NULL
+             ),",
+            $eligible,
+            "claimed AS (
+                 INSERT INTO token_locks (tx_id, idx, consumer, created_at)
+                 SELECT s.tx_id, s.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+                 FROM ",
+            $source,
+            " s
+                 ORDER BY s.tx_id, s.idx
+                 ON CONFLICT (tx_id, idx) DO NOTHING
+                 RETURNING tx_id, idx
+             )
+             SELECT c.tx_id, c.idx, cl.tx_id IS NOT NULL AS won, s.tx_id IS NOT NULL AS still_spendable
+             FROM candidates c
+             LEFT JOIN claimed cl ON cl.tx_id = c.tx_id AND cl.idx = c.idx
+             LEFT JOIN spendable s ON s.tx_id = c.tx_id AND s.idx = c.idx"
+        )
+    };
+}
+
+/// The window claim of `insert` and `on_conflict`: no row locks on tokens.
+pub const WINDOW: &str = window_sql!("", "spendable");
+
+/// The window claim of `skip_locked`: token rows locked `FOR UPDATE SKIP LOCKED`
+/// first; only rows this claimer locked are inserted.
+pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
+    "eligible AS (
+         SELECT t.tx_id, t.idx FROM tokens t
+         JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
+         WHERE t.spendable AND t.spent_by IS NULL
+         ORDER BY t.tx_id, t.idx
+         FOR UPDATE OF t SKIP LOCKED
+     ),",
+    "eligible"
+);
+
+/// The single-token claim of `insert`: a conditional insert; a lost race is a
+/// unique violation.
+const CLAIM_INSERT: &str = "
+    INSERT INTO token_locks (tx_id, idx, consumer, created_at)
+    SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+    FROM tokens t
+    WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL";
+
+const RELEASE_CONSUMER: &str = "DELETE FROM token_locks WHERE consumer = $1";
+
+const RELEASE_TOKENS: &str = "
+    DELETE FROM token_locks l
+    USING UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
+    WHERE l.consumer = $1 AND l.tx_id = u.tx_id AND l.idx = u.idx";
+
+const SPEND_CONSUMER: &str = "
+    WITH released AS (
+        DELETE FROM token_locks WHERE consumer = $1 RETURNING tx_id, idx
+    ),
+    spent AS (
+        UPDATE tokens t
+        SET spent_by = $1, spent_at = TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond'
+        FROM released r
+        WHERE t.tx_id = r.tx_id AND t.idx = r.idx AND t.spent_by IS NULL
+        RETURNING t.tx_id, t.idx
+    )
+    SELECT tx_id, idx FROM spent ORDER BY tx_id, idx";
+
+/// One statement: take leadership for this transaction (released at its end), and
+/// if won delete expired locks and locks of Deleted or Orphan consumers.
+const SWEEP: &str = "
+    WITH leader AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
+    deleted AS (
+        DELETE FROM token_locks l
+        USING leader
+        WHERE leader.ok
+          AND (l.created_at < TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond'
+               OR EXISTS (SELECT 1 FROM tx_statuses s
+                          WHERE s.tx_id = l.consumer AND s.status IN ('deleted', 'orphan')))
+        RETURNING l.created_at < TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond' AS expired
+    )
+    SELECT (SELECT ok FROM leader),
+           COUNT(*) FILTER (WHERE expired),
+           COUNT(*) FILTER (WHERE NOT expired)
+    FROM deleted";
+
+const LIST_LOCKS: &str = "
+    SELECT l.tx_id, l.idx, l.consumer, (EXTRACT(EPOCH FROM l.created_at) * 1000)::bigint, s.status
+    FROM token_locks l
+    LEFT JOIN tx_statuses s ON s.tx_id = l.consumer
+    ORDER BY l.created_at, l.tx_id, l.idx";
+
+/// SQLSTATE of a unique violation.
+const UNIQUE_VIOLATION: &str = "23505";
+
+fn fault(e: &sqlx::Error) -> LockStoreError {
+    LockStoreError::Fault(to_fault(e))
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl PgBackend {
+    /// The one-statement window claim over distinct tokens: their verdicts by id.
+    async fn claim_distinct(
+        &self,
+        consumer: &TxId,
+        tokens: &[&TokenId],
+        at: Timestamp,
+    ) -> Result<BTreeMap<TokenId, ClaimVerdict>, LockStoreError> {
+        let sql = match self.strategy() {
+            LockStrategy::Insert | LockStrategy::OnConflict => WINDOW,
+            LockStrategy::SkipLocked => WINDOW_SKIP_LOCKED,
+        };
+        let (txs, idxs) = rows::token_arrays(tokens.iter().copied());
+        let found = self
+            .note(
+                sqlx::query(sql)
+                    .bind(&txs)
+                    .bind(&idxs)
+                    .bind(consumer.as_str())
+                    .bind(millis(at)?)
+                    .fetch_all(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let mut verdicts = BTreeMap::new();
+        for row in &found {
+            let id = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+            let (won, spendable): (bool, bool) = (get(row, 2)?, get(row, 3)?);
+            let verdict = match (won, spendable) {
+                (true, _) => ClaimVerdict::Won,
+                (false, true) => ClaimVerdict::Contended,
+                (false, false) => ClaimVerdict::Stale,
+            };
+            verdicts.insert(id, verdict);
+        }
+        Ok(verdicts)
+    }
+
+    async fn claim_by_insert(
+        &self,
+        consumer: &TxId,
+        token: &TokenId,
+        at: Timestamp,
+    ) -> Result<ClaimVerdict, LockStoreError> {
+        let result = self.note(
+            sqlx::query(CLAIM_INSERT)
+                .bind(token.tx.as_str())
+                .bind(i64::from(token.index))
+                .bind(consumer.as_str())
+                .bind(millis(at)?)
+                .execute(self.pool())
+                .await,
+        );
+        match result {
+            Ok(done) if done.rows_affected() > 0 => Ok(ClaimVerdict::Won),
+            Ok(_) => Ok(ClaimVerdict::Stale),
+            Err(e) if sqlstate(&e).as_deref() == Some(UNIQUE_VIOLATION) => {
+                Ok(ClaimVerdict::Contended)
+            }
+            Err(e) => Err(fault(&e)),
+        }
+    }
+}
+
+#[async_trait]
+impl LockStore for PgBackend {
+    async fn claim(
+        &self,
+        consumer: &TxId,
+        token: &TokenId,
+        at: Timestamp,
+    ) -> Result<ClaimVerdict, LockStoreError> {
+        match self.strategy() {
+            LockStrategy::Insert => self.claim_by_insert(consumer, token, at).await,
+            LockStrategy::OnConflict | LockStrategy::SkipLocked => {
+                let verdicts = self.claim_distinct(consumer, &[token], at).await?;
+                Ok(verdicts.get(token).copied().unwrap_or(ClaimVerdict::Stale))
+            }
+        }
+    }
+
+    async fn claim_window(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
+        if tokens.len() > MAX_WINDOW {
+            return Err(LockStoreError::WindowTooLarge {
+                len: tokens.len(),
+                max: MAX_WINDOW,
+            });
+        }
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut distinct: Vec<&TokenId> = tokens.iter().collect();
+        distinct.sort();
+        distinct.dedup();
+        let verdicts = self.claim_distinct(consumer, &distinct, at).await?;
+        // A token named twice: the first mention gets the verdict; a repeat of a won
+        // token is contended (this consumer already holds it).
+        let mut seen: BTreeMap<&TokenId, ()> = BTreeMap::new();
+        Ok(tokens
+            .iter()
+            .map(|token| {
+                let verdict = verdicts.get(token).copied().unwrap_or(ClaimVerdict::Stale);
+                let verdict = match (seen.insert(token, ()), verdict) {
+                    (Some(()), ClaimVerdict::Won) => ClaimVerdict::Contended,
+                    (_, verdict) => verdict,
+                };
+                (token.clone(), verdict)
+            })
+            .collect())
+    }
+
+    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
+        let done = self
+            .note(
+                sqlx::query(RELEASE_CONSUMER)
+                    .bind(consumer.as_str())
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn release_tokens(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+    ) -> Result<u64, LockStoreError> {
+        if tokens.is_empty() {
+            return Ok(0);
+        }
+        let (txs, idxs) = rows::token_arrays(tokens.iter());
+        let done = self
+            .note(
+                sqlx::query(RELEASE_TOKENS)
+                    .bind(consumer.as_str())
+                    .bind(&txs)
+                    .bind(&idxs)
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn spend_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        let found = self
+            .note(
+                sqlx::query(SPEND_CONSUMER)
+                    .bind(consumer.as_str())
+                    .bind(millis(at)?)
+                    .fetch_all(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(LockStoreError::Fault)
+    }
+
+    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
+        let cutoff = now.saturating_sub(lease);
+        let row = self
+            .note(
+                sqlx::query(SWEEP)
+                    .bind(SWEEP_LOCK_KEY)
+                    .bind(millis(cutoff)?)
+                    .fetch_one(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let report = SweepReport {
+            leader: get(&row, 0)?,
+            expired: count(get(&row, 1)?),
+            released_by_status: count(get(&row, 2)?),
+        };
+        if report.leader {
+            tracing::debug!(?report, "lease sweep");
+        }
+        Ok(report)
+    }
+
+    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
+        let found = self
+            .note(sqlx::query(LIST_LOCKS).fetch_all(self.pool()).await)
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(|row| {
+                let status: Option<String> = get(row, 4)?;
+                Ok(LockInfo {
+                    token: rows::token_id(get(row, 0)?, get(row, 1)?)?,
+                    consumer: rows::id("token_locks.consumer", get(row, 2)?, TxId::new)?,
+                    created_at: timestamp(get(row, 3)?)?,
+                    consumer_status: status
+                        .map(|name| {
+                            TxStatus::from_name(&name).ok_or_else(|| {
+                                StoreFault::Corrupt(format!(
+                                    "tx_statuses.status {name:?} is not a known status"
+                                ))
+                            })
+                        })
+                        .transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreFault>>()
+            .map_err(LockStoreError::Fault)
+    }
+
+    fn round_trips(&self) -> u64 {
+        PgBackend::round_trips(self)
+    }
+}

@@ -1,0 +1,285 @@
+//! The queue store: build queues and requests, each written only by whole-row
+//! compare-and-set on its version. The owner set is a column of the queue row (a
+//! text array of request ids), so a slot claim or release is one CAS.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use holdfast_domain::{
+    BuildPlan, BuildStrategy, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
+    RevisionUri, Version,
+};
+use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use sqlx::postgres::PgRow;
+
+use crate::backend::{PgBackend, to_fault};
+use crate::rows::{self, get};
+
+const LOAD_QUEUE: &str = "
+    SELECT latest_request_id, last_green_uri, last_green_request_id, owners, version
+    FROM queues WHERE name = $1";
+
+const REQUEST_COLUMNS_SQL: &str = "
+    SELECT seq, uri, state, strategy, base_uri, version
+    FROM requests WHERE queue = $1 AND seq = $2";
+
+/// Creates the queue record if missing and locks it for this transaction, so
+/// ingests into one queue number their requests one at a time. The no-op update
+/// of `version` takes the row lock without changing the record.
+const LOCK_QUEUE: &str = "
+    INSERT INTO queues (name, version) VALUES ($1, 1)
+    ON CONFLICT (name) DO UPDATE SET version = queues.version";
+
+/// Returns the existing request for (queue, uri), or inserts the next one.
+const INGEST: &str = "
+    WITH existing AS (
+        SELECT seq, uri, state, strategy, base_uri, version FROM requests
+        WHERE queue = $1 AND uri = $2
+    ),
+    inserted AS (
+        INSERT INTO requests (queue, seq, uri, state, version)
+        SELECT $1, COALESCE((SELECT MAX(seq) FROM requests WHERE queue = $1), 0) + 1,
+               $2, 'accepted', 1
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+        RETURNING seq, uri, state, strategy, base_uri, version
+    )
+    SELECT seq, uri, state, strategy, base_uri, version, TRUE FROM inserted
+    UNION ALL
+    SELECT seq, uri, state, strategy, base_uri, version, FALSE FROM existing";
+
+const CAS_QUEUE: &str = "
+    UPDATE queues
+    SET latest_request_id = $3, last_green_uri = $4, last_green_request_id = $5,
+        owners = $6, version = version + 1
+    WHERE name = $1 AND version = $2";
+
+const CAS_REQUEST: &str = "
+    UPDATE requests
+    SET state = $4, strategy = $5, base_uri = $6, version = version + 1
+    WHERE queue = $1 AND seq = $2 AND version = $3";
+
+const LIST_REQUESTS: &str = "
+    SELECT seq, uri, state, strategy, base_uri, version
+    FROM requests WHERE queue = $1 ORDER BY seq LIMIT $2";
+
+fn fault(e: &sqlx::Error) -> QueueStoreError {
+    QueueStoreError::Fault(to_fault(e))
+}
+
+fn request_id(column: &str, text: String) -> Result<RequestId, StoreFault> {
+    rows::id(column, text, |t| RequestId::parse(&t))
+}
+
+fn version(column: &str, stored: i64) -> Result<Version, StoreFault> {
+    u64::try_from(stored)
+        .map(Version)
+        .map_err(|_| StoreFault::Corrupt(format!("{column} {stored} is negative")))
+}
+
+/// A version for binding; one past `i64::MAX` cannot be stored, so cannot match.
+fn bind_version(v: Version) -> Option<i64> {
+    i64::try_from(v.0).ok()
+}
+
+/// A request from `seq, uri, state, strategy, base_uri, version` columns.
+fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault> {
+    let seq: i64 = get(row, 0)?;
+    let seq = u64::try_from(seq)
+        .map_err(|_| StoreFault::Corrupt(format!("requests.seq {seq} is negative")))?;
+    let state: String = get(row, 2)?;
+    let state = RequestState::from_name(&state).ok_or_else(|| {
+        StoreFault::Corrupt(format!("requests.state {state:?} is not a known state"))
+    })?;
+    let strategy: Option<String> = get(row, 3)?;
+    let base: Option<String> = get(row, 4)?;
+    let plan = match strategy {
+        None => None,
+        Some(name) => Some(BuildPlan {
+            strategy: BuildStrategy::from_name(&name).ok_or_else(|| {
+                StoreFault::Corrupt(format!(
+                    "requests.strategy {name:?} is not a known strategy"
+                ))
+            })?,
+            base: base
+                .map(|b| rows::id("requests.base_uri", b, RevisionUri::new))
+                .transpose()?,
+        }),
+    };
+    Ok(Request {
+        id: RequestId::new(queue.clone(), seq),
+        uri: rows::id("requests.uri", get(row, 1)?, RevisionUri::new)?,
+        state,
+        plan,
+        version: version("requests.version", get(row, 5)?)?,
+    })
+}
+
+#[async_trait]
+impl QueueStore for PgBackend {
+    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
+        let found = self
+            .note(
+                sqlx::query(LOAD_QUEUE)
+                    .bind(name.as_str())
+                    .fetch_optional(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        let latest: Option<String> = get(&row, 0)?;
+        let green_uri: Option<String> = get(&row, 1)?;
+        let green_id: Option<String> = get(&row, 2)?;
+        let owners: Vec<String> = get(&row, 3)?;
+        let last_green = match (green_uri, green_id) {
+            (Some(uri), Some(id)) => Some(LastGreen {
+                uri: rows::id("queues.last_green_uri", uri, RevisionUri::new)?,
+                request_id: request_id("queues.last_green_request_id", id)?,
+            }),
+            _ => None,
+        };
+        Ok(Some(Queue {
+            name: name.clone(),
+            latest_request_id: latest
+                .map(|id| request_id("queues.latest_request_id", id))
+                .transpose()?,
+            last_green,
+            owners: owners
+                .into_iter()
+                .map(|id| request_id("queues.owners", id))
+                .collect::<Result<BTreeSet<_>, _>>()?,
+            version: version("queues.version", get(&row, 4)?)?,
+        }))
+    }
+
+    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
+        let Ok(seq) = i64::try_from(id.seq()) else {
+            return Ok(None);
+        };
+        let found = self
+            .note(
+                sqlx::query(REQUEST_COLUMNS_SQL)
+                    .bind(id.queue().as_str())
+                    .bind(seq)
+                    .fetch_optional(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        found
+            .map(|row| decode_request(id.queue(), &row))
+            .transpose()
+            .map_err(QueueStoreError::Fault)
+    }
+
+    async fn create_request(
+        &self,
+        queue: &QueueName,
+        uri: &RevisionUri,
+    ) -> Result<Ingested, QueueStoreError> {
+        let mut tx = self
+            .note(self.pool().begin().await)
+            .map_err(|e| fault(&e))?;
+        self.note(
+            sqlx::query(LOCK_QUEUE)
+                .bind(queue.as_str())
+                .execute(&mut *tx)
+                .await,
+        )
+        .map_err(|e| fault(&e))?;
+        let row = self
+            .note(
+                sqlx::query(INGEST)
+                    .bind(queue.as_str())
+                    .bind(uri.as_str())
+                    .fetch_one(&mut *tx)
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        Ok(Ingested {
+            request: decode_request(queue, &row)?,
+            created: get(&row, 6)?,
+        })
+    }
+
+    async fn cas_queue(
+        &self,
+        expected: Version,
+        queue: &Queue,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        let Some(expected) = bind_version(expected) else {
+            return Ok(CasOutcome::Conflict);
+        };
+        let owners: Vec<String> = queue.owners.iter().map(ToString::to_string).collect();
+        let done = self
+            .note(
+                sqlx::query(CAS_QUEUE)
+                    .bind(queue.name.as_str())
+                    .bind(expected)
+                    .bind(queue.latest_request_id.as_ref().map(ToString::to_string))
+                    .bind(queue.last_green.as_ref().map(|g| g.uri.as_str().to_owned()))
+                    .bind(queue.last_green.as_ref().map(|g| g.request_id.to_string()))
+                    .bind(&owners)
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(if done.rows_affected() > 0 {
+            CasOutcome::Applied
+        } else {
+            CasOutcome::Conflict
+        })
+    }
+
+    async fn cas_request(
+        &self,
+        expected: Version,
+        request: &Request,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        let (Some(expected), Ok(seq)) = (bind_version(expected), i64::try_from(request.id.seq()))
+        else {
+            return Ok(CasOutcome::Conflict);
+        };
+        let plan = request.plan.as_ref();
+        let done = self
+            .note(
+                sqlx::query(CAS_REQUEST)
+                    .bind(request.id.queue().as_str())
+                    .bind(seq)
+                    .bind(expected)
+                    .bind(request.state.as_str())
+                    .bind(plan.map(|p| p.strategy.as_str()))
+                    .bind(plan.and_then(|p| p.base.as_ref()).map(RevisionUri::as_str))
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(if done.rows_affected() > 0 {
+            CasOutcome::Applied
+        } else {
+            CasOutcome::Conflict
+        })
+    }
+
+    async fn list_requests(
+        &self,
+        queue: &QueueName,
+        limit: usize,
+    ) -> Result<Vec<Request>, QueueStoreError> {
+        let found = self
+            .note(
+                sqlx::query(LIST_REQUESTS)
+                    .bind(queue.as_str())
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .fetch_all(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(|row| decode_request(queue, row))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(QueueStoreError::Fault)
+    }
+}

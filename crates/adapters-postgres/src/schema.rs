@@ -1,0 +1,31 @@
+//! The embedded, versioned migrations. Each file of `migrations/` is one version,
+//! applied in order on connect; a changed, already applied file is an error
+//! (checksums are compared), never silently re-run.
+
+use std::borrow::Cow;
+
+use sqlx::SqlSafeStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+/// The migrations, as `(version, description, sql)`.
+pub const MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "schema", include_str!("../migrations/0001_schema.sql"))];
+
+/// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,
+/// so replicas starting at once apply each version exactly once.
+pub fn migrator() -> Migrator {
+    Migrator::with_migrations(
+        MIGRATIONS
+            .iter()
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    *version,
+                    Cow::Borrowed(*description),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,60 @@
+//! The transaction status store.
+
+use async_trait::async_trait;
+use holdfast_domain::{Timestamp, TxId, TxStatus};
+use holdfast_ports::{StatusStoreError, StoreFault, TxStatusStore};
+
+use crate::backend::{PgBackend, millis, to_fault};
+use crate::rows::get;
+
+const RECORD: &str = "
+    INSERT INTO tx_statuses (tx_id, status, recorded_at)
+    VALUES ($1, $2, TIMESTAMPTZ 'epoch' + $3::bigint * INTERVAL '1 millisecond')
+    ON CONFLICT (tx_id) DO UPDATE SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at";
+
+const STATUS: &str = "SELECT status FROM tx_statuses WHERE tx_id = $1";
+
+fn fault(e: &sqlx::Error) -> StatusStoreError {
+    StatusStoreError::Fault(to_fault(e))
+}
+
+#[async_trait]
+impl TxStatusStore for PgBackend {
+    async fn record_status(
+        &self,
+        tx: &TxId,
+        status: TxStatus,
+        at: Timestamp,
+    ) -> Result<(), StatusStoreError> {
+        self.note(
+            sqlx::query(RECORD)
+                .bind(tx.as_str())
+                .bind(status.as_str())
+                .bind(millis(at)?)
+                .execute(self.pool())
+                .await,
+        )
+        .map_err(|e| fault(&e))?;
+        Ok(())
+    }
+
+    async fn status(&self, tx: &TxId) -> Result<Option<TxStatus>, StatusStoreError> {
+        let found = self
+            .note(
+                sqlx::query(STATUS)
+                    .bind(tx.as_str())
+                    .fetch_optional(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        let name: String = get(&row, 0)?;
+        TxStatus::from_name(&name).map(Some).ok_or_else(|| {
+            StatusStoreError::Fault(StoreFault::Corrupt(format!(
+                "tx_statuses.status {name:?} of {tx} is not a known status"
+            )))
+        })
+    }
+}

@@ -1,0 +1,339 @@
+//! The token store: tokens, candidate pages read through the `tokens_candidates`
+//! index, balances.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
+use holdfast_ports::{CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError};
+
+use crate::backend::{PgBackend, timestamp, to_fault};
+use crate::rows::{self, get};
+
+/// The candidate query, with or without the keyset cursor. Kept as macros so the
+/// `EXPLAIN` of [`explain_candidates`] is the very same text.
+macro_rules! candidates_sql {
+    (first) => {
+        "SELECT t.tx_id, t.idx, t.amount::text
+         FROM tokens t
+         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+         ORDER BY t.amount, t.tx_id, t.idx
+         LIMIT $3"
+    };
+    (after) => {
+        "SELECT t.tx_id, t.idx, t.amount::text
+         FROM tokens t
+         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+           AND (t.amount, t.tx_id, t.idx) > ($4::numeric, $5::text COLLATE \"C\", $6::bigint)
+           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+         ORDER BY t.amount, t.tx_id, t.idx
+         LIMIT $3"
+    };
+}
+
+const INSERT_TOKENS: &str = "
+    INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+    SELECT i.tx_id, i.idx, i.wallet, i.token_type, i.amount::numeric, i.spendable
+    FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[])
+         AS i(tx_id, idx, wallet, token_type, amount, spendable)
+    ORDER BY i.tx_id, i.idx
+    ON CONFLICT (tx_id, idx) DO NOTHING
+    RETURNING tx_id, idx";
+
+const STORED_IDENTITIES: &str = "
+    SELECT t.tx_id, t.idx, t.wallet, t.token_type, t.amount::text
+    FROM tokens t
+    JOIN UNNEST($1::text[], $2::bigint[]) AS i(tx_id, idx) ON t.tx_id = i.tx_id AND t.idx = i.idx";
+
+const SELECT_TOKEN: &str = "
+    SELECT tx_id, idx, wallet, token_type, amount::text, spendable, spent_by,
+           (EXTRACT(EPOCH FROM spent_at) * 1000)::bigint
+    FROM tokens WHERE tx_id = $1 AND idx = $2";
+
+const LIST_TOKENS: &str = "
+    SELECT tx_id, idx, wallet, token_type, amount::text, spendable, spent_by,
+           (EXTRACT(EPOCH FROM spent_at) * 1000)::bigint
+    FROM tokens
+    WHERE wallet = $1 AND spent_by IS NULL AND ($2::text IS NULL OR token_type = $2)
+    ORDER BY amount, tx_id, idx
+    LIMIT $3";
+
+const BALANCE: &str = "
+    SELECT COALESCE(SUM(amount), 0)::text
+    FROM tokens
+    WHERE wallet = $1 AND token_type = $2 AND spendable AND spent_by IS NULL";
+
+const SET_SPENDABLE: &str = "
+    UPDATE tokens SET spendable = $3 WHERE tx_id = $1 AND idx = $2 AND spent_by IS NULL";
+
+fn fault(e: &sqlx::Error) -> TokenStoreError {
+    TokenStoreError::Fault(to_fault(e))
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// What makes two tokens under one id the same token.
+fn identity(t: &NewToken) -> (&WalletId, &TokenType, Quantity) {
+    (&t.wallet, &t.token_type, t.quantity)
+}
+
+fn describe(wallet: &str, token_type: &str, quantity: &str) -> String {
+    format!("wallet {wallet}, type {token_type}, amount {quantity}")
+}
+
+fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFault> {
+    let id = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+    let spent_at: Option<i64> = get(row, 7)?;
+    Ok(Token {
+        id,
+        wallet: rows::id("tokens.wallet", get(row, 2)?, WalletId::new)?,
+        token_type: rows::id("tokens.token_type", get(row, 3)?, TokenType::new)?,
+        quantity: rows::quantity(&get::<String>(row, 4)?)?,
+        spendable: get(row, 5)?,
+        spent_by: get::<Option<String>>(row, 6)?
+            .map(|tx| rows::id("tokens.spent_by", tx, TxId::new))
+            .transpose()?,
+        spent_at: spent_at.map(timestamp).transpose()?,
+    })
+}
+
+pub(crate) async fn explain_candidates(
+    backend: &PgBackend,
+    wallet: &WalletId,
+    token_type: &TokenType,
+    after: Option<&Candidate>,
+    n: usize,
+) -> Result<String, StoreFault> {
+    let query = match after {
+        None => sqlx::query(concat!("EXPLAIN ", candidates_sql!(first)))
+            .bind(wallet.as_str())
+            .bind(token_type.as_str())
+            .bind(limit(n)),
+        Some(cursor) => sqlx::query(concat!("EXPLAIN ", candidates_sql!(after)))
+            .bind(wallet.as_str())
+            .bind(token_type.as_str())
+            .bind(limit(n))
+            .bind(cursor.quantity.to_string())
+            .bind(cursor.id.tx.as_str())
+            .bind(i64::from(cursor.id.index)),
+    };
+    let rows = backend
+        .note(query.fetch_all(backend.pool()).await)
+        .map_err(|e| to_fault(&e))?;
+    let lines = rows
+        .iter()
+        .map(|row| get::<String>(row, 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(lines.join("\n"))
+}
+
+#[async_trait]
+impl TokenStore for PgBackend {
+    async fn add_tokens(&self, tokens: &[NewToken]) -> Result<u64, TokenStoreError> {
+        // Within the batch: the same id twice must be the same token.
+        let mut distinct: BTreeMap<&TokenId, &NewToken> = BTreeMap::new();
+        for token in tokens {
+            if let Some(first) = distinct.insert(&token.id, token) {
+                if identity(first) != identity(token) {
+                    return Err(TokenStoreError::Conflict {
+                        token: token.id.to_string(),
+                        detail: format!(
+                            "named twice in one batch: {} and {}",
+                            describe(
+                                first.wallet.as_str(),
+                                first.token_type.as_str(),
+                                &first.quantity.to_string()
+                            ),
+                            describe(
+                                token.wallet.as_str(),
+                                token.token_type.as_str(),
+                                &token.quantity.to_string()
+                            ),
+                        ),
+                    });
+                }
+            }
+        }
+        if distinct.is_empty() {
+            return Ok(0);
+        }
+        let (txs, idxs) = rows::token_arrays(distinct.keys().copied());
+        let wallets: Vec<&str> = distinct.values().map(|t| t.wallet.as_str()).collect();
+        let types: Vec<&str> = distinct.values().map(|t| t.token_type.as_str()).collect();
+        let amounts: Vec<String> = distinct.values().map(|t| t.quantity.to_string()).collect();
+        let spendable: Vec<bool> = distinct.values().map(|t| t.spendable).collect();
+
+        let mut tx = self
+            .note(self.pool().begin().await)
+            .map_err(|e| fault(&e))?;
+        let inserted = self
+            .note(
+                sqlx::query(INSERT_TOKENS)
+                    .bind(&txs)
+                    .bind(&idxs)
+                    .bind(&wallets)
+                    .bind(&types)
+                    .bind(&amounts)
+                    .bind(&spendable)
+                    .fetch_all(&mut *tx)
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let added = u64::try_from(inserted.len()).unwrap_or(u64::MAX);
+        if inserted.len() < distinct.len() {
+            // Some ids existed: each must be the same token, else nothing is written.
+            let stored = self
+                .note(
+                    sqlx::query(STORED_IDENTITIES)
+                        .bind(&txs)
+                        .bind(&idxs)
+                        .fetch_all(&mut *tx)
+                        .await,
+                )
+                .map_err(|e| fault(&e))?;
+            for row in &stored {
+                let id = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+                let (wallet, token_type, amount): (String, String, String) =
+                    (get(row, 2)?, get(row, 3)?, get(row, 4)?);
+                let Some(given) = distinct.get(&id) else {
+                    continue;
+                };
+                let same = wallet == given.wallet.as_str()
+                    && token_type == given.token_type.as_str()
+                    && rows::quantity(&amount)? == given.quantity;
+                if !same {
+                    let _ = self.note(tx.rollback().await);
+                    return Err(TokenStoreError::Conflict {
+                        token: id.to_string(),
+                        detail: format!(
+                            "stored {}; given {}",
+                            describe(&wallet, &token_type, &amount),
+                            describe(
+                                given.wallet.as_str(),
+                                given.token_type.as_str(),
+                                &given.quantity.to_string()
+                            ),
+                        ),
+                    });
+                }
+            }
+        }
+        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        Ok(added)
+    }
+
+    async fn set_spendable(
+        &self,
+        token: &TokenId,
+        spendable: bool,
+    ) -> Result<bool, TokenStoreError> {
+        let done = self
+            .note(
+                sqlx::query(SET_SPENDABLE)
+                    .bind(token.tx.as_str())
+                    .bind(i64::from(token.index))
+                    .bind(spendable)
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let statement = match &query.after {
+            None => sqlx::query(candidates_sql!(first))
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(limit(query.limit)),
+            Some(cursor) => sqlx::query(candidates_sql!(after))
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(limit(query.limit))
+                .bind(cursor.quantity.to_string())
+                .bind(cursor.id.tx.as_str())
+                .bind(i64::from(cursor.id.index)),
+        };
+        let found = self
+            .note(statement.fetch_all(self.pool()).await)
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(|row| {
+                Ok(Candidate {
+                    id: rows::token_id(get(row, 0)?, get(row, 1)?)?,
+                    quantity: rows::quantity(&get::<String>(row, 2)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreFault>>()
+            .map_err(TokenStoreError::Fault)
+    }
+
+    async fn balance(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+    ) -> Result<Quantity, TokenStoreError> {
+        let row = self
+            .note(
+                sqlx::query(BALANCE)
+                    .bind(wallet.as_str())
+                    .bind(token_type.as_str())
+                    .fetch_one(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let sum: String = get(&row, 0)?;
+        Quantity::parse(&sum, holdfast_domain::Precision::MAX).map_err(|e| {
+            TokenStoreError::Fault(StoreFault::Corrupt(format!(
+                "balance of wallet {wallet} type {token_type} does not fit 128 bits: {e}"
+            )))
+        })
+    }
+
+    async fn list_tokens(
+        &self,
+        wallet: &WalletId,
+        token_type: Option<TokenType>,
+        n: usize,
+    ) -> Result<Vec<Token>, TokenStoreError> {
+        let found = self
+            .note(
+                sqlx::query(LIST_TOKENS)
+                    .bind(wallet.as_str())
+                    .bind(token_type.as_ref().map(TokenType::as_str))
+                    .bind(limit(n))
+                    .fetch_all(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(decode_token)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(TokenStoreError::Fault)
+    }
+
+    async fn token(&self, id: &TokenId) -> Result<Option<Token>, TokenStoreError> {
+        let found = self
+            .note(
+                sqlx::query(SELECT_TOKEN)
+                    .bind(id.tx.as_str())
+                    .bind(i64::from(id.index))
+                    .fetch_optional(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        found
+            .as_ref()
+            .map(decode_token)
+            .transpose()
+            .map_err(TokenStoreError::Fault)
+    }
+}

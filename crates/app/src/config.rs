@@ -1,0 +1,719 @@
+//! The configuration of a holdfast process: one plain [`Config`] with documented
+//! defaults, loaded from a TOML file and `HOLDFAST_*` environment variables (the
+//! environment overrides the file), then validated with errors that name the key.
+//!
+//! # File format
+//!
+//! Durations are whole milliseconds in keys ending in `_ms`. Unknown keys are an
+//! error naming the key. Every key is optional.
+//!
+//! ```toml
+//! db_url = "sqlite://holdfast.db"
+//! seed = 42                     # replayable selection randomness
+//!
+//! [selection]
+//! sufficiency_window = 4
+//! retry_interval_ms = 5000
+//!
+//! [lease]
+//! lease_expiry_ms = 180000
+//!
+//! [admission]                   # the default of every queue
+//! max_concurrent = 1
+//! gate_wait_delay_ms = 5000
+//!
+//! [admission.queues."monorepo/main"]   # a per-queue override
+//! max_concurrent = 4
+//! ```
+//!
+//! The table of every key, its environment variable, default and meaning is
+//! [`KEYS`]; `docs/configuration.md` is generated from it by [`reference_markdown`].
+//! Per-queue overrides exist only in the file.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use holdfast_adapters_postgres::LockStrategy;
+use holdfast_domain::{
+    AdmissionConfig, LeaseConfig, PersistPolicy, Precision, QueueName, SelectionConfig,
+};
+use serde::Deserialize;
+
+/// Environment variables with the `HOLDFAST_` prefix that are not configuration
+/// keys but are reserved for the command (so [`Config::apply_env`] does not refuse
+/// them as unknown).
+pub const RESERVED_ENV: &[&str] = &["HOLDFAST_CONFIG", "HOLDFAST_LOG", "HOLDFAST_JSON"];
+
+/// The whole configuration. Plain data with public fields; [`Config::validate`]
+/// checks it, and the typed accessors ([`Config::selection_config`], ...) convert
+/// it into the domain's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the database lives: `sqlite://path`, `sqlite::memory:` or
+    /// `postgres://…` (default `sqlite://holdfast.db`).
+    pub db_url: String,
+    /// How long to wait for a database connection, in ms (default 10000).
+    pub connect_timeout_ms: u64,
+    /// SQLite: how long a statement waits for another writer, in ms (default 5000).
+    pub busy_timeout_ms: u64,
+    /// PostgreSQL: how claims decide a lost race: `insert`, `on_conflict` or
+    /// `skip_locked` (default `insert`).
+    #[serde(deserialize_with = "de_strategy")]
+    pub pg_lock_strategy: LockStrategy,
+    /// Seed of the selection randomness; `None` (the default) seeds from the OS.
+    pub seed: Option<u64>,
+    /// Bits of the token quantities, 1 to 128 (default 64).
+    pub precision: u8,
+    /// Token selection.
+    pub selection: SelectionSection,
+    /// The lock lease.
+    pub lease: LeaseSection,
+    /// Settlement status persistence.
+    pub settlement: SettlementSection,
+    /// Build-slot admission.
+    pub admission: AdmissionSection,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            db_url: "sqlite://holdfast.db".to_owned(),
+            connect_timeout_ms: 10_000,
+            busy_timeout_ms: 5_000,
+            pg_lock_strategy: LockStrategy::default(),
+            seed: None,
+            precision: 64,
+            selection: SelectionSection::default(),
+            lease: LeaseSection::default(),
+            settlement: SettlementSection::default(),
+            admission: AdmissionSection::default(),
+        }
+    }
+}
+
+/// `[selection]`: see [`SelectionConfig`] for the meaning of each field.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SelectionSection {
+    /// Candidates in the sufficiency window, anchor included (default 4).
+    pub sufficiency_window: usize,
+    /// Window members are at most this many times the anchor (default 5).
+    pub max_sufficiency_ratio: u32,
+    /// The most tokens one claim names, 1 to 256 (default 256).
+    pub batch_window: usize,
+    /// Candidates per fetch (default 256).
+    pub page_size: usize,
+    /// Refetches without progress per leg (default 5).
+    pub max_immediate_retries: u32,
+    /// Legs per call, the first included (default 10).
+    pub max_retries: u32,
+    /// Backoff between legs is uniform in `[0, retry_interval_ms)` (default 5000).
+    pub retry_interval_ms: u64,
+    /// Skip tokens that lost a race or were stale for the rest of a call (default true).
+    pub blacklist: bool,
+    /// Scan smallest first (default true).
+    pub ascending: bool,
+}
+
+impl Default for SelectionSection {
+    fn default() -> Self {
+        let d = SelectionConfig::default();
+        SelectionSection {
+            sufficiency_window: d.sufficiency_window,
+            max_sufficiency_ratio: d.max_sufficiency_ratio,
+            batch_window: d.batch_window,
+            page_size: d.page_size,
+            max_immediate_retries: d.max_immediate_retries,
+            max_retries: d.max_retries,
+            retry_interval_ms: millis(d.retry_interval),
+            blacklist: d.blacklist,
+            ascending: d.ascending,
+        }
+    }
+}
+
+/// `[lease]`: see [`LeaseConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSection {
+    /// Locks older than this are swept, in ms (default 180000).
+    pub lease_expiry_ms: u64,
+    /// How often the sweeper runs, in ms (default 60000).
+    pub cleanup_period_ms: u64,
+}
+
+impl Default for LeaseSection {
+    fn default() -> Self {
+        let d = LeaseConfig::default();
+        LeaseSection {
+            lease_expiry_ms: millis(d.lease_expiry),
+            cleanup_period_ms: millis(d.cleanup_period),
+        }
+    }
+}
+
+/// `[settlement]`: see [`PersistPolicy`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SettlementSection {
+    /// Attempts to persist a releasing status before releasing anyway (default 3).
+    pub persist_max_attempts: u32,
+    /// Backoff after the first failed attempt, doubling, in ms (default 1000).
+    pub persist_initial_backoff_ms: u64,
+}
+
+impl Default for SettlementSection {
+    fn default() -> Self {
+        let d = PersistPolicy::default();
+        SettlementSection {
+            persist_max_attempts: d.max_attempts,
+            persist_initial_backoff_ms: millis(d.initial_backoff),
+        }
+    }
+}
+
+/// `[admission]`: the default of every queue, per-queue overrides, and the bound
+/// on compare-and-set conflicts per step.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionSection {
+    /// Slots per queue (default 1).
+    pub max_concurrent: u32,
+    /// How long a request is held when the gate is closed, in ms (default 5000).
+    pub gate_wait_delay_ms: u64,
+    /// Compare-and-set conflicts one step tolerates (reloading after each) before it
+    /// fails with a typed error (default 32).
+    pub max_conflicts: u32,
+    /// Per-queue overrides, keyed by queue name.
+    pub queues: BTreeMap<String, QueueOverride>,
+}
+
+impl Default for AdmissionSection {
+    fn default() -> Self {
+        let d = AdmissionConfig::default();
+        AdmissionSection {
+            max_concurrent: d.max_concurrent,
+            gate_wait_delay_ms: millis(d.gate_wait_delay),
+            max_conflicts: 32,
+            queues: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[admission.queues."<name>"]`: what differs from the `[admission]` default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueOverride {
+    /// Slots of this queue.
+    pub max_concurrent: Option<u32>,
+    /// Gate wait delay of this queue, in ms.
+    pub gate_wait_delay_ms: Option<u64>,
+}
+
+/// Why a configuration could not be loaded or was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for [`Config`] (an unknown key, a wrong type).
+    #[error("invalid configuration file {path}: {message}")]
+    Toml {
+        /// The file, or `<string>`.
+        path: String,
+        /// The parser's message, naming the key.
+        message: String,
+    },
+    /// A `HOLDFAST_*` variable that is not a configuration key.
+    #[error("unknown environment variable {var}; expected one of the HOLDFAST_* keys in docs/configuration.md")]
+    UnknownEnv {
+        /// The variable.
+        var: String,
+    },
+    /// An environment value that does not parse.
+    #[error("invalid environment variable {var} = {value:?}; expected {expected}")]
+    Env {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// A value outside its accepted range.
+    #[error("invalid configuration: {key} = {value}; expected {expected}")]
+    Invalid {
+        /// The key, as in the file (`selection.sufficiency_window`).
+        key: String,
+        /// The rejected value.
+        value: String,
+        /// The accepted range, in words.
+        expected: String,
+    },
+}
+
+/// The longest accepted connect or busy timeout (one hour).
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+
+impl Config {
+    /// Parses a TOML document; missing keys keep their defaults. Not validated.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Toml {
+            path: "<string>".to_owned(),
+            message: e.message().to_owned() + &span_hint(text, e.span()),
+        })
+    }
+
+    /// Reads and parses a TOML file. Not validated.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml_str(&text).map_err(|e| match e {
+            ConfigError::Toml { message, .. } => ConfigError::Toml {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Applies `HOLDFAST_*` variables from `vars` over this configuration. Variables
+    /// without the prefix are ignored; a prefixed one that is neither a key of
+    /// [`KEYS`] nor in [`RESERVED_ENV`] is an error.
+    pub fn apply_env<I, K, V>(&mut self, vars: I) -> Result<(), ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        for (var, value) in vars {
+            let (var, value) = (var.as_ref(), value.as_ref());
+            if !var.starts_with("HOLDFAST_") || RESERVED_ENV.contains(&var) {
+                continue;
+            }
+            let Some(spec) = KEYS.iter().find(|k| k.env == var) else {
+                return Err(ConfigError::UnknownEnv {
+                    var: var.to_owned(),
+                });
+            };
+            (spec.set)(self, value).map_err(|expected| ConfigError::Env {
+                var: var.to_owned(),
+                value: value.to_owned(),
+                expected,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The configuration a process starts with: defaults, then the file (if any),
+    /// then the process environment; validated.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut config = match file {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        config.apply_env(std::env::vars_os().filter_map(|(k, v)| {
+            Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
+        }))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every value against its range; the error names the first bad key
+    /// and what was expected.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn invalid(key: &str, value: impl ToString, expected: &str) -> ConfigError {
+            ConfigError::Invalid {
+                key: key.to_owned(),
+                value: value.to_string(),
+                expected: expected.to_owned(),
+            }
+        }
+        if self.db_url.trim().is_empty() {
+            return Err(invalid(
+                "db_url",
+                "\"\"",
+                "a sqlite:// path, sqlite::memory: or a postgres:// URL",
+            ));
+        }
+        for (key, value) in [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("busy_timeout_ms", self.busy_timeout_ms),
+        ] {
+            if !(1..=MAX_TIMEOUT_MS).contains(&value) {
+                return Err(invalid(key, value, "1 to 3600000 ms"));
+            }
+        }
+        self.precision_bits()?;
+        self.selection_config()
+            .validate()
+            .map_err(|e| match e.key {
+                "retry_interval" => invalid(
+                    "selection.retry_interval_ms",
+                    self.selection.retry_interval_ms,
+                    "1 to 3600000 ms",
+                ),
+                key => invalid(&format!("selection.{key}"), e.value, e.expected),
+            })?;
+        self.lease_config().validate().map_err(|e| match e {
+            holdfast_domain::LeaseConfigError::LeaseExpiryZero => {
+                invalid("lease.lease_expiry_ms", 0, "more than 0 ms")
+            }
+            holdfast_domain::LeaseConfigError::CleanupPeriodZero => {
+                invalid("lease.cleanup_period_ms", 0, "more than 0 ms")
+            }
+        })?;
+        if self.settlement.persist_max_attempts == 0 {
+            return Err(invalid(
+                "settlement.persist_max_attempts",
+                0,
+                "at least 1 attempt",
+            ));
+        }
+        if self.settlement.persist_initial_backoff_ms > MAX_TIMEOUT_MS {
+            return Err(invalid(
+                "settlement.persist_initial_backoff_ms",
+                self.settlement.persist_initial_backoff_ms,
+                "0 to 3600000 ms",
+            ));
+        }
+        if self.admission.max_conflicts == 0 {
+            return Err(invalid("admission.max_conflicts", 0, "at least 1"));
+        }
+        check_admission(
+            "admission",
+            self.admission.max_concurrent,
+            self.admission.gate_wait_delay_ms,
+        )?;
+        for (name, o) in &self.admission.queues {
+            let prefix = format!("admission.queues.{name:?}");
+            QueueName::new(name.as_str()).map_err(|e| {
+                invalid(&prefix, format!("{name:?}"), &format!("a valid queue name ({e})"))
+            })?;
+            check_admission(
+                &prefix,
+                o.max_concurrent.unwrap_or(self.admission.max_concurrent),
+                o.gate_wait_delay_ms
+                    .unwrap_or(self.admission.gate_wait_delay_ms),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The selection settings.
+    pub fn selection_config(&self) -> SelectionConfig {
+        let s = &self.selection;
+        SelectionConfig {
+            sufficiency_window: s.sufficiency_window,
+            max_sufficiency_ratio: s.max_sufficiency_ratio,
+            batch_window: s.batch_window,
+            page_size: s.page_size,
+            max_immediate_retries: s.max_immediate_retries,
+            max_retries: s.max_retries,
+            retry_interval: Duration::from_millis(s.retry_interval_ms),
+            blacklist: s.blacklist,
+            ascending: s.ascending,
+        }
+    }
+
+    /// The lease settings.
+    pub fn lease_config(&self) -> LeaseConfig {
+        LeaseConfig {
+            lease_expiry: Duration::from_millis(self.lease.lease_expiry_ms),
+            cleanup_period: Duration::from_millis(self.lease.cleanup_period_ms),
+        }
+    }
+
+    /// The settlement persistence policy.
+    pub fn persist_policy(&self) -> PersistPolicy {
+        PersistPolicy {
+            max_attempts: self.settlement.persist_max_attempts,
+            initial_backoff: Duration::from_millis(self.settlement.persist_initial_backoff_ms),
+        }
+    }
+
+    /// The admission settings of `queue`: its override over the default.
+    pub fn admission_for(&self, queue: &QueueName) -> AdmissionConfig {
+        let o = self.admission.queues.get(queue.as_str());
+        AdmissionConfig {
+            max_concurrent: o
+                .and_then(|o| o.max_concurrent)
+                .unwrap_or(self.admission.max_concurrent),
+            gate_wait_delay: Duration::from_millis(
+                o.and_then(|o| o.gate_wait_delay_ms)
+                    .unwrap_or(self.admission.gate_wait_delay_ms),
+            ),
+        }
+    }
+
+    /// The quantity precision.
+    pub fn precision_bits(&self) -> Result<Precision, ConfigError> {
+        Precision::new(self.precision).map_err(|_| ConfigError::Invalid {
+            key: "precision".to_owned(),
+            value: self.precision.to_string(),
+            expected: "1 to 128 bits".to_owned(),
+        })
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// The SQLite busy timeout.
+    pub fn busy_timeout(&self) -> Duration {
+        Duration::from_millis(self.busy_timeout_ms)
+    }
+}
+
+fn check_admission(prefix: &str, max_concurrent: u32, delay_ms: u64) -> Result<(), ConfigError> {
+    if max_concurrent == 0 {
+        return Err(ConfigError::Invalid {
+            key: format!("{prefix}.max_concurrent"),
+            value: "0".to_owned(),
+            expected: "at least 1 slot".to_owned(),
+        });
+    }
+    if !(1..=MAX_TIMEOUT_MS).contains(&delay_ms) {
+        return Err(ConfigError::Invalid {
+            key: format!("{prefix}.gate_wait_delay_ms"),
+            value: delay_ms.to_string(),
+            expected: "1 to 3600000 ms".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    let Some(span) = span else {
+        return String::new();
+    };
+    let line = text
+        .get(..span.start)
+        .map_or(0, |before| before.matches('\n').count())
+        + 1;
+    format!(" (line {line})")
+}
+
+fn de_strategy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LockStrategy, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// One configuration key: its place in the file, its environment variable, its
+/// meaning, and how to read and set it. [`KEYS`] lists them all.
+#[derive(Clone, Copy)]
+pub struct KeySpec {
+    /// The key as in the TOML file (`selection.sufficiency_window`).
+    pub key: &'static str,
+    /// The environment variable (`HOLDFAST_SUFFICIENCY_WINDOW`).
+    pub env: &'static str,
+    /// What it means.
+    pub meaning: &'static str,
+    /// The current value, as text.
+    pub get: fn(&Config) -> String,
+    /// Sets it from text; the error says what was expected.
+    pub set: fn(&mut Config, &str) -> Result<(), &'static str>,
+}
+
+impl std::fmt::Debug for KeySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeySpec")
+            .field("key", &self.key)
+            .field("env", &self.env)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A value settable from an environment variable.
+trait EnvValue: Sized {
+    fn parse_env(text: &str) -> Result<Self, &'static str>;
+    fn show(&self) -> String;
+}
+
+macro_rules! env_number {
+    ($($t:ty => $expected:literal),*) => {$(
+        impl EnvValue for $t {
+            fn parse_env(text: &str) -> Result<Self, &'static str> {
+                text.trim().parse().map_err(|_| $expected)
+            }
+            fn show(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+
+env_number!(
+    u8 => "an integer from 0 to 255",
+    u32 => "a non-negative integer (32 bits)",
+    u64 => "a non-negative integer (64 bits)",
+    usize => "a non-negative integer"
+);
+
+impl EnvValue for bool {
+    fn parse_env(text: &str) -> Result<Self, &'static str> {
+        match text.trim() {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err("true, false, 1 or 0"),
+        }
+    }
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl EnvValue for String {
+    fn parse_env(text: &str) -> Result<Self, &'static str> {
+        Ok(text.to_owned())
+    }
+    fn show(&self) -> String {
+        format!("`{self}`")
+    }
+}
+
+impl EnvValue for Option<u64> {
+    fn parse_env(text: &str) -> Result<Self, &'static str> {
+        u64::parse_env(text).map(Some)
+    }
+    fn show(&self) -> String {
+        match self {
+            Some(v) => v.to_string(),
+            None => "none (OS entropy)".to_owned(),
+        }
+    }
+}
+
+impl EnvValue for LockStrategy {
+    fn parse_env(text: &str) -> Result<Self, &'static str> {
+        text.trim()
+            .parse()
+            .map_err(|_| "insert, on_conflict or skip_locked")
+    }
+    fn show(&self) -> String {
+        format!("`{self}`")
+    }
+}
+
+macro_rules! key {
+    ($key:literal, $env:literal, |$c:ident| $field:expr, $meaning:literal) => {
+        KeySpec {
+            key: $key,
+            env: $env,
+            meaning: $meaning,
+            get: |$c: &Config| EnvValue::show(&$field),
+            set: |$c: &mut Config, text: &str| {
+                $field = EnvValue::parse_env(text)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+/// Every configuration key, in the order of the reference.
+pub static KEYS: &[KeySpec] = &[
+    key!("db_url", "HOLDFAST_DB", |c| c.db_url,
+        "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`."),
+    key!("connect_timeout_ms", "HOLDFAST_CONNECT_TIMEOUT_MS", |c| c.connect_timeout_ms,
+        "How long to wait for a database connection (1 to 3600000 ms)."),
+    key!("busy_timeout_ms", "HOLDFAST_BUSY_TIMEOUT_MS", |c| c.busy_timeout_ms,
+        "SQLite: how long a statement waits for another writer before failing as busy (1 to 3600000 ms)."),
+    key!("pg_lock_strategy", "HOLDFAST_PG_LOCK_STRATEGY", |c| c.pg_lock_strategy,
+        "PostgreSQL: how a claim loses a race: `insert`, `on_conflict` or `skip_locked`."),
+    key!("seed", "HOLDFAST_SEED", |c| c.seed,
+        "Seed of the selection randomness, so runs replay; unset seeds from the OS."),
+    key!("precision", "HOLDFAST_PRECISION", |c| c.precision,
+        "Bits of token quantities (1 to 128); larger amounts are refused."),
+    key!("selection.sufficiency_window", "HOLDFAST_SUFFICIENCY_WINDOW", |c| c.selection.sufficiency_window,
+        "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256)."),
+    key!("selection.max_sufficiency_ratio", "HOLDFAST_MAX_SUFFICIENCY_RATIO", |c| c.selection.max_sufficiency_ratio,
+        "A window member is at most this many times the anchor (at least 1)."),
+    key!("selection.batch_window", "HOLDFAST_BATCH_WINDOW", |c| c.selection.batch_window,
+        "The most tokens one claim names in one round trip (1 to 256)."),
+    key!("selection.page_size", "HOLDFAST_PAGE_SIZE", |c| c.selection.page_size,
+        "Candidates per fetch (1 to 10000)."),
+    key!("selection.max_immediate_retries", "HOLDFAST_MAX_IMMEDIATE_RETRIES", |c| c.selection.max_immediate_retries,
+        "Refetches without a won lock in one leg before it ends (0 to 1000)."),
+    key!("selection.max_retries", "HOLDFAST_MAX_RETRIES", |c| c.selection.max_retries,
+        "Legs of one select, the first included; then FundsLocked (1 to 1000)."),
+    key!("selection.retry_interval_ms", "HOLDFAST_RETRY_INTERVAL_MS", |c| c.selection.retry_interval_ms,
+        "Backoff between legs is uniform in [0, this) (1 to 3600000 ms)."),
+    key!("selection.blacklist", "HOLDFAST_BLACKLIST", |c| c.selection.blacklist,
+        "Skip tokens that lost a race or were stale for the rest of a select."),
+    key!("selection.ascending", "HOLDFAST_ASCENDING", |c| c.selection.ascending,
+        "Scan candidates smallest first (false only to measure what ordering buys)."),
+    key!("lease.lease_expiry_ms", "HOLDFAST_LEASE_EXPIRY_MS", |c| c.lease.lease_expiry_ms,
+        "The sweeper deletes locks older than this (more than 0 ms)."),
+    key!("lease.cleanup_period_ms", "HOLDFAST_CLEANUP_PERIOD_MS", |c| c.lease.cleanup_period_ms,
+        "How often the lease sweeper runs (more than 0 ms)."),
+    key!("settlement.persist_max_attempts", "HOLDFAST_PERSIST_MAX_ATTEMPTS", |c| c.settlement.persist_max_attempts,
+        "Attempts to record a final status; when exhausted the locks are released anyway, once (at least 1)."),
+    key!("settlement.persist_initial_backoff_ms", "HOLDFAST_PERSIST_INITIAL_BACKOFF_MS", |c| c.settlement.persist_initial_backoff_ms,
+        "Backoff after the first failed status write, doubling per attempt (0 to 3600000 ms)."),
+    key!("admission.max_concurrent", "HOLDFAST_MAX_CONCURRENT", |c| c.admission.max_concurrent,
+        "Build slots per queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1)."),
+    key!("admission.gate_wait_delay_ms", "HOLDFAST_GATE_WAIT_DELAY_MS", |c| c.admission.gate_wait_delay_ms,
+        "How long a request is held when the gate is closed, unless overridden per queue (1 to 3600000 ms)."),
+    key!("admission.max_conflicts", "HOLDFAST_MAX_CONFLICTS", |c| c.admission.max_conflicts,
+        "Compare-and-set conflicts one admission step reloads after before failing (at least 1)."),
+];
+
+/// The configuration reference (`docs/configuration.md`), generated from [`KEYS`]
+/// and [`Config::default`].
+pub fn reference_markdown() -> String {
+    let defaults = Config::default();
+    let mut out = String::new();
+    out.push_str("# Configuration reference\n\n");
+    out.push_str(
+        "<!-- Generated from crates/app/src/config.rs by the test `configuration_reference_is_current`. Do not edit. -->\n\n",
+    );
+    out.push_str(
+        "holdfast reads an optional TOML file (`--config FILE`), then `HOLDFAST_*` environment\n\
+         variables, which override the file. Every key is optional. Durations are whole\n\
+         milliseconds (`_ms` keys). An unknown key or variable is an error naming it; a value\n\
+         out of range is an error naming the key and the accepted range.\n\n",
+    );
+    out.push_str("| key | environment | default | meaning |\n|---|---|---|---|\n");
+    for k in KEYS {
+        let _ = writeln!(
+            out,
+            "| `{}` | `{}` | {} | {} |",
+            k.key,
+            k.env,
+            (k.get)(&defaults),
+            k.meaning
+        );
+    }
+    out.push_str(
+        "\n## Per-queue admission overrides\n\n\
+         Only in the file: a table `[admission.queues.\"<queue name>\"]` with `max_concurrent`\n\
+         and/or `gate_wait_delay_ms` overrides the `[admission]` default for that queue.\n\n\
+         ```toml\n[admission]\nmax_concurrent = 1\n\n[admission.queues.\"monorepo/main\"]\nmax_concurrent = 4\n```\n\n\
+         ## Reserved variables\n\n",
+    );
+    let _ = writeln!(
+        out,
+        "{} are read by the command, not by the configuration.",
+        RESERVED_ENV
+            .iter()
+            .map(|v| format!("`{v}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    out
+}

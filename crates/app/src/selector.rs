@@ -1,0 +1,376 @@
+//! The token selector: drives the domain's [`Selection`] state machine against the
+//! token and lock stores (DESIGN §2 "Select").
+//!
+//! - Fetch -> [`TokenStore::candidates`]; a claim of one token ->
+//!   [`LockStore::claim`], of several -> [`LockStore::claim_window`]; the balance ->
+//!   [`TokenStore::balance`]; a release -> [`LockStore::release_tokens`] (by consumer
+//!   *and* tokens, never by consumer alone, so earlier selects of the same
+//!   transaction keep their locks); a backoff -> [`tokio::time::sleep`] (tests can
+//!   pause tokio time).
+//! - Stubborn legs, random backoff, the blacklist and the fast fail come from the
+//!   engine; the selector only performs.
+//! - **Cancellation-safe.** A guard holds what the call holds or may hold
+//!   ([`Selection::held`]) across every await. If the future is dropped (cancelled
+//!   during a backoff, a claim, anything), the guard spawns a release of exactly
+//!   those tokens on the current tokio runtime. Outside a runtime nothing can be
+//!   spawned; the lease sweep is then the backstop.
+//! - **Replayable.** Every call runs with its own RNG seeded from a per-call seed,
+//!   drawn from the selector's RNG (seeded from the configuration, or from the OS).
+//!   The seed is in the call's span and in [`SelectReport::seed`];
+//!   [`TokenSelector::select_seeded`] replays a call.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use holdfast_domain::{
+    Action, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
+    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
+    TokenId, TokenType, TxId, WalletId,
+};
+use holdfast_ports::{CandidateQuery, Clock, LockStore, Stores, TokenStore};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tracing::Instrument;
+
+use crate::metrics::{self as m, SelectOutcomeLabel};
+
+/// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
+/// from "not enough money" ([`SelectError::InsufficientFunds`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    /// The wallet's spendable balance, locks ignored, is below the requested amount.
+    #[error("insufficient funds: {available} available, {requested} requested")]
+    InsufficientFunds {
+        /// The lock-ignoring spendable balance.
+        available: Quantity,
+        /// The full requested amount.
+        requested: Quantity,
+    },
+    /// Enough funds exist but other transactions held them through every leg.
+    #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
+    FundsLocked,
+    /// The store failed (without contention) until the retry budget ran out.
+    #[error("token store error: {0}")]
+    Store(String),
+    /// The request was refused before any I/O (an amount of zero).
+    #[error(transparent)]
+    Input(SelectionError),
+}
+
+impl From<SelectionFailure> for SelectError {
+    fn from(failure: SelectionFailure) -> Self {
+        match failure {
+            SelectionFailure::InsufficientFunds {
+                available,
+                requested,
+            } => SelectError::InsufficientFunds {
+                available,
+                requested,
+            },
+            SelectionFailure::FundsLocked => SelectError::FundsLocked,
+            SelectionFailure::Store { message } => SelectError::Store(message),
+        }
+    }
+}
+
+impl SelectError {
+    /// The `outcome` metric label of this error.
+    pub fn outcome_label(&self) -> SelectOutcomeLabel {
+        match self {
+            SelectError::InsufficientFunds { .. } => SelectOutcomeLabel::InsufficientFunds,
+            SelectError::FundsLocked => SelectOutcomeLabel::FundsLocked,
+            SelectError::Store(_) | SelectError::Input(_) => SelectOutcomeLabel::Error,
+        }
+    }
+}
+
+/// One select call with everything it measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectReport {
+    /// The outcome.
+    pub result: Result<Selected, SelectError>,
+    /// The engine's counters: lock attempts, conflicts, stale, store errors,
+    /// distinct tokens, legs, round trips ([`SelectionStats::round_trips`]), ...
+    pub stats: SelectionStats,
+    /// The per-call RNG seed; [`TokenSelector::select_seeded`] with it replays the
+    /// call against the same store state.
+    pub seed: u64,
+    /// Tokio time from start to the final answer, backoffs included.
+    pub elapsed: Duration,
+}
+
+/// Selects and locks tokens for consumer transactions. Cheap to share (`Arc`) and
+/// safe to call concurrently.
+pub struct TokenSelector {
+    tokens: Arc<dyn TokenStore>,
+    locks: Arc<dyn LockStore>,
+    clock: Arc<dyn Clock>,
+    config: SelectionConfig,
+    seeds: Mutex<StdRng>,
+}
+
+impl std::fmt::Debug for TokenSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSelector")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenSelector {
+    /// A selector over `stores` (tokens and locks are used), with `config` validated
+    /// here. `seed` makes the sequence of calls replayable; `None` seeds from the OS.
+    pub fn new(
+        stores: Stores,
+        clock: Arc<dyn Clock>,
+        config: SelectionConfig,
+        seed: Option<u64>,
+    ) -> Result<Self, SelectionConfigError> {
+        config.validate()?;
+        let seeds = match seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        Ok(TokenSelector {
+            tokens: stores.tokens,
+            locks: stores.locks,
+            clock,
+            config,
+            seeds: Mutex::new(seeds),
+        })
+    }
+
+    /// The selection settings.
+    pub fn config(&self) -> &SelectionConfig {
+        &self.config
+    }
+
+    /// Selects tokens of `token_type` from `wallet` covering `amount` and locks them
+    /// for `consumer`. On any error, only the locks won by this call are released.
+    pub async fn select(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        amount: Quantity,
+        consumer: &TxId,
+    ) -> Result<Selected, SelectError> {
+        self.select_with_stats(wallet, token_type, amount, consumer)
+            .await
+            .result
+    }
+
+    /// As [`TokenSelector::select`], returning the call's counters and seed too.
+    pub async fn select_with_stats(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        amount: Quantity,
+        consumer: &TxId,
+    ) -> SelectReport {
+        let seed = self.next_seed();
+        let request = SelectRequest {
+            wallet: wallet.clone(),
+            token_type: token_type.clone(),
+            amount,
+            consumer: consumer.clone(),
+        };
+        self.select_seeded(&request, seed).await
+    }
+
+    /// Runs one select call with its RNG seeded by `seed` (a replay of the call
+    /// whose [`SelectReport::seed`] it was, given the same store answers).
+    pub async fn select_seeded(&self, request: &SelectRequest, seed: u64) -> SelectReport {
+        let span = tracing::info_span!(
+            "select",
+            wallet = %request.wallet,
+            token_type = %request.token_type,
+            amount = %request.amount,
+            consumer = %request.consumer,
+            seed,
+            outcome = tracing::field::Empty,
+            legs = tracing::field::Empty,
+        );
+        let started = tokio::time::Instant::now();
+        let (result, stats) = self.drive(request, seed).instrument(span.clone()).await;
+        let elapsed = started.elapsed();
+        let label = match &result {
+            Ok(_) => SelectOutcomeLabel::Success,
+            Err(e) => e.outcome_label(),
+        };
+        span.record("outcome", label.as_str());
+        span.record("legs", stats.legs);
+        m::record_selection(label, &stats, elapsed);
+        SelectReport {
+            result,
+            stats,
+            seed,
+            elapsed,
+        }
+    }
+
+    fn next_seed(&self) -> u64 {
+        // A poisoned lock only means another call panicked mid-draw; the RNG state
+        // is still a valid RNG state.
+        let mut rng = self
+            .seeds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        rng.random()
+    }
+
+    async fn drive(
+        &self,
+        request: &SelectRequest,
+        seed: u64,
+    ) -> (Result<Selected, SelectError>, SelectionStats) {
+        let mut selection = match Selection::new(request.clone(), self.config.clone()) {
+            Ok(selection) => selection,
+            Err(e) => return (Err(SelectError::Input(e)), SelectionStats::default()),
+        };
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut guard = HeldGuard {
+            locks: self.locks.clone(),
+            consumer: request.consumer.clone(),
+            held: Vec::new(),
+        };
+        let mut action = selection.start(&mut rng);
+        let outcome = loop {
+            guard.held = selection.held();
+            action = match action {
+                Action::Fetch(fetch) => {
+                    let query = CandidateQuery {
+                        wallet: request.wallet.clone(),
+                        token_type: request.token_type.clone(),
+                        after: fetch.after,
+                        limit: fetch.limit,
+                    };
+                    let page = self.tokens.candidates(&query).await.map_err(failure);
+                    selection.on_candidates(page, &mut rng)
+                }
+                Action::Claim(tokens) => {
+                    let verdicts = self.claim(&request.consumer, &tokens).await;
+                    selection.on_claim(verdicts, &mut rng)
+                }
+                Action::CheckBalance => {
+                    let balance = self
+                        .tokens
+                        .balance(&request.wallet, &request.token_type)
+                        .await
+                        .map_err(failure);
+                    selection.on_balance(balance, &mut rng)
+                }
+                Action::Release(tokens) => {
+                    let released = self
+                        .locks
+                        .release_tokens(&request.consumer, &tokens)
+                        .await
+                        .map(drop)
+                        .map_err(failure);
+                    selection.on_released(released, &mut rng)
+                }
+                Action::Backoff(delay) => {
+                    tracing::debug!(leg = selection.leg(), ?delay, "funds locked; backing off");
+                    tokio::time::sleep(delay).await;
+                    selection.on_backoff_elapsed(&mut rng)
+                }
+                Action::Done(outcome) => break outcome,
+            };
+        };
+        // What is still held beyond the answer: tokens whose release failed. One
+        // more attempt; the lease sweep is the backstop.
+        let keep: Vec<TokenId> = match &outcome {
+            Ok(selected) => selected.tokens.clone(),
+            Err(_) => Vec::new(),
+        };
+        let leftover: Vec<TokenId> = selection
+            .held()
+            .into_iter()
+            .filter(|t| !keep.contains(t))
+            .collect();
+        guard.held = leftover.clone();
+        if !leftover.is_empty() {
+            match self
+                .locks
+                .release_tokens(&request.consumer, &leftover)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    tokens = leftover.len(),
+                    error = %e,
+                    "could not release this call's leftover locks; the lease sweep will"
+                ),
+            }
+        }
+        guard.held.clear();
+        let stats = selection.stats().clone();
+        (outcome.map_err(SelectError::from), stats)
+    }
+
+    async fn claim(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+    ) -> Result<Vec<(TokenId, ClaimVerdict)>, StoreFailure> {
+        let at = self.clock.now();
+        match tokens {
+            [single] => self
+                .locks
+                .claim(consumer, single, at)
+                .await
+                .map(|verdict| vec![(single.clone(), verdict)])
+                .map_err(failure),
+            many => self
+                .locks
+                .claim_window(consumer, many, at)
+                .await
+                .map_err(failure),
+        }
+    }
+}
+
+fn failure(e: impl std::fmt::Display) -> StoreFailure {
+    StoreFailure::new(e.to_string())
+}
+
+/// Releases what a select call holds if the call is dropped before it finished.
+struct HeldGuard {
+    locks: Arc<dyn LockStore>,
+    consumer: TxId,
+    held: Vec<TokenId>,
+}
+
+impl Drop for HeldGuard {
+    fn drop(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let tokens = std::mem::take(&mut self.held);
+        let consumer = self.consumer.clone();
+        let locks = self.locks.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                tracing::debug!(%consumer, tokens = tokens.len(), "select cancelled; releasing its locks");
+                runtime.spawn(async move {
+                    match locks.release_tokens(&consumer, &tokens).await {
+                        Ok(released) => {
+                            metrics::counter!(m::LOCKS_RELEASED, "reason" => "cancelled")
+                                .increment(released);
+                        }
+                        Err(e) => tracing::warn!(
+                            %consumer,
+                            tokens = tokens.len(),
+                            error = %e,
+                            "could not release a cancelled select's locks; the lease sweep will"
+                        ),
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                %consumer,
+                tokens = tokens.len(),
+                "select dropped outside a tokio runtime; its locks are left to the lease sweep"
+            ),
+        }
+    }
+}

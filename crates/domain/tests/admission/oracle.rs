@@ -16,14 +16,14 @@ pub struct AnonymousCount;
 fn count_write(row: &QueueRow, label: &'static str, count: u32) -> Act {
     let mut next = row.clone();
     next.count = count;
-    Act::Write(HWrite {
+    Act::Write(Box::new(HWrite {
         label,
         target: Target::Queue {
             expected: row.queue.version,
             row: next,
         },
         domain: None,
-    })
+    }))
 }
 
 fn state_write(view: &View<'_>, label: &'static str, state: RequestState) -> Act {
@@ -36,14 +36,14 @@ fn state_write(view: &View<'_>, label: &'static str, state: RequestState) -> Act
             base: None,
         });
     }
-    Act::Write(HWrite {
+    Act::Write(Box::new(HWrite {
         label,
         target: Target::Request {
             expected: request.version,
             request: next,
         },
         domain: None,
-    })
+    }))
 }
 
 impl Design for AnonymousCount {

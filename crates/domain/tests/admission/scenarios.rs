@@ -664,9 +664,9 @@ fn s27_backfill_from_anonymous_count_yields_the_processing_owner() {
     else {
         panic!("{decision:?}");
     };
-    assert_eq!(added, [a.clone()]);
+    assert_eq!(added, std::slice::from_ref(&a));
     assert_eq!(expected, queue.version);
-    assert_eq!(next.owners.iter().cloned().collect::<Vec<_>>(), [a.clone()]);
+    assert!(next.owners.iter().eq([&a]));
     w.store.queue.as_mut().unwrap().queue = next.clone();
     w.resync_ghost();
     w.tolerated.clear();
@@ -703,6 +703,38 @@ fn s28_reconcile_prunes_a_terminal_owner_and_the_head_is_admitted() {
     assert_eq!(w.applied("prune"), 1);
     assert_eq!(w.owners(), [b.seq()]);
     assert!(w.tolerated.is_empty());
+    clean(&w);
+    drained(&mut w);
+}
+
+/// Not in the list: the race the fence closes. A delivery that loaded the
+/// request while it owned the slot and was the head must not mark it processing
+/// after another delivery released that slot because a newer head arrived.
+#[test]
+fn fence_stops_a_stale_mark_after_a_release_for_supersede() {
+    let mut w = world(1);
+    let a = w.ingest("a");
+    let d = w.take(Msg::Process(a.clone()));
+    w.run_until_applied(d, "claim");
+    w.crash(d);
+    let stale = w.start(Msg::Process(a.clone()));
+    w.step(stale);
+    w.step(stale);
+    let b = w.ingest("b");
+    let fresh = w.take(Msg::Process(a.clone()));
+    assert_eq!(w.run(fresh), End::Reply(Reply::Ack));
+    assert_eq!(w.state(&a), RequestState::Superseded);
+    let lost = w.step(stale).unwrap();
+    assert_eq!(
+        lost,
+        crate::model::StepResult::Wrote {
+            label: "mark",
+            applied: false
+        }
+    );
+    assert_eq!(w.run(stale), End::Reply(Reply::Ack));
+    assert_eq!(w.state(&a), RequestState::Superseded);
+    assert!(is_publish(&w.process(&b)));
     clean(&w);
     drained(&mut w);
 }

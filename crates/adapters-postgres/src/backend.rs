@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use holdfast_ports::{StoreFault, Stores};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
 
 use crate::error::{ConnectError, fault, redact_url, scrub};
 use crate::options::{LockStrategy, PgOptions};
@@ -80,6 +81,21 @@ impl PgBackend {
             detail,
         };
 
+        // Probe with one direct connection first: a pool would retry a refused
+        // connection until its timeout and hide the reason.
+        match tokio::time::timeout(timeout, PgConnection::connect_with(&connect_options)).await {
+            Err(_) => return Err(timeout_error("no answer".to_owned())),
+            Ok(Err(e)) => {
+                return Err(ConnectError::Unavailable {
+                    url: shown,
+                    detail: clean(e.to_string()),
+                });
+            }
+            // Closing the probe politely is best effort; the server cleans up anyway.
+            Ok(Ok(probe)) => {
+                let _ = probe.close().await;
+            }
+        }
         // Migrate through a dedicated one-connection pool: closing it closes the
         // connection, which releases the migration lock even if a migration failed.
         let migrating = PgPoolOptions::new()
@@ -87,19 +103,6 @@ impl PgBackend {
             .acquire_timeout(timeout)
             .test_before_acquire(false)
             .connect_lazy_with(connect_options.clone());
-        match tokio::time::timeout(timeout, migrating.acquire()).await {
-            Err(_) => return Err(timeout_error("no answer".to_owned())),
-            Ok(Err(sqlx::Error::PoolTimedOut)) => {
-                return Err(timeout_error("no connection".to_owned()));
-            }
-            Ok(Err(e)) => {
-                return Err(ConnectError::Unavailable {
-                    url: shown,
-                    detail: clean(e.to_string()),
-                });
-            }
-            Ok(Ok(conn)) => drop(conn),
-        }
         let migrated = schema::migrator().run(&migrating).await;
         migrating.close().await;
         migrated.map_err(|e| ConnectError::Migration {

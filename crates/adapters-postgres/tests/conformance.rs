@@ -14,9 +14,10 @@ use support::TestDb;
 struct Postgres(LockStrategy);
 
 struct Database {
-    db: TestDb,
     first: PgBackend,
     strategy: LockStrategy,
+    // Declared last: dropped after the backend, it drops the database.
+    db: TestDb,
 }
 
 #[async_trait]
@@ -37,9 +38,9 @@ impl Backend for Postgres {
         let db = TestDb::create_on(&admin, &format!("conformance/{}", self.0)).await;
         let first = db.backend(self.0, 4).await;
         Ok(Box::new(Database {
-            db,
             first,
             strategy: self.0,
+            db,
         }))
     }
 

@@ -170,13 +170,3 @@ impl Drop for TestDb {
         }
     }
 }
-
-#[test]
-fn with_database_replaces_only_the_path() {
-    assert_eq!(
-        with_database("postgres://u:p@h:5432/postgres?sslmode=disable", "t1"),
-        "postgres://u:p@h:5432/t1?sslmode=disable"
-    );
-    assert_eq!(with_database("postgres://h", "t2"), "postgres://h/t2");
-    assert_eq!(with_database("postgres://h/db", "t3"), "postgres://h/t3");
-}

@@ -233,7 +233,9 @@ pub enum ConfigError {
         message: String,
     },
     /// A `HOLDFAST_*` variable that is not a configuration key.
-    #[error("unknown environment variable {var}; expected one of the HOLDFAST_* keys in docs/configuration.md")]
+    #[error(
+        "unknown environment variable {var}; expected one of the HOLDFAST_* keys in docs/configuration.md"
+    )]
     UnknownEnv {
         /// The variable.
         var: String,
@@ -398,7 +400,11 @@ impl Config {
         for (name, o) in &self.admission.queues {
             let prefix = format!("admission.queues.{name:?}");
             QueueName::new(name.as_str()).map_err(|e| {
-                invalid(&prefix, format!("{name:?}"), &format!("a valid queue name ({e})"))
+                invalid(
+                    &prefix,
+                    format!("{name:?}"),
+                    &format!("a valid queue name ({e})"),
+                )
             })?;
             check_admission(
                 &prefix,
@@ -439,6 +445,14 @@ impl Config {
         PersistPolicy {
             max_attempts: self.settlement.persist_max_attempts,
             initial_backoff: Duration::from_millis(self.settlement.persist_initial_backoff_ms),
+        }
+    }
+
+    /// The admission settings of queues without an override.
+    pub fn admission_default(&self) -> AdmissionConfig {
+        AdmissionConfig {
+            max_concurrent: self.admission.max_concurrent,
+            gate_wait_delay: Duration::from_millis(self.admission.gate_wait_delay_ms),
         }
     }
 
@@ -627,50 +641,138 @@ macro_rules! key {
 
 /// Every configuration key, in the order of the reference.
 pub static KEYS: &[KeySpec] = &[
-    key!("db_url", "HOLDFAST_DB", |c| c.db_url,
-        "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`."),
-    key!("connect_timeout_ms", "HOLDFAST_CONNECT_TIMEOUT_MS", |c| c.connect_timeout_ms,
-        "How long to wait for a database connection (1 to 3600000 ms)."),
-    key!("busy_timeout_ms", "HOLDFAST_BUSY_TIMEOUT_MS", |c| c.busy_timeout_ms,
-        "SQLite: how long a statement waits for another writer before failing as busy (1 to 3600000 ms)."),
-    key!("pg_lock_strategy", "HOLDFAST_PG_LOCK_STRATEGY", |c| c.pg_lock_strategy,
-        "PostgreSQL: how a claim loses a race: `insert`, `on_conflict` or `skip_locked`."),
-    key!("seed", "HOLDFAST_SEED", |c| c.seed,
-        "Seed of the selection randomness, so runs replay; unset seeds from the OS."),
-    key!("precision", "HOLDFAST_PRECISION", |c| c.precision,
-        "Bits of token quantities (1 to 128); larger amounts are refused."),
-    key!("selection.sufficiency_window", "HOLDFAST_SUFFICIENCY_WINDOW", |c| c.selection.sufficiency_window,
-        "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256)."),
-    key!("selection.max_sufficiency_ratio", "HOLDFAST_MAX_SUFFICIENCY_RATIO", |c| c.selection.max_sufficiency_ratio,
-        "A window member is at most this many times the anchor (at least 1)."),
-    key!("selection.batch_window", "HOLDFAST_BATCH_WINDOW", |c| c.selection.batch_window,
-        "The most tokens one claim names in one round trip (1 to 256)."),
-    key!("selection.page_size", "HOLDFAST_PAGE_SIZE", |c| c.selection.page_size,
-        "Candidates per fetch (1 to 10000)."),
-    key!("selection.max_immediate_retries", "HOLDFAST_MAX_IMMEDIATE_RETRIES", |c| c.selection.max_immediate_retries,
-        "Refetches without a won lock in one leg before it ends (0 to 1000)."),
-    key!("selection.max_retries", "HOLDFAST_MAX_RETRIES", |c| c.selection.max_retries,
-        "Legs of one select, the first included; then FundsLocked (1 to 1000)."),
-    key!("selection.retry_interval_ms", "HOLDFAST_RETRY_INTERVAL_MS", |c| c.selection.retry_interval_ms,
-        "Backoff between legs is uniform in [0, this) (1 to 3600000 ms)."),
-    key!("selection.blacklist", "HOLDFAST_BLACKLIST", |c| c.selection.blacklist,
-        "Skip tokens that lost a race or were stale for the rest of a select."),
-    key!("selection.ascending", "HOLDFAST_ASCENDING", |c| c.selection.ascending,
-        "Scan candidates smallest first (false only to measure what ordering buys)."),
-    key!("lease.lease_expiry_ms", "HOLDFAST_LEASE_EXPIRY_MS", |c| c.lease.lease_expiry_ms,
-        "The sweeper deletes locks older than this (more than 0 ms)."),
-    key!("lease.cleanup_period_ms", "HOLDFAST_CLEANUP_PERIOD_MS", |c| c.lease.cleanup_period_ms,
-        "How often the lease sweeper runs (more than 0 ms)."),
-    key!("settlement.persist_max_attempts", "HOLDFAST_PERSIST_MAX_ATTEMPTS", |c| c.settlement.persist_max_attempts,
-        "Attempts to record a final status; when exhausted the locks are released anyway, once (at least 1)."),
-    key!("settlement.persist_initial_backoff_ms", "HOLDFAST_PERSIST_INITIAL_BACKOFF_MS", |c| c.settlement.persist_initial_backoff_ms,
-        "Backoff after the first failed status write, doubling per attempt (0 to 3600000 ms)."),
-    key!("admission.max_concurrent", "HOLDFAST_MAX_CONCURRENT", |c| c.admission.max_concurrent,
-        "Build slots per queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1)."),
-    key!("admission.gate_wait_delay_ms", "HOLDFAST_GATE_WAIT_DELAY_MS", |c| c.admission.gate_wait_delay_ms,
-        "How long a request is held when the gate is closed, unless overridden per queue (1 to 3600000 ms)."),
-    key!("admission.max_conflicts", "HOLDFAST_MAX_CONFLICTS", |c| c.admission.max_conflicts,
-        "Compare-and-set conflicts one admission step reloads after before failing (at least 1)."),
+    key!(
+        "db_url",
+        "HOLDFAST_DB",
+        |c| c.db_url,
+        "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`."
+    ),
+    key!(
+        "connect_timeout_ms",
+        "HOLDFAST_CONNECT_TIMEOUT_MS",
+        |c| c.connect_timeout_ms,
+        "How long to wait for a database connection (1 to 3600000 ms)."
+    ),
+    key!(
+        "busy_timeout_ms",
+        "HOLDFAST_BUSY_TIMEOUT_MS",
+        |c| c.busy_timeout_ms,
+        "SQLite: how long a statement waits for another writer before failing as busy (1 to 3600000 ms)."
+    ),
+    key!(
+        "pg_lock_strategy",
+        "HOLDFAST_PG_LOCK_STRATEGY",
+        |c| c.pg_lock_strategy,
+        "PostgreSQL: how a claim loses a race: `insert`, `on_conflict` or `skip_locked`."
+    ),
+    key!(
+        "seed",
+        "HOLDFAST_SEED",
+        |c| c.seed,
+        "Seed of the selection randomness, so runs replay; unset seeds from the OS."
+    ),
+    key!(
+        "precision",
+        "HOLDFAST_PRECISION",
+        |c| c.precision,
+        "Bits of token quantities (1 to 128); larger amounts are refused."
+    ),
+    key!(
+        "selection.sufficiency_window",
+        "HOLDFAST_SUFFICIENCY_WINDOW",
+        |c| c.selection.sufficiency_window,
+        "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256)."
+    ),
+    key!(
+        "selection.max_sufficiency_ratio",
+        "HOLDFAST_MAX_SUFFICIENCY_RATIO",
+        |c| c.selection.max_sufficiency_ratio,
+        "A window member is at most this many times the anchor (at least 1)."
+    ),
+    key!(
+        "selection.batch_window",
+        "HOLDFAST_BATCH_WINDOW",
+        |c| c.selection.batch_window,
+        "The most tokens one claim names in one round trip (1 to 256)."
+    ),
+    key!(
+        "selection.page_size",
+        "HOLDFAST_PAGE_SIZE",
+        |c| c.selection.page_size,
+        "Candidates per fetch (1 to 10000)."
+    ),
+    key!(
+        "selection.max_immediate_retries",
+        "HOLDFAST_MAX_IMMEDIATE_RETRIES",
+        |c| c.selection.max_immediate_retries,
+        "Refetches without a won lock in one leg before it ends (0 to 1000)."
+    ),
+    key!(
+        "selection.max_retries",
+        "HOLDFAST_MAX_RETRIES",
+        |c| c.selection.max_retries,
+        "Legs of one select, the first included; then FundsLocked (1 to 1000)."
+    ),
+    key!(
+        "selection.retry_interval_ms",
+        "HOLDFAST_RETRY_INTERVAL_MS",
+        |c| c.selection.retry_interval_ms,
+        "Backoff between legs is uniform in [0, this) (1 to 3600000 ms)."
+    ),
+    key!(
+        "selection.blacklist",
+        "HOLDFAST_BLACKLIST",
+        |c| c.selection.blacklist,
+        "Skip tokens that lost a race or were stale for the rest of a select."
+    ),
+    key!(
+        "selection.ascending",
+        "HOLDFAST_ASCENDING",
+        |c| c.selection.ascending,
+        "Scan candidates smallest first (false only to measure what ordering buys)."
+    ),
+    key!(
+        "lease.lease_expiry_ms",
+        "HOLDFAST_LEASE_EXPIRY_MS",
+        |c| c.lease.lease_expiry_ms,
+        "The sweeper deletes locks older than this (more than 0 ms)."
+    ),
+    key!(
+        "lease.cleanup_period_ms",
+        "HOLDFAST_CLEANUP_PERIOD_MS",
+        |c| c.lease.cleanup_period_ms,
+        "How often the lease sweeper runs (more than 0 ms)."
+    ),
+    key!(
+        "settlement.persist_max_attempts",
+        "HOLDFAST_PERSIST_MAX_ATTEMPTS",
+        |c| c.settlement.persist_max_attempts,
+        "Attempts to record a final status; when exhausted the locks are released anyway, once (at least 1)."
+    ),
+    key!(
+        "settlement.persist_initial_backoff_ms",
+        "HOLDFAST_PERSIST_INITIAL_BACKOFF_MS",
+        |c| c.settlement.persist_initial_backoff_ms,
+        "Backoff after the first failed status write, doubling per attempt (0 to 3600000 ms)."
+    ),
+    key!(
+        "admission.max_concurrent",
+        "HOLDFAST_MAX_CONCURRENT",
+        |c| c.admission.max_concurrent,
+        "Build slots per queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1)."
+    ),
+    key!(
+        "admission.gate_wait_delay_ms",
+        "HOLDFAST_GATE_WAIT_DELAY_MS",
+        |c| c.admission.gate_wait_delay_ms,
+        "How long a request is held when the gate is closed, unless overridden per queue (1 to 3600000 ms)."
+    ),
+    key!(
+        "admission.max_conflicts",
+        "HOLDFAST_MAX_CONFLICTS",
+        |c| c.admission.max_conflicts,
+        "Compare-and-set conflicts one admission step reloads after before failing (at least 1)."
+    ),
 ];
 
 /// The configuration reference (`docs/configuration.md`), generated from [`KEYS`]

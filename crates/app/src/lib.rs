@@ -3,13 +3,24 @@
 //! - [`config`]: the one [`Config`] struct, from TOML and `HOLDFAST_*` variables.
 //! - [`clock`]: [`SystemClock`], the wall clock as the `Clock` port.
 //! - [`selector`]: [`TokenSelector`], token selection with stubborn legs.
+//! - [`settlement`]: [`Settlement`], the lock lifecycle on status reports and at start-up.
+//! - [`sweeper`]: [`LeaseSweeper`], the background lease sweep.
+//! - [`admission`]: [`Admission`], build-slot admission against the queue store.
 //! - [`metrics`]: the metrics table and `docs/metrics.md`.
 
+pub mod admission;
 pub mod clock;
 pub mod config;
 pub mod metrics;
 pub mod selector;
+pub mod settlement;
+pub mod sweeper;
 
 pub use clock::SystemClock;
 pub use config::{Config, ConfigError};
+pub use admission::{
+    AdmissionPolicy, AdmitError, Admission, Ancestry, AncestryError, Ingest, NoAncestry,
+};
 pub use selector::{SelectError, SelectReport, TokenSelector};
+pub use settlement::{Recovery, SettleError, Settled, Settlement};
+pub use sweeper::{LeaseSweeper, SweepTotals, SweeperHandle, sweep_once};

@@ -244,10 +244,7 @@ pub static METRICS: &[MetricDef] = &[
                 "step",
                 "ingest, process, outcome, dead_letter, reconcile, backfill",
             ),
-            (
-                "reply",
-                "ack, hold, retry, dead_letter, publish, error",
-            ),
+            ("reply", "ack, hold, retry, dead_letter, publish, error"),
         ],
     },
     MetricDef {

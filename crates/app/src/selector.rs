@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use holdfast_domain::{
     Action, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
-    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
-    TokenId, TokenType, TxId, WalletId,
+    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure, TokenId,
+    TokenType, TxId, WalletId,
 };
 use holdfast_ports::{CandidateQuery, Clock, LockStore, Stores, TokenStore};
 use rand::rngs::StdRng;

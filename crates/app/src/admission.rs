@@ -1,0 +1,499 @@
+//! The admission service: executes the domain's build-slot admission decisions
+//! ([`holdfast_domain::admission`]) against the [`QueueStore`] (DESIGN §3).
+//!
+//! Every step loops: load (the request first, then its queue), decide, and either
+//! load what the decision needs (owner requests, an ancestry answer), attempt its
+//! one compare-and-set write and reload (whether it applied or conflicted), or
+//! return its [`Reply`]: what the caller does with the message (publish the build
+//! with its plan, hold it for a delay, ack, retry, dead-letter). Conflicts are
+//! bounded per step ([`AdmissionPolicy::max_conflicts`]); past the bound the step
+//! fails with [`AdmitError::Conflicts`] and the caller retries the message later.
+//! A store error fails the step with [`AdmitError::Store`]: retry the message,
+//! never compensate — every step is safe to redeliver.
+//!
+//! Ancestry (is the last green revision an ancestor of the request's revision?) is
+//! injected as an [`Ancestry`]. [`NoAncestry`], the default of the command and the
+//! demo, answers "not an ancestor", so every build is a full build.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use holdfast_domain::admission::{
+    self as rules, DeadLetterReason, LoadedRequests, QueueWrite, RequestWrite,
+};
+use holdfast_domain::{
+    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Need, ProcessInput,
+    ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Write,
+};
+use holdfast_ports::{CasOutcome, QueueStore, QueueStoreError};
+use tracing::Instrument;
+
+use crate::config::Config;
+use crate::metrics as m;
+
+/// Why an ancestry source could not say yes or no.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AncestryError {
+    /// One of the revisions is unknown to the source: the build is a full build.
+    #[error("revision not found: {0}")]
+    NotFound(String),
+    /// The source failed: the message is retried and nothing is claimed.
+    #[error("ancestry source failed: {0}")]
+    Failed(String),
+}
+
+/// Answers whether one revision is an ancestor of another (for example by asking
+/// the version control system).
+#[async_trait]
+pub trait Ancestry: Send + Sync {
+    /// Whether `ancestor` is an ancestor of `of`.
+    async fn is_ancestor(
+        &self,
+        ancestor: &RevisionUri,
+        of: &RevisionUri,
+    ) -> Result<bool, AncestryError>;
+}
+
+/// An ancestry source that knows no history: never an ancestor, so every build is
+/// a full build. The default of the command and the demo.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoAncestry;
+
+#[async_trait]
+impl Ancestry for NoAncestry {
+    async fn is_ancestor(
+        &self,
+        _ancestor: &RevisionUri,
+        _of: &RevisionUri,
+    ) -> Result<bool, AncestryError> {
+        Ok(false)
+    }
+}
+
+/// The admission settings of every queue, and the conflict bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionPolicy {
+    /// Settings of queues without an override.
+    pub default: AdmissionConfig,
+    /// Per-queue overrides.
+    pub queues: BTreeMap<QueueName, AdmissionConfig>,
+    /// Compare-and-set conflicts one step reloads after before failing (default 32).
+    pub max_conflicts: u32,
+}
+
+impl Default for AdmissionPolicy {
+    fn default() -> Self {
+        AdmissionPolicy {
+            default: AdmissionConfig::default(),
+            queues: BTreeMap::new(),
+            max_conflicts: 32,
+        }
+    }
+}
+
+impl AdmissionPolicy {
+    /// The policy of a validated [`Config`] (queue names that do not parse, which
+    /// [`Config::validate`] refuses, are skipped).
+    pub fn from_config(config: &Config) -> Self {
+        let queues = config
+            .admission
+            .queues
+            .keys()
+            .filter_map(|name| QueueName::new(name.as_str()).ok())
+            .map(|name| {
+                let settings = config.admission_for(&name);
+                (name, settings)
+            })
+            .collect();
+        AdmissionPolicy {
+            default: config.admission_default(),
+            queues,
+            max_conflicts: config.admission.max_conflicts,
+        }
+    }
+
+    /// The settings of `queue`.
+    pub fn for_queue(&self, queue: &QueueName) -> AdmissionConfig {
+        self.queues.get(queue).copied().unwrap_or(self.default)
+    }
+}
+
+/// Why an admission step failed. Retrying the message is always safe.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// The queue store failed; the outcome of the last write is unknown.
+    #[error("admission {step} of {subject}: queue store: {source}")]
+    Store {
+        /// The step.
+        step: &'static str,
+        /// The request or queue.
+        subject: String,
+        /// The store error.
+        source: QueueStoreError,
+    },
+    /// More compare-and-set conflicts than the bound: heavy contention on the queue.
+    #[error(
+        "admission {step} of {subject}: {conflicts} compare-and-set conflicts; expected at most {max} (retry later)"
+    )]
+    Conflicts {
+        /// The step.
+        step: &'static str,
+        /// The request or queue.
+        subject: String,
+        /// Conflicts met.
+        conflicts: u32,
+        /// The bound.
+        max: u32,
+    },
+    /// The step kept writing or asking without reaching a reply (a guard against a
+    /// rule bug; it never happens with consistent rules).
+    #[error(
+        "admission {step} of {subject}: no reply after {rounds} rounds; expected at most {max}"
+    )]
+    Runaway {
+        /// The step.
+        step: &'static str,
+        /// The request or queue.
+        subject: String,
+        /// Decisions taken.
+        rounds: u32,
+        /// The bound.
+        max: u32,
+    },
+}
+
+/// The result of ingesting a revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ingest {
+    /// The request (new, or the existing one for this queue and uri).
+    pub request: Request,
+    /// Whether this call created it.
+    pub created: bool,
+    /// What to do next: after [`Reply::Ack`], publish the process message of the
+    /// request.
+    pub reply: Reply,
+}
+
+/// Applied writes and decisions beyond which a step is a runaway.
+const MAX_ROUNDS: u32 = 64;
+
+/// What a step loads at the start of each round.
+enum Load<'a> {
+    /// The request, then its queue.
+    Request(&'a RequestId),
+    /// A queue alone.
+    Queue(&'a QueueName),
+}
+
+/// Everything a step has loaded so far.
+#[derive(Default)]
+struct Loaded {
+    request: Option<Request>,
+    queue: Option<Queue>,
+    owners: LoadedRequests,
+    ancestry: Option<AncestryFact>,
+    memo: ProcessMemo,
+}
+
+/// Build-slot admission over a queue store.
+pub struct Admission {
+    queues: Arc<dyn QueueStore>,
+    ancestry: Arc<dyn Ancestry>,
+    policy: AdmissionPolicy,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// Admission over `queues` with `ancestry` and `policy`.
+    pub fn new(
+        queues: Arc<dyn QueueStore>,
+        ancestry: Arc<dyn Ancestry>,
+        policy: AdmissionPolicy,
+    ) -> Self {
+        Admission {
+            queues,
+            ancestry,
+            policy,
+        }
+    }
+
+    /// The policy in use.
+    pub fn policy(&self) -> &AdmissionPolicy {
+        &self.policy
+    }
+
+    /// Ingests `uri` into `queue` (creating the queue if needed; deduplicated on
+    /// queue and uri) and stamps it as the queue's latest head if it is newer.
+    pub async fn ingest(&self, queue: &QueueName, uri: &RevisionUri) -> Result<Ingest, AdmitError> {
+        let span =
+            tracing::info_span!("admission_ingest", %queue, %uri, request = tracing::field::Empty);
+        async {
+            let ingested = self
+                .queues
+                .create_request(queue, uri)
+                .await
+                .map_err(|source| AdmitError::Store {
+                    step: "ingest",
+                    subject: queue.to_string(),
+                    source,
+                })?;
+            tracing::Span::current()
+                .record("request", tracing::field::display(&ingested.request.id));
+            let id = ingested.request.id.clone();
+            let reply = self
+                .drive("ingest", Load::Request(&id), |l| match &l.request {
+                    Some(request) => rules::decide_ingest(request, l.queue.as_ref()),
+                    None => Decision::Reply(Reply::DeadLetter(DeadLetterReason::RequestMissing(
+                        id.clone(),
+                    ))),
+                })
+                .await?;
+            Ok(Ingest {
+                request: ingested.request,
+                created: ingested.created,
+                reply,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Processes (admits) a request: supersede, resume, gate, claim, mark
+    /// processing; [`Reply::Publish`] when the build is to be published.
+    pub async fn process(&self, id: &RequestId) -> Result<Reply, AdmitError> {
+        let span = tracing::info_span!("admission_process", request = %id);
+        let config = self.policy.for_queue(id.queue());
+        metrics::gauge!(m::ADMISSION_SLOT_CAPACITY, "queue" => id.queue().to_string())
+            .set(f64::from(config.max_concurrent));
+        self.drive("process", Load::Request(id), |l| {
+            rules::decide_process(
+                &config,
+                &ProcessInput {
+                    id,
+                    request: l.request.as_ref(),
+                    queue: l.queue.as_ref(),
+                    owners: &l.owners,
+                    ancestry: l.ancestry.as_ref(),
+                    memo: &l.memo,
+                },
+            )
+        })
+        .instrument(span)
+        .await
+    }
+
+    /// Records a build outcome: releases the request's slot, then writes its
+    /// terminal state.
+    pub async fn outcome(
+        &self,
+        id: &RequestId,
+        outcome: BuildOutcome,
+    ) -> Result<Reply, AdmitError> {
+        let span = tracing::info_span!("admission_outcome", request = %id, outcome = ?outcome);
+        self.drive("outcome", Load::Request(id), |l| {
+            rules::decide_outcome(l.request.as_ref(), l.queue.as_ref(), outcome)
+        })
+        .instrument(span)
+        .await
+    }
+
+    /// Dead-letters a request: releases its slot, then marks it failed (unless it
+    /// is terminal already).
+    pub async fn dead_letter(&self, id: &RequestId) -> Result<Reply, AdmitError> {
+        let span = tracing::info_span!("admission_dead_letter", request = %id);
+        self.drive("dead_letter", Load::Request(id), |l| {
+            rules::decide_dead_letter(l.request.as_ref(), l.queue.as_ref())
+        })
+        .instrument(span)
+        .await
+    }
+
+    /// Prunes slot owners whose request is terminal or missing. A missing queue
+    /// has nothing to reconcile ([`Reply::Ack`]).
+    pub async fn reconcile(&self, queue: &QueueName) -> Result<Reply, AdmitError> {
+        let span = tracing::info_span!("admission_reconcile", %queue);
+        self.drive("reconcile", Load::Queue(queue), |l| match &l.queue {
+            Some(q) => rules::decide_reconcile(q, &l.owners),
+            None => Decision::Reply(Reply::Ack),
+        })
+        .instrument(span)
+        .await
+    }
+
+    /// The load -> decide -> write loop shared by every step.
+    async fn drive(
+        &self,
+        step: &'static str,
+        load: Load<'_>,
+        decide: impl Fn(&Loaded) -> Decision,
+    ) -> Result<Reply, AdmitError> {
+        let subject = match &load {
+            Load::Request(id) => id.to_string(),
+            Load::Queue(name) => name.to_string(),
+        };
+        let result = self.rounds(step, &subject, &load, decide).await;
+        match &result {
+            Ok(reply) => {
+                metrics::counter!(m::ADMISSION_REPLIES, "step" => step, "reply" => reply_label(reply))
+                    .increment(1);
+                tracing::debug!(reply = reply_label(reply), "admission step answered");
+            }
+            Err(e) => {
+                let kind = match e {
+                    AdmitError::Store { .. } => "store",
+                    AdmitError::Conflicts { .. } | AdmitError::Runaway { .. } => "conflicts",
+                };
+                metrics::counter!(m::ADMISSION_ERRORS, "step" => step, "kind" => kind).increment(1);
+                tracing::warn!(error = %e, "admission step failed");
+            }
+        }
+        result
+    }
+
+    async fn rounds(
+        &self,
+        step: &'static str,
+        subject: &str,
+        load: &Load<'_>,
+        decide: impl Fn(&Loaded) -> Decision,
+    ) -> Result<Reply, AdmitError> {
+        let store = |source| AdmitError::Store {
+            step,
+            subject: subject.to_owned(),
+            source,
+        };
+        let mut loaded = Loaded::default();
+        let mut conflicts = 0u32;
+        let mut rounds = 0u32;
+        loop {
+            match load {
+                Load::Request(id) => {
+                    loaded.request = self.queues.load_request(id).await.map_err(store)?;
+                    loaded.queue = self.queues.load_queue(id.queue()).await.map_err(store)?;
+                }
+                Load::Queue(name) => {
+                    loaded.queue = self.queues.load_queue(name).await.map_err(store)?;
+                }
+            }
+            if let Some(queue) = &loaded.queue {
+                let owners = u32::try_from(queue.owners.len()).unwrap_or(u32::MAX);
+                metrics::gauge!(m::ADMISSION_SLOT_OWNERS, "queue" => queue.name.to_string())
+                    .set(f64::from(owners));
+            }
+            let write = loop {
+                rounds += 1;
+                if rounds > MAX_ROUNDS {
+                    return Err(AdmitError::Runaway {
+                        step,
+                        subject: subject.to_owned(),
+                        rounds,
+                        max: MAX_ROUNDS,
+                    });
+                }
+                match decide(&loaded) {
+                    Decision::Reply(reply) => return Ok(reply),
+                    Decision::Need(need) => self.fulfil(need, &mut loaded).await.map_err(store)?,
+                    Decision::Write(write) => break write,
+                }
+            };
+            let outcome = match &write {
+                Write::Queue {
+                    expected, queue, ..
+                } => self.queues.cas_queue(*expected, queue).await,
+                Write::Request {
+                    expected, request, ..
+                } => self.queues.cas_request(*expected, request).await,
+            }
+            .map_err(store)?;
+            let applied = outcome == CasOutcome::Applied;
+            metrics::counter!(
+                m::ADMISSION_WRITES,
+                "write" => write_label(&write),
+                "result" => if applied { "applied" } else { "conflict" }
+            )
+            .increment(1);
+            tracing::debug!(write = write_label(&write), applied, "admission write");
+            if applied {
+                loaded.memo.record_applied(&write);
+            } else {
+                conflicts += 1;
+                if conflicts > self.policy.max_conflicts {
+                    return Err(AdmitError::Conflicts {
+                        step,
+                        subject: subject.to_owned(),
+                        conflicts,
+                        max: self.policy.max_conflicts,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn fulfil(&self, need: Need, loaded: &mut Loaded) -> Result<(), QueueStoreError> {
+        match need {
+            Need::Requests(ids) => {
+                for id in ids {
+                    let request = self.queues.load_request(&id).await?;
+                    loaded.owners.insert(id, request);
+                }
+            }
+            Need::Ancestry {
+                ancestor,
+                descendant,
+            } => {
+                let answer = match self.ancestry.is_ancestor(&ancestor, &descendant).await {
+                    Ok(true) => AncestryAnswer::Ancestor,
+                    Ok(false) => AncestryAnswer::NotAncestor,
+                    Err(AncestryError::NotFound(_)) => AncestryAnswer::NotFound,
+                    Err(AncestryError::Failed(reason)) => AncestryAnswer::Failed(reason),
+                };
+                loaded.ancestry = Some(AncestryFact {
+                    ancestor,
+                    descendant,
+                    answer,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `reply` metric label.
+pub fn reply_label(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Ack => "ack",
+        Reply::Hold(_) => "hold",
+        Reply::Retry(_) => "retry",
+        Reply::DeadLetter(_) => "dead_letter",
+        Reply::Publish { .. } => "publish",
+        Reply::Error(_) => "error",
+    }
+}
+
+/// The `write` metric label.
+pub fn write_label(write: &Write) -> &'static str {
+    match write {
+        Write::Queue { kind, .. } => match kind {
+            QueueWrite::StampLatest => "stamp_latest",
+            QueueWrite::Claim => "claim",
+            QueueWrite::Release => "release",
+            QueueWrite::Prune { .. } => "prune",
+            QueueWrite::Backfill { .. } => "backfill",
+        },
+        Write::Request { kind, .. } => match kind {
+            RequestWrite::Fence => "fence",
+            RequestWrite::Supersede => "supersede",
+            RequestWrite::MarkProcessing => "mark_processing",
+            RequestWrite::Finish(_) => "finish",
+            RequestWrite::Fail => "fail",
+        },
+    }
+}

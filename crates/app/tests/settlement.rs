@@ -1,0 +1,267 @@
+//! Settlement, recovery and the lease sweeper against mocked ports.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TokioClock, stores, tok, tx};
+use holdfast::{LeaseSweeper, Settlement};
+use holdfast_domain::{
+    LeaseConfig, LockAction, PersistPolicy, SettlementStatus, Timestamp, TxStatus,
+};
+use holdfast_ports::{
+    LockInfo, LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore, StatusStoreError,
+    StoreFault, SweepReport,
+};
+use tokio::sync::mpsc;
+
+fn settlement(locks: MockLockStore, statuses: MockTxStatusStore) -> Settlement {
+    Settlement::new(
+        stores(MockTokenStore::new(), locks, statuses),
+        TokioClock::new(),
+        PersistPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_secs(1),
+        },
+    )
+}
+
+fn down() -> StatusStoreError {
+    StatusStoreError::Fault(StoreFault::Unavailable("down".into()))
+}
+
+#[tokio::test]
+async fn busy_unknown_and_unrecognised_statuses_change_nothing() {
+    // Mocks without expectations: any store call fails the test.
+    let s = settlement(MockLockStore::new(), MockTxStatusStore::new());
+    for status in [
+        SettlementStatus::Known(TxStatus::Busy),
+        SettlementStatus::Known(TxStatus::Unknown),
+        SettlementStatus::Unrecognised("42".into()),
+    ] {
+        let settled = s.on_status(&tx("t1"), status.clone()).await.expect("ok");
+        assert_eq!(settled.action, LockAction::Keep, "{status:?}");
+        assert_eq!(settled.recorded, None, "{status:?}");
+        assert_eq!(settled.persist_attempts, 0, "{status:?}");
+    }
+}
+
+#[tokio::test]
+async fn pending_and_orphan_are_recorded_and_keep_the_locks() {
+    let mut statuses = MockTxStatusStore::new();
+    statuses
+        .expect_record_status()
+        .times(2)
+        .returning(|_, _, _| Ok(()));
+    let s = settlement(MockLockStore::new(), statuses);
+    for status in [TxStatus::Pending, TxStatus::Orphan] {
+        let settled = s
+            .on_status(&tx("t1"), SettlementStatus::Known(status))
+            .await
+            .expect("ok");
+        assert_eq!(settled.action, LockAction::Keep);
+        assert_eq!(settled.recorded, Some(status));
+    }
+}
+
+#[tokio::test]
+async fn confirmed_records_then_spends_and_invalid_records_deleted_then_releases() {
+    let mut statuses = MockTxStatusStore::new();
+    statuses
+        .expect_record_status()
+        .withf(|t, s, _| *t == tx("t1") && *s == TxStatus::Confirmed)
+        .times(1)
+        .returning(|_, _, _| Ok(()));
+    statuses
+        .expect_record_status()
+        .withf(|t, s, _| *t == tx("t2") && *s == TxStatus::Deleted)
+        .times(1)
+        .returning(|_, _, _| Ok(()));
+    let mut locks = MockLockStore::new();
+    locks
+        .expect_spend_consumer()
+        .withf(|t, _| *t == tx("t1"))
+        .times(1)
+        .returning(|_, _| Ok(vec![tok("a"), tok("b")]));
+    locks
+        .expect_release_consumer()
+        .withf(|t| *t == tx("t2"))
+        .times(1)
+        .returning(|_| Ok(3));
+    let s = settlement(locks, statuses);
+    let confirmed = s
+        .on_status(&tx("t1"), SettlementStatus::from_code("confirmed"))
+        .await
+        .expect("ok");
+    assert_eq!(confirmed.spent, vec![tok("a"), tok("b")]);
+    assert_eq!(confirmed.recorded, Some(TxStatus::Confirmed));
+    let invalid = s
+        .on_status(&tx("t2"), SettlementStatus::Invalid)
+        .await
+        .expect("ok");
+    assert_eq!(invalid.released, 3);
+    assert_eq!(invalid.recorded, Some(TxStatus::Deleted));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_terminal_status_whose_persistence_is_exhausted_releases_exactly_once() {
+    let mut statuses = MockTxStatusStore::new();
+    statuses
+        .expect_record_status()
+        .times(3)
+        .returning(|_, _, _| Err(down()));
+    let mut locks = MockLockStore::new();
+    locks
+        .expect_release_consumer()
+        .withf(|t| *t == tx("t1"))
+        .times(1)
+        .returning(|_| Ok(2));
+    let s = settlement(locks, statuses);
+    let started = tokio::time::Instant::now();
+    let settled = s
+        .on_status(&tx("t1"), SettlementStatus::Known(TxStatus::Deleted))
+        .await
+        .expect("released despite the status store");
+    assert_eq!(settled.persist_attempts, 3);
+    assert_eq!(settled.action, LockAction::ReleaseAll);
+    assert_eq!(settled.recorded, None);
+    assert_eq!(settled.released, 2);
+    // Backoffs of 1 s then 2 s, on tokio time.
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_persisted_on_retry_releases_once() {
+    let mut statuses = MockTxStatusStore::new();
+    let mut seq = mockall::Sequence::new();
+    statuses
+        .expect_record_status()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_, _, _| Err(down()));
+    statuses
+        .expect_record_status()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_, _, _| Ok(()));
+    let mut locks = MockLockStore::new();
+    locks
+        .expect_spend_consumer()
+        .times(1)
+        .returning(|_, _| Ok(vec![tok("a")]));
+    let s = settlement(locks, statuses);
+    let settled = s
+        .on_status(&tx("t1"), SettlementStatus::Known(TxStatus::Confirmed))
+        .await
+        .expect("ok");
+    assert_eq!(settled.persist_attempts, 2);
+    assert_eq!(settled.recorded, Some(TxStatus::Confirmed));
+}
+
+#[tokio::test]
+async fn a_failed_release_is_an_error_naming_the_tx() {
+    let mut statuses = MockTxStatusStore::new();
+    statuses.expect_record_status().returning(|_, _, _| Ok(()));
+    let mut locks = MockLockStore::new();
+    locks
+        .expect_release_consumer()
+        .returning(|_| Err(LockStoreError::Fault(StoreFault::Busy("busy".into()))));
+    let s = settlement(locks, statuses);
+    let err = s
+        .on_status(&tx("t9"), SettlementStatus::Known(TxStatus::Deleted))
+        .await
+        .expect_err("release failed");
+    assert!(err.to_string().contains("t9"), "{err}");
+}
+
+fn lock(token: &str, consumer: &str, status: Option<TxStatus>) -> LockInfo {
+    LockInfo {
+        token: tok(token),
+        consumer: tx(consumer),
+        created_at: Timestamp::from_millis(1),
+        consumer_status: status,
+    }
+}
+
+#[tokio::test]
+async fn recovery_settles_consumers_whose_recorded_status_releases() {
+    let mut locks = MockLockStore::new();
+    locks.expect_list_locks().times(1).returning(|| {
+        Ok(vec![
+            lock("a", "confirmed", Some(TxStatus::Confirmed)),
+            lock("b", "confirmed", Some(TxStatus::Confirmed)),
+            lock("c", "deleted", Some(TxStatus::Deleted)),
+            lock("d", "pending", Some(TxStatus::Pending)),
+            lock("e", "busy", Some(TxStatus::Busy)),
+            lock("f", "none", None),
+        ])
+    });
+    locks
+        .expect_spend_consumer()
+        .withf(|t, _| *t == tx("confirmed"))
+        .times(1)
+        .returning(|_, _| Ok(vec![tok("a"), tok("b")]));
+    locks
+        .expect_release_consumer()
+        .withf(|t| *t == tx("deleted"))
+        .times(1)
+        .returning(|_| Ok(1));
+    let s = settlement(locks, MockTxStatusStore::new());
+    let report = s.recover().await.expect("recovered");
+    assert_eq!(report.consumers, 5);
+    assert_eq!(report.settled, 2);
+    assert_eq!(report.spent, 2);
+    assert_eq!(report.released, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweeper_sweeps_every_period_with_the_lease_and_shuts_down() {
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let mut locks = MockLockStore::new();
+    let mut calls = 0u32;
+    locks.expect_sweep().returning(move |now, lease| {
+        calls += 1;
+        let _ = seen_tx.send((now, lease));
+        if calls == 2 {
+            return Err(LockStoreError::Fault(StoreFault::Busy("busy".into())));
+        }
+        Ok(SweepReport {
+            leader: true,
+            expired: 1,
+            released_by_status: 2,
+        })
+    });
+    let config = LeaseConfig {
+        lease_expiry: Duration::from_secs(180),
+        cleanup_period: Duration::from_secs(60),
+    };
+    let handle =
+        LeaseSweeper::spawn(std::sync::Arc::new(locks), TokioClock::new(), config).expect("valid");
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let (now, lease) = seen.recv().await.expect("a sweep");
+        assert_eq!(lease, Duration::from_secs(180));
+        times.push(now.as_millis());
+    }
+    assert_eq!(times, vec![1_000_000, 1_060_000, 1_120_000]);
+    let totals = handle.shutdown().await;
+    assert_eq!(totals.runs, 3);
+    assert_eq!(totals.errors, 1);
+    assert_eq!(totals.led, 2);
+    assert_eq!((totals.expired, totals.released_by_status), (2, 4));
+}
+
+#[tokio::test]
+async fn the_sweeper_refuses_a_zero_period() {
+    let config = LeaseConfig {
+        cleanup_period: Duration::ZERO,
+        ..LeaseConfig::default()
+    };
+    let err = LeaseSweeper::spawn(
+        std::sync::Arc::new(MockLockStore::new()),
+        TokioClock::new(),
+        config,
+    )
+    .expect_err("zero period");
+    assert!(err.to_string().contains("cleanup_period"), "{err}");
+}

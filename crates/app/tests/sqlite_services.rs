@@ -1,0 +1,354 @@
+//! The services on a real SQLite backend: concurrent selects across three replicas
+//! of one database file, settlement, the lease sweep and the admission happy path.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast::{
+    Admission, AdmissionPolicy, NoAncestry, Settlement, SystemClock, TokenSelector, sweep_once,
+};
+use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
+use holdfast_domain::{
+    BuildOutcome, BuildStrategy, LeaseConfig, PersistPolicy, Precision, Quantity, QueueName, Reply,
+    RequestState, RevisionUri, SelectionConfig, SettlementStatus, Timestamp, TokenId, TokenType,
+    TxId, TxStatus, WalletId,
+};
+use holdfast_ports::{Clock, NewToken, Stores};
+
+/// A database file removed (with its WAL files) before and after the test.
+struct TempDb(PathBuf);
+
+impl TempDb {
+    fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "holdfast-services-{}-{name}.db",
+            std::process::id()
+        ));
+        let db = TempDb(path);
+        db.remove();
+        db
+    }
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+    fn remove(&self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.0.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A clock fixed at a time, for the sweep.
+struct At(Timestamp);
+
+impl Clock for At {
+    fn now(&self) -> Timestamp {
+        self.0
+    }
+}
+
+fn q(v: u128) -> Quantity {
+    Quantity::new(v, Precision::MAX).expect("quantity")
+}
+
+fn wallet() -> WalletId {
+    WalletId::new("alice").expect("wallet")
+}
+
+fn chf() -> TokenType {
+    TokenType::new("CHF").expect("type")
+}
+
+fn tx(id: &str) -> TxId {
+    TxId::new(id).expect("tx")
+}
+
+async fn fund(stores: &Stores, n: u32, amount: u128) {
+    let tokens: Vec<NewToken> = (0..n)
+        .map(|i| NewToken {
+            id: TokenId::new(tx("funding"), i),
+            wallet: wallet(),
+            token_type: chf(),
+            quantity: q(amount),
+            spendable: true,
+        })
+        .collect();
+    assert_eq!(
+        stores.tokens.add_tokens(&tokens).await.expect("funded"),
+        u64::from(n)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_selects_on_three_replicas_then_settle_and_sweep() {
+    let db = TempDb::new("select");
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let backend = SqliteBackend::open(&db.url(), SqliteOptions::default())
+            .await
+            .expect("open");
+        replicas.push(backend.stores());
+    }
+    fund(&replicas[0], 96, 10).await;
+    let config = SelectionConfig {
+        retry_interval: Duration::from_millis(20),
+        max_retries: 100,
+        ..SelectionConfig::default()
+    };
+    let selectors: Vec<Arc<TokenSelector>> = replicas
+        .iter()
+        .zip(1u64..)
+        .map(|(stores, seed)| {
+            Arc::new(
+                TokenSelector::new(
+                    stores.clone(),
+                    Arc::new(SystemClock),
+                    config.clone(),
+                    Some(seed),
+                )
+                .expect("config"),
+            )
+        })
+        .collect();
+
+    let mut tasks = Vec::new();
+    for i in 0..32usize {
+        let selector = selectors[i % 3].clone();
+        tasks.push(tokio::spawn(async move {
+            let consumer = tx(&format!("spend-{i}"));
+            let report = selector
+                .select_with_stats(&wallet(), &chf(), q(15), &consumer)
+                .await;
+            (consumer, report)
+        }));
+    }
+    let mut held: BTreeMap<TokenId, TxId> = BTreeMap::new();
+    let mut by_consumer: BTreeMap<TxId, Vec<TokenId>> = BTreeMap::new();
+    for task in tasks {
+        let (consumer, report) = task.await.expect("task");
+        let selected = report.result.expect("enough funds for everyone");
+        assert!(selected.total >= q(15));
+        assert_eq!(
+            selected.change,
+            selected.total.checked_sub(q(15)).expect("change")
+        );
+        assert!(report.stats.round_trips() >= 2, "{:?}", report.stats);
+        for token in &selected.tokens {
+            let previous = held.insert(token.clone(), consumer.clone());
+            assert_eq!(previous, None, "{token} selected twice");
+        }
+        by_consumer.insert(consumer, selected.tokens);
+    }
+    // The lock table holds exactly what the calls returned.
+    let locks = replicas[1].locks.list_locks().await.expect("locks");
+    let locked: BTreeMap<TokenId, TxId> =
+        locks.into_iter().map(|l| (l.token, l.consumer)).collect();
+    assert_eq!(locked, held);
+
+    // Settle: even consumers confirmed (their tokens spent), odd ones deleted.
+    let settlement = Settlement::new(
+        replicas[2].clone(),
+        Arc::new(SystemClock),
+        PersistPolicy::default(),
+    );
+    let mut spent = 0u128;
+    for (i, (consumer, tokens)) in by_consumer.iter().enumerate() {
+        let status = if i % 2 == 0 {
+            TxStatus::Confirmed
+        } else {
+            TxStatus::Deleted
+        };
+        let settled = settlement
+            .on_status(consumer, SettlementStatus::Known(status))
+            .await
+            .expect("settled");
+        if status == TxStatus::Confirmed {
+            let got: BTreeSet<_> = settled.spent.iter().cloned().collect();
+            let want: BTreeSet<_> = tokens.iter().cloned().collect();
+            assert_eq!(got, want);
+            spent += 10 * u128::try_from(tokens.len()).expect("small");
+        } else {
+            assert_eq!(
+                settled.released,
+                u64::try_from(tokens.len()).expect("small")
+            );
+        }
+    }
+    assert!(
+        replicas[0]
+            .locks
+            .list_locks()
+            .await
+            .expect("locks")
+            .is_empty()
+    );
+    let balance = replicas[0]
+        .tokens
+        .balance(&wallet(), &chf())
+        .await
+        .expect("balance");
+    assert_eq!(balance, q(960 - spent));
+    // Settling again is idempotent, and recovery finds nothing left to do.
+    let (first, _) = by_consumer.iter().next().expect("a consumer");
+    settlement
+        .on_status(first, SettlementStatus::Known(TxStatus::Confirmed))
+        .await
+        .expect("again");
+    assert_eq!(settlement.recover().await.expect("recover").settled, 0);
+
+    // A lock nobody settles is swept once its lease has expired.
+    let late = selectors[0]
+        .select(&wallet(), &chf(), q(5), &tx("late"))
+        .await
+        .expect("late select");
+    let lease = LeaseConfig::default();
+    let now = SystemClock.now();
+    let early = sweep_once(replicas[1].locks.as_ref(), &At(now), &lease)
+        .await
+        .expect("sweep");
+    assert_eq!(early.expired, 0);
+    let later = At(Timestamp::from_millis(now.as_millis() + 3_600_000));
+    let report = sweep_once(replicas[1].locks.as_ref(), &later, &lease)
+        .await
+        .expect("sweep");
+    assert_eq!(
+        report.expired,
+        u64::try_from(late.tokens.len()).expect("small")
+    );
+    assert!(
+        replicas[2]
+            .locks
+            .list_locks()
+            .await
+            .expect("locks")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn admission_happy_path_with_supersede_redelivery_and_dead_letter() {
+    let backend = SqliteBackend::open_in_memory().await.expect("open");
+    let stores = backend.stores();
+    let admission = Admission::new(
+        stores.queues.clone(),
+        Arc::new(NoAncestry),
+        AdmissionPolicy::default(),
+    );
+    let queue = QueueName::new("monorepo/main").expect("queue");
+    let uri = |u: &str| RevisionUri::new(u).expect("uri");
+
+    let first = admission
+        .ingest(&queue, &uri("rev-1"))
+        .await
+        .expect("ingest");
+    assert!(first.created);
+    assert_eq!(first.reply, Reply::Ack);
+    let second = admission
+        .ingest(&queue, &uri("rev-2"))
+        .await
+        .expect("ingest");
+    let again = admission
+        .ingest(&queue, &uri("rev-1"))
+        .await
+        .expect("dedup");
+    assert!(!again.created);
+    assert_eq!(again.request.id, first.request.id);
+
+    // The older request is superseded on sight.
+    let reply = admission.process(&first.request.id).await.expect("process");
+    assert_eq!(reply, Reply::Ack);
+    let state = |id| {
+        let stores = stores.clone();
+        async move {
+            stores
+                .queues
+                .load_request(&id)
+                .await
+                .expect("load")
+                .expect("exists")
+                .state
+        }
+    };
+    assert_eq!(
+        state(first.request.id.clone()).await,
+        RequestState::Superseded
+    );
+
+    // The head is admitted with a full build (no ancestry), and a redelivery
+    // republishes without claiming a second slot.
+    for _ in 0..2 {
+        match admission
+            .process(&second.request.id)
+            .await
+            .expect("process")
+        {
+            Reply::Publish { request, plan } => {
+                assert_eq!(request.id, second.request.id);
+                assert_eq!(plan.strategy, BuildStrategy::Full);
+            }
+            other => panic!("expected publish, got {other:?}"),
+        }
+    }
+    let owners = |stores: Stores, queue: QueueName| async move {
+        stores
+            .queues
+            .load_queue(&queue)
+            .await
+            .expect("load")
+            .expect("queue")
+            .owners
+    };
+    assert_eq!(
+        owners(stores.clone(), queue.clone()).await,
+        BTreeSet::from([second.request.id.clone()])
+    );
+
+    // A third request waits while the slot is taken (max_concurrent = 1).
+    let third = admission
+        .ingest(&queue, &uri("rev-3"))
+        .await
+        .expect("ingest");
+    assert!(matches!(
+        admission.process(&third.request.id).await.expect("process"),
+        Reply::Hold(_)
+    ));
+    // The build of the second finishes: the slot is released, the state terminal.
+    let reply = admission
+        .outcome(&second.request.id, BuildOutcome::Succeeded)
+        .await
+        .expect("outcome");
+    assert_eq!(reply, Reply::Ack);
+    assert_eq!(
+        state(second.request.id.clone()).await,
+        RequestState::Succeeded
+    );
+    assert!(owners(stores.clone(), queue.clone()).await.is_empty());
+    // Now the third is admitted, then dead-lettered: its slot is released.
+    assert!(matches!(
+        admission.process(&third.request.id).await.expect("process"),
+        Reply::Publish { .. }
+    ));
+    assert_eq!(
+        admission
+            .dead_letter(&third.request.id)
+            .await
+            .expect("dead letter"),
+        Reply::Ack
+    );
+    assert_eq!(state(third.request.id.clone()).await, RequestState::Failed);
+    assert!(owners(stores.clone(), queue.clone()).await.is_empty());
+    assert_eq!(
+        admission.reconcile(&queue).await.expect("reconcile"),
+        Reply::Ack
+    );
+}

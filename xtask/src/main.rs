@@ -10,6 +10,7 @@
 
 mod ci;
 mod error;
+mod fuzz;
 mod postgres;
 mod process;
 mod testing;
@@ -28,6 +29,10 @@ const TASKS: &[(&str, &str)] = &[
     (
         "test [ARGS]",
         "the whole test suite (nextest + doc tests) with a PostgreSQL server; ARGS go to the runner",
+    ),
+    (
+        "fuzz [--seconds N] [TARGET...]",
+        "every fuzz target for N s each (default 30): cargo-fuzz if installed, else the proptest fallback",
     ),
     ("help", "this list"),
 ];
@@ -51,6 +56,7 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
     match task {
         "ci" => ci::run(rest),
         "test" => testing::run(rest),
+        "fuzz" => fuzz::run(rest),
         "help" | "-h" | "--help" => {
             print_help();
             Ok(())

@@ -1,6 +1,8 @@
 //! holdfast services wiring the domain rules to the ports, and the `holdfast` command.
 //!
 //! - [`config`]: the one [`Config`] struct, from TOML and `HOLDFAST_*` variables.
+//! - [`backend`]: opening a backend from a database URL (SQLite or PostgreSQL).
+//! - [`cli`]: the `holdfast` command (parsing, commands, rendering, exit codes).
 //! - [`clock`]: [`SystemClock`], the wall clock as the `Clock` port.
 //! - [`selector`]: [`TokenSelector`], token selection with stubborn legs.
 //! - [`settlement`]: [`Settlement`], the lock lifecycle on status reports and at start-up.
@@ -9,6 +11,8 @@
 //! - [`metrics`]: the metrics table and `docs/metrics.md`.
 
 pub mod admission;
+pub mod backend;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod metrics;

@@ -1,0 +1,308 @@
+//! Opening a backend from a database URL: `sqlite://path` (or a plain file path)
+//! selects the embedded SQLite adapter, `postgres://` / `postgresql://` the
+//! PostgreSQL adapter. Every open applies the missing migrations and is bounded by
+//! a connect timeout. Messages never contain a password: URLs are shown redacted.
+
+use std::time::Duration;
+
+use holdfast_adapters_postgres::{ConnectError, PgBackend, PgOptions, redact_url};
+use holdfast_adapters_sqlite::{OpenError, SqliteBackend, SqliteOptions};
+use holdfast_ports::Stores;
+use tracing::Instrument;
+
+/// The default database: a SQLite file in the working directory.
+pub const DEFAULT_DB_URL: &str = "sqlite://holdfast.db";
+
+/// The default bound on opening (connecting and migrating) a database.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which adapter a URL selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The embedded SQLite adapter.
+    Sqlite,
+    /// The PostgreSQL adapter.
+    Postgres,
+}
+
+impl BackendKind {
+    /// `sqlite` or `postgres`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Sqlite => "sqlite",
+            BackendKind::Postgres => "postgres",
+        }
+    }
+
+    /// The adapter `url` selects: `postgres://` and `postgresql://` select
+    /// PostgreSQL; `sqlite:` URLs and plain paths (no `scheme://`) select SQLite.
+    pub fn of_url(url: &str) -> Result<BackendKind, BackendError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(BackendKind::Postgres);
+        }
+        if url.starts_with("sqlite:") {
+            return Ok(BackendKind::Sqlite);
+        }
+        match url.split_once("://") {
+            Some((scheme, _))
+                if !scheme.is_empty()
+                    && scheme
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')) =>
+            {
+                Err(BackendError::UnknownScheme {
+                    scheme: scheme.to_owned(),
+                })
+            }
+            _ => Ok(BackendKind::Sqlite),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How to open a backend. Plain data with documented defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// Bound on connecting and migrating (default 10 s). For PostgreSQL it is also
+    /// the pool's acquire timeout.
+    pub connect_timeout: Duration,
+    /// SQLite options (busy timeout, reader connections).
+    pub sqlite: SqliteOptions,
+    /// PostgreSQL options (lock strategy, pool size); its `connect_timeout` is
+    /// replaced by [`BackendOptions::connect_timeout`].
+    pub postgres: PgOptions,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        BackendOptions {
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            sqlite: SqliteOptions::default(),
+            postgres: PgOptions::default(),
+        }
+    }
+}
+
+/// Why a backend could not be opened. [`BackendError::is_bad_input`] tells a
+/// caller's mistake (a URL or option that can never work) from the database
+/// failing.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The URL names a scheme no adapter handles.
+    #[error(
+        "unsupported database URL scheme {scheme:?}; expected sqlite://path, postgres://… or a file path"
+    )]
+    UnknownScheme {
+        /// The scheme, without the rest of the URL (which may carry a password).
+        scheme: String,
+    },
+    /// The SQLite adapter refused the location or its options, or failed to open.
+    #[error(transparent)]
+    Sqlite(#[from] OpenError),
+    /// The PostgreSQL adapter refused the URL or its options, or failed to connect.
+    #[error(transparent)]
+    Postgres(#[from] ConnectError),
+    /// Opening did not finish within the connect timeout.
+    #[error("opening {url} did not finish within {timeout_ms} ms")]
+    Timeout {
+        /// The URL, password redacted.
+        url: String,
+        /// The timeout.
+        timeout_ms: u128,
+    },
+}
+
+impl BackendError {
+    /// Whether the error is the caller's input (a URL or option that can never
+    /// work), as opposed to the database being unreachable or failing.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            BackendError::UnknownScheme { .. } => true,
+            BackendError::Sqlite(e) => matches!(
+                e,
+                OpenError::InvalidLocation { .. } | OpenError::InvalidOption { .. }
+            ),
+            BackendError::Postgres(e) => matches!(
+                e,
+                ConnectError::InvalidUrl { .. } | ConnectError::Options(_)
+            ),
+            BackendError::Timeout { .. } => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Adapter {
+    Sqlite(SqliteBackend),
+    Postgres(PgBackend),
+}
+
+/// One open, migrated backend instance. Opening the same URL twice gives two
+/// independent instances (two replicas), each with its own connections.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    adapter: Adapter,
+    shown_url: String,
+}
+
+impl Backend {
+    /// Opens the database at `url`, applying missing migrations, within
+    /// `options.connect_timeout`.
+    pub async fn open(url: &str, options: &BackendOptions) -> Result<Backend, BackendError> {
+        let kind = BackendKind::of_url(url)?;
+        let shown_url = redact_url(url);
+        let timeout = options.connect_timeout;
+        let opening = async {
+            match kind {
+                BackendKind::Sqlite => SqliteBackend::open(url, options.sqlite.clone())
+                    .await
+                    .map(Adapter::Sqlite)
+                    .map_err(BackendError::from),
+                BackendKind::Postgres => {
+                    let pg = PgOptions {
+                        connect_timeout: timeout,
+                        ..options.postgres.clone()
+                    };
+                    PgBackend::connect(url, pg)
+                        .await
+                        .map(Adapter::Postgres)
+                        .map_err(BackendError::from)
+                }
+            }
+        };
+        let span = tracing::debug_span!("open_backend", backend = kind.as_str(), url = %shown_url);
+        let adapter = match tokio::time::timeout(timeout, opening.instrument(span)).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(BackendError::Timeout {
+                    url: shown_url,
+                    timeout_ms: timeout.as_millis(),
+                });
+            }
+        };
+        tracing::debug!(backend = kind.as_str(), url = %shown_url, "backend open");
+        Ok(Backend { adapter, shown_url })
+    }
+
+    /// The four ports of this instance.
+    pub fn stores(&self) -> Stores {
+        match &self.adapter {
+            Adapter::Sqlite(b) => b.stores(),
+            Adapter::Postgres(b) => b.stores(),
+        }
+    }
+
+    /// Which adapter this is.
+    pub fn kind(&self) -> BackendKind {
+        match self.adapter {
+            Adapter::Sqlite(_) => BackendKind::Sqlite,
+            Adapter::Postgres(_) => BackendKind::Postgres,
+        }
+    }
+
+    /// The URL it was opened with, password redacted.
+    pub fn shown_url(&self) -> &str {
+        &self.shown_url
+    }
+
+    /// The schema version the database is at after opening (every open migrates to
+    /// the newest version this build knows).
+    pub fn schema_version(&self) -> i64 {
+        match self.adapter {
+            Adapter::Sqlite(_) => holdfast_adapters_sqlite::SCHEMA_VERSION,
+            Adapter::Postgres(_) => holdfast_adapters_postgres::MIGRATIONS
+                .last()
+                .map_or(0, |(version, _, _)| *version),
+        }
+    }
+
+    /// Closes pooled connections where the adapter keeps a pool (PostgreSQL);
+    /// SQLite connections close when the last clone is dropped.
+    pub async fn close(&self) {
+        if let Adapter::Postgres(pg) = &self.adapter {
+            pg.close().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_select_adapters() {
+        for url in [
+            "sqlite://holdfast.db",
+            "sqlite:h.db",
+            "sqlite::memory:",
+            "h.db",
+            "/tmp/x/h.db",
+        ] {
+            assert_eq!(
+                BackendKind::of_url(url).ok(),
+                Some(BackendKind::Sqlite),
+                "{url}"
+            );
+        }
+        for url in ["postgres://u@h/db", "postgresql://u:p@h:5432/db"] {
+            assert_eq!(
+                BackendKind::of_url(url).ok(),
+                Some(BackendKind::Postgres),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_schemes_are_bad_input_and_hide_the_rest_of_the_url() {
+        let err = BackendKind::of_url("mysql://root:hunter2@db/x").expect_err("mysql");
+        assert!(err.is_bad_input());
+        let text = err.to_string();
+        assert!(text.contains("\"mysql\""), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn bad_sqlite_locations_are_bad_input() {
+        let err = Backend::open("sqlite://", &BackendOptions::default())
+            .await
+            .expect_err("empty path");
+        assert!(err.is_bad_input(), "{err}");
+    }
+
+    #[tokio::test]
+    async fn unopenable_sqlite_files_are_backend_errors() {
+        let dir = std::env::temp_dir().join(format!("holdfast-backend-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("not-a-db");
+        std::fs::write(
+            &file,
+            b"this is not a SQLite database, just text padding it out",
+        )
+        .expect("write");
+        let err = Backend::open(&file.display().to_string(), &BackendOptions::default())
+            .await
+            .expect_err("not a database");
+        assert!(!err.is_bad_input(), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn postgres_urls_are_redacted_in_errors() {
+        let options = BackendOptions {
+            connect_timeout: Duration::from_secs(2),
+            ..BackendOptions::default()
+        };
+        // Port 1 on loopback refuses at once: an unavailable server, not bad input.
+        let err = Backend::open("postgres://app:hunter2@127.0.0.1:1/db", &options)
+            .await
+            .expect_err("nothing listens on port 1");
+        assert!(!err.is_bad_input(), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,165 @@
+//! Rendering command results: JSON for programs (one object per command, stable
+//! field names, amounts as decimal strings because they may exceed 2^53) and
+//! aligned plain-text tables for people.
+
+use std::fmt::Write as _;
+
+use holdfast_domain::{Quantity, Timestamp};
+use serde::Serialize;
+
+/// A command result that can be shown to a person; its `Serialize` form is the
+/// JSON shape documented for the command.
+pub trait Report: Serialize {
+    /// The human form: a few lines or a table, ending with a newline.
+    fn human(&self) -> String;
+}
+
+/// A rendered command result, ready to print on stdout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The JSON form: one pretty-printed object, fields in declaration order.
+    pub json: String,
+    /// The human form.
+    pub text: String,
+}
+
+impl Rendered {
+    /// Renders `report` both ways.
+    pub fn of<R: Report>(report: &R) -> Rendered {
+        Rendered {
+            // The reports are plain structs with string keys: serializing them
+            // cannot fail, and if it ever did the output says so instead of panicking.
+            json: serde_json::to_string_pretty(report).unwrap_or_else(|e| {
+                serde_json::json!({ "error": format!("cannot render as JSON: {e}") }).to_string()
+            }),
+            text: report.human(),
+        }
+    }
+
+    /// The text to print: the JSON object or the human form, ending with a newline.
+    pub fn to_text(&self, json: bool) -> String {
+        if json {
+            format!("{}\n", self.json)
+        } else {
+            self.text.clone()
+        }
+    }
+}
+
+/// A plain-text table with left-aligned columns separated by two spaces.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headers.
+    pub fn new<I, S>(headers: I) -> Table
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Table {
+            headers: headers.into_iter().map(Into::into).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row (missing cells are blank, extra cells are dropped).
+    pub fn row<I, S>(&mut self, cells: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
+        cells.resize(self.headers.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// Whether the table has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The table as text, one line per row, each ending with a newline.
+    pub fn render(&self) -> String {
+        let width = |s: &str| s.chars().count();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| width(h)).collect();
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(width(cell));
+            }
+        }
+        let mut out = String::new();
+        for line in std::iter::once(&self.headers).chain(&self.rows) {
+            let mut text = String::new();
+            for (i, (cell, w)) in line.iter().zip(&widths).enumerate() {
+                if i + 1 == line.len() {
+                    text.push_str(cell);
+                } else {
+                    let _ = write!(text, "{cell:<w$}  ");
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// An amount in its canonical decimal form (what the JSON carries).
+pub fn amount(q: Quantity) -> String {
+    q.to_string()
+}
+
+/// A timestamp as RFC 3339 UTC with milliseconds, or the raw milliseconds when it
+/// is beyond the calendar range.
+pub fn time(ts: Timestamp) -> String {
+    holdfast_adapters_sqlite::timetext::format(ts).unwrap_or_else(|| ts.to_string())
+}
+
+/// A duration in whole milliseconds, saturating.
+pub fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A short human duration: `850ms`, `12s`, `3m05s`, `2h07m`.
+pub fn age(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        format!("{}ms", d.as_millis())
+    } else if secs < 60 {
+        format!("{secs}s")
+    } else if secs < 3600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn tables_align_columns_and_trim_trailing_space() {
+        let mut t = Table::new(["id", "amount", "note"]);
+        t.row(["a:0", "100", ""]);
+        t.row(["long-tx:12", "7", "x"]);
+        assert_eq!(
+            t.render(),
+            "id          amount  note\na:0         100\nlong-tx:12  7       x\n"
+        );
+    }
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!(age(Duration::from_millis(850)), "850ms");
+        assert_eq!(age(Duration::from_secs(12)), "12s");
+        assert_eq!(age(Duration::from_secs(185)), "3m05s");
+        assert_eq!(age(Duration::from_secs(7620)), "2h07m");
+    }
+}

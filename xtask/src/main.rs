@@ -9,6 +9,7 @@
 //! [`process::run`] so they are echoed and their failures become [`Error`]s.
 
 mod ci;
+mod demo;
 mod error;
 mod fuzz;
 mod postgres;
@@ -34,6 +35,10 @@ const TASKS: &[(&str, &str)] = &[
         "fuzz [--seconds N] [TARGET...]",
         "every fuzz target for N s each (default 30): cargo-fuzz if installed, else the proptest fallback",
     ),
+    (
+        "demo [ARGS]",
+        "the scripted tour of `holdfast demo` on a temporary database; ARGS go to it (--json, --keep)",
+    ),
     ("help", "this list"),
 ];
 
@@ -57,6 +62,7 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
         "ci" => ci::run(rest),
         "test" => testing::run(rest),
         "fuzz" => fuzz::run(rest),
+        "demo" => demo::run(rest),
         "help" | "-h" | "--help" => {
             print_help();
             Ok(())

@@ -54,9 +54,25 @@ fn main() -> ExitCode {
     if let Ok(role) = std::env::var(CHILD_ENV) {
         return child::run(&role);
     }
+    // The libtest arguments cargo test and cargo nextest pass: filters, --exact,
+    // --list (with --format terse), --ignored (none here), and flags ignored here.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let exact = args.iter().any(|a| a == "--exact");
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if args.iter().any(|a| a == "--ignored") {
+        return ExitCode::SUCCESS;
+    }
+    let mut filters: Vec<&String> = Vec::new();
+    let mut words = args.iter();
+    while let Some(arg) = words.next() {
+        if matches!(
+            arg.as_str(),
+            "--format" | "--test-threads" | "--color" | "--skip"
+        ) {
+            words.next();
+        } else if !arg.starts_with('-') {
+            filters.push(arg);
+        }
+    }
     let selected: Vec<&(&str, Test)> = TESTS
         .iter()
         .filter(|(name, _)| {

@@ -28,6 +28,7 @@
 
 pub mod locks;
 pub mod queues;
+pub mod security;
 pub mod statuses;
 pub mod support;
 pub mod tokens;
@@ -122,6 +123,7 @@ macro_rules! conformance_tests {
             queues::request_cas_never_loses_a_concurrent_write,
             queues::owner_set_round_trips_exactly,
             queues::list_requests_in_sequence_order,
+            security::hostile_strings_are_stored_literally,
         }
     };
     (@tests ($backend:expr) $($module:ident :: $name:ident),* $(,)?) => {

@@ -34,7 +34,8 @@ use crate::config::Config;
 #[command(
     name = "holdfast",
     version,
-    about,
+    about = "Claim scarce shared things (tokens, build slots) from one database: \
+             no false failures, no double claims, no leaked claims.",
     long_about = None,
     after_help = "Exit codes: 0 success, 1 refused (insufficient funds, funds locked, hold, conflict), \
                   2 bad input, 3 backend error.\nLogs go to stderr; set HOLDFAST_LOG (or RUST_LOG), e.g. HOLDFAST_LOG=debug."
@@ -42,15 +43,33 @@ use crate::config::Config;
 pub struct Cli {
     /// Database URL: sqlite://PATH, a plain file path, or postgres://USER@HOST/DB
     /// [env: HOLDFAST_DB; default: the config's db_url, else sqlite://holdfast.db]
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        help_heading = "Global options"
+    )]
     pub db: Option<String>,
 
     /// Configuration file (TOML); HOLDFAST_* environment variables override it
-    #[arg(long, global = true, env = "HOLDFAST_CONFIG", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        env = "HOLDFAST_CONFIG",
+        hide_env_values = true,
+        value_name = "FILE",
+        help_heading = "Global options"
+    )]
     pub config: Option<PathBuf>,
 
     /// Print machine-readable JSON on stdout (and errors as JSON on stderr)
-    #[arg(long, global = true, env = "HOLDFAST_JSON")]
+    #[arg(
+        long,
+        global = true,
+        env = "HOLDFAST_JSON",
+        hide_env_values = true,
+        help_heading = "Global options"
+    )]
     pub json: bool,
 
     /// The command to run.

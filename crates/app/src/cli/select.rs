@@ -21,7 +21,7 @@ pub struct SelectArgs {
     #[arg(long = "type", value_name = "T")]
     pub token_type: TokenType,
     /// The amount to cover: decimal or 0x-hex, more than zero
-    #[arg(long, value_name = "A")]
+    #[arg(long, value_name = "A", allow_hyphen_values = true)]
     pub amount: String,
     /// The consumer transaction the tokens are locked for
     #[arg(long, value_name = "ID")]

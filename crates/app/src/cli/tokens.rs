@@ -39,7 +39,7 @@ pub struct AddArgs {
     #[arg(long = "type", value_name = "T")]
     pub token_type: TokenType,
     /// The amount of each token: decimal or 0x-hex
-    #[arg(long, value_name = "A")]
+    #[arg(long, value_name = "A", allow_hyphen_values = true)]
     pub amount: String,
     /// The creating transaction id [default: a fresh unique id]
     #[arg(long, value_name = "ID")]

@@ -1,0 +1,69 @@
+//! The command's happy path on PostgreSQL: every token, lock and queue command,
+//! and the demo, each test on a fresh database created from `DATABASE_URL` (the
+//! PostgreSQL adapter's test helper: skips loudly when the test command says there
+//! is no server, fails otherwise and always under CI).
+
+#[path = "../../adapters-postgres/tests/support/mod.rs"]
+mod pg_support;
+
+mod cli_support;
+
+use cli_support::{Holdfast, queue_happy_path, token_happy_path};
+use pg_support::TestDb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_commands_on_postgres() {
+    let Some(db) = TestDb::create("cli_postgres::token_commands").await else {
+        return;
+    };
+    let h = Holdfast::at(&db.url);
+    tokio::task::spawn_blocking(move || {
+        let steps = token_happy_path(&h, "postgres");
+        assert_eq!(steps.len(), 11);
+        // The same shapes as on SQLite: the field names of every output match.
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let migrate = &steps[0].1;
+        assert_eq!(keys(migrate), ["backend", "schema_version", "url"]);
+        assert!(
+            migrate["url"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("postgres"))
+        );
+    })
+    .await
+    .expect("the happy path panicked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_commands_on_postgres() {
+    let Some(db) = TestDb::create("cli_postgres::queue_commands").await else {
+        return;
+    };
+    let h = Holdfast::at(&db.url);
+    tokio::task::spawn_blocking(move || {
+        queue_happy_path(&h);
+    })
+    .await
+    .expect("the happy path panicked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_on_postgres() {
+    let Some(db) = TestDb::create("cli_postgres::demo").await else {
+        return;
+    };
+    let h = Holdfast::at(&db.url);
+    tokio::task::spawn_blocking(move || {
+        let summary = h.json(&["demo"]);
+        cli_support::check_demo(&summary, "postgres");
+        // A second tour on the same database is refused: it is not fresh any more.
+        let err = h.fails(&["demo"], 2);
+        assert!(err.contains("not fresh"), "{err}");
+    })
+    .await
+    .expect("the demo panicked");
+}

@@ -1,0 +1,420 @@
+//! Running the built `holdfast` binary against a temporary database.
+//!
+//! Every command runs in a fresh temporary working directory with `--db` pointing
+//! at the test's database, `HOLDFAST_SEED` fixed (selection is replayable) and every
+//! other `HOLDFAST_*` variable of the test process removed (the configuration
+//! refuses unknown ones, and the test harness sets some of its own).
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use assert_cmd::Command;
+use tempfile::TempDir;
+
+/// The seed every command runs with.
+pub const SEED: &str = "7";
+
+/// A database the commands of one test share, and a working directory.
+#[derive(Debug)]
+pub struct Holdfast {
+    /// The working directory (and home of the SQLite file).
+    pub dir: TempDir,
+    /// The `--db` URL.
+    pub url: String,
+}
+
+impl Holdfast {
+    /// A fresh SQLite file in a fresh temporary directory.
+    pub fn sqlite() -> Holdfast {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("holdfast.db").display());
+        Holdfast { dir, url }
+    }
+
+    /// The database at `url` (for example a fresh PostgreSQL database).
+    pub fn at(url: &str) -> Holdfast {
+        Holdfast {
+            dir: tempfile::tempdir().expect("temporary directory"),
+            url: url.to_owned(),
+        }
+    }
+
+    /// The binary, in the working directory, with a clean environment, without `--db`.
+    pub fn bare(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("HOLDFAST_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.env_remove("RUST_LOG")
+            .env("HOLDFAST_SEED", SEED)
+            .current_dir(self.dir.path());
+        cmd
+    }
+
+    /// The binary on this test's database.
+    pub fn cmd(&self) -> Command {
+        let mut cmd = self.bare();
+        cmd.arg("--db").arg(&self.url);
+        cmd
+    }
+
+    /// Runs `args` with `--json`, expects success, and parses stdout.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let output = self
+            .cmd()
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("run holdfast");
+        assert!(
+            output.status.success(),
+            "holdfast {args:?} failed with {:?}\nstdout: {}\nstderr: {}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "holdfast {args:?}: stdout is not JSON ({e}): {}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        })
+    }
+
+    /// Runs `args` (human output), expects exit code `code`, and returns stderr.
+    pub fn fails(&self, args: &[&str], code: i32) -> String {
+        let output = self.cmd().args(args).output().expect("run holdfast");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "holdfast {args:?}: expected exit code {code}\nstdout: {}\nstderr: {stderr}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        assert!(
+            !stderr.contains("panicked"),
+            "holdfast {args:?} panicked: {stderr}"
+        );
+        stderr
+    }
+
+    /// Runs `args` (human output), expects success, and returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.cmd().args(args).output().expect("run holdfast");
+        assert!(
+            output.status.success(),
+            "holdfast {args:?} failed with {:?}\nstderr: {}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+/// The JSON outputs of [`token_happy_path`], by step name, for snapshots.
+pub type Steps = Vec<(&'static str, serde_json::Value)>;
+
+fn text(v: &serde_json::Value) -> &str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a JSON string, got {v}"))
+}
+
+fn amount(v: &serde_json::Value) -> u128 {
+    text(v)
+        .parse()
+        .unwrap_or_else(|e| panic!("expected a decimal amount, got {v}: {e}"))
+}
+
+fn count(v: &serde_json::Value) -> u64 {
+    v.as_u64()
+        .unwrap_or_else(|| panic!("expected a JSON count, got {v}"))
+}
+
+/// Every token and lock command on one fresh database: migrate, fund, list,
+/// balance, select, locks, settle busy / confirmed / deleted, sweep. Checks what
+/// each step must do and returns the outputs.
+pub fn token_happy_path(h: &Holdfast, backend: &str) -> Steps {
+    let mut steps = Steps::new();
+    let migrated = h.json(&["migrate"]);
+    assert_eq!(migrated["backend"], backend);
+    assert_eq!(migrated["schema_version"], 1);
+    steps.push(("migrate", migrated));
+
+    let fund = ["tokens", "add", "--wallet", "alice", "--type", "CHF"];
+    let added = h.json(
+        &[
+            &fund[..],
+            &["--amount", "100", "--tx", "fund", "--count", "4"],
+        ]
+        .concat(),
+    );
+    assert_eq!(added["added"], 4);
+    assert_eq!(
+        added["tokens"],
+        serde_json::json!(["fund:0", "fund:1", "fund:2", "fund:3"])
+    );
+    steps.push(("tokens add", added));
+    let again = h.json(
+        &[
+            &fund[..],
+            &["--amount", "100", "--tx", "fund", "--count", "4"],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        again["added"], 0,
+        "adding identical tokens again adds nothing"
+    );
+    let minted = h.json(&[&fund[..], &["--amount", "0x32"]].concat());
+    assert_eq!(minted["amount"], "50");
+    assert!(text(&minted["tx"]).starts_with("mint-"), "{minted}");
+    steps.push(("tokens add (fresh tx)", minted));
+
+    let balance = h.json(&["tokens", "balance", "--wallet", "alice", "--type", "CHF"]);
+    assert_eq!(balance["balance"], "450");
+    steps.push(("tokens balance", balance));
+    let listed = h.json(&["tokens", "list", "--wallet", "alice"]);
+    let amounts: Vec<u128> = listed["tokens"]
+        .as_array()
+        .expect("tokens array")
+        .iter()
+        .map(|t| amount(&t["amount"]))
+        .collect();
+    assert_eq!(amounts, [50, 100, 100, 100, 100], "ascending, all unspent");
+    steps.push(("tokens list", listed));
+
+    let selected = h.json(&[
+        "select", "--wallet", "alice", "--type", "CHF", "--amount", "120", "--tx", "pay-1",
+    ]);
+    let total = amount(&selected["total"]);
+    assert!(total >= 120, "{selected}");
+    assert_eq!(amount(&selected["change"]), total - 120);
+    let held: Vec<String> = selected["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| text(t).to_owned())
+        .collect();
+    assert!(!held.is_empty());
+    steps.push(("select", selected));
+
+    let locks = h.json(&["locks", "list"]);
+    assert_eq!(
+        count(&locks["count"]),
+        u64::try_from(held.len()).expect("small")
+    );
+    assert_eq!(locks["leaked"], 0);
+    assert!(
+        locks["locks"]
+            .as_array()
+            .expect("locks")
+            .iter()
+            .all(|l| l["consumer"] == "pay-1")
+    );
+    steps.push(("locks list", locks));
+
+    let busy = h.json(&["settle", "--tx", "pay-1", "--status", "busy"]);
+    assert_eq!(busy["action"], "keep");
+    assert_eq!(busy["recorded"], serde_json::Value::Null);
+    steps.push(("settle busy", busy));
+    let unknown = h.json(&["settle", "--tx", "pay-1", "--status", "unknown"]);
+    assert_eq!(unknown["action"], "keep");
+    let still = h.json(&["locks", "list"]);
+    assert_eq!(
+        count(&still["count"]),
+        u64::try_from(held.len()).expect("small"),
+        "busy and unknown keep the locks"
+    );
+
+    let confirmed = h.json(&["settle", "--tx", "pay-1", "--status", "confirmed"]);
+    assert_eq!(confirmed["action"], "release_all");
+    assert_eq!(confirmed["recorded"], "confirmed");
+    let mut spent: Vec<String> = confirmed["spent"]
+        .as_array()
+        .expect("spent")
+        .iter()
+        .map(|t| text(t).to_owned())
+        .collect();
+    spent.sort();
+    let mut expected = held.clone();
+    expected.sort();
+    assert_eq!(
+        spent, expected,
+        "confirmed spends exactly the tokens the tx held"
+    );
+    steps.push(("settle confirmed", confirmed));
+    assert_eq!(h.json(&["locks", "list"])["count"], 0);
+    let after = h.json(&["tokens", "balance", "--wallet", "alice", "--type", "CHF"]);
+    assert_eq!(amount(&after["balance"]), 450 - total);
+
+    let second = h.json(&[
+        "select", "--wallet", "alice", "--type", "CHF", "--amount", "100", "--tx", "pay-2",
+    ]);
+    let second_held = second["tokens"].as_array().expect("tokens").len();
+    let deleted = h.json(&["settle", "--tx", "pay-2", "--status", "deleted"]);
+    assert_eq!(deleted["action"], "release_all");
+    assert_eq!(
+        count(&deleted["released"]),
+        u64::try_from(second_held).expect("small")
+    );
+    assert_eq!(deleted["spent"], serde_json::json!([]));
+    steps.push(("settle deleted", deleted));
+    let unchanged = h.json(&["tokens", "balance", "--wallet", "alice", "--type", "CHF"]);
+    assert_eq!(
+        amount(&unchanged["balance"]),
+        450 - total,
+        "deleted spends nothing"
+    );
+
+    let swept = h.json(&["locks", "sweep"]);
+    assert_eq!(swept["leader"], true);
+    assert_eq!(swept["remaining"], 0);
+    steps.push(("locks sweep", swept));
+    steps
+}
+
+/// Runs `args` with `--json`, expects exit code `code`, and parses stderr.
+pub fn json_error(h: &Holdfast, args: &[&str], code: i32) -> serde_json::Value {
+    let output = h
+        .cmd()
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run holdfast");
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "holdfast {args:?}: expected exit code {code}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "a failed command prints nothing on stdout"
+    );
+    serde_json::from_slice(&output.stderr).unwrap_or_else(|e| {
+        panic!(
+            "holdfast {args:?}: stderr is not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// Every queue command on one fresh database: ingest (and its dedup), process
+/// (publish), a hold while the slot is taken (exit 1), show, outcome, process
+/// again, dead letter. Checks what each step must do and returns the outputs.
+pub fn queue_happy_path(h: &Holdfast) -> Steps {
+    let mut steps = Steps::new();
+    let ingested = h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-a"]);
+    assert_eq!(ingested["created"], true);
+    assert_eq!(ingested["request"]["id"], "request/ci/main/1");
+    assert_eq!(ingested["request"]["state"], "accepted");
+    assert_eq!(ingested["reply"]["kind"], "ack");
+    steps.push(("queue ingest", ingested));
+    let again = h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-a"]);
+    assert_eq!(again["created"], false, "ingest dedups on queue and uri");
+    assert_eq!(again["request"]["id"], "request/ci/main/1");
+
+    let published = h.json(&["queue", "process", "--request", "request/ci/main/1"]);
+    assert_eq!(published["reply"]["kind"], "publish");
+    assert_eq!(published["reply"]["strategy"], "full");
+    assert_eq!(published["request"]["state"], "processing");
+    steps.push(("queue process", published));
+
+    let second = h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-b"]);
+    assert_eq!(second["request"]["id"], "request/ci/main/2");
+    let held = json_error(
+        h,
+        &["queue", "process", "--request", "request/ci/main/2"],
+        1,
+    );
+    assert_eq!(held["error"]["class"], "refused");
+    assert_eq!(held["error"]["reply"]["kind"], "hold");
+    assert!(
+        held["error"]["reply"]["delay_ms"]
+            .as_u64()
+            .is_some_and(|d| d > 0),
+        "{held}"
+    );
+    steps.push(("queue process (hold, stderr)", held));
+
+    let shown = h.json(&["queue", "show", "--queue", "ci/main"]);
+    assert_eq!(shown["latest_request_id"], "request/ci/main/2");
+    assert_eq!(
+        shown["owners"],
+        serde_json::json!([{"request": "request/ci/main/1", "state": "processing", "live": true}])
+    );
+    assert_eq!(shown["not_live_owners"], 0);
+    assert_eq!(shown["requests"].as_array().map(Vec::len), Some(2));
+    steps.push(("queue show", shown));
+
+    let finished = h.json(&[
+        "queue",
+        "outcome",
+        "--request",
+        "request/ci/main/1",
+        "--status",
+        "succeeded",
+    ]);
+    assert_eq!(finished["reply"]["kind"], "ack");
+    assert_eq!(finished["request"]["state"], "succeeded");
+    steps.push(("queue outcome", finished));
+    let admitted = h.json(&["queue", "process", "--request", "request/ci/main/2"]);
+    assert_eq!(admitted["reply"]["kind"], "publish");
+
+    let dead = h.json(&["queue", "dead-letter", "--request", "request/ci/main/2"]);
+    assert_eq!(dead["reply"]["kind"], "ack");
+    assert_eq!(dead["request"]["state"], "failed");
+    steps.push(("queue dead-letter", dead));
+    let empty = h.json(&["queue", "show", "--queue", "ci/main"]);
+    assert_eq!(
+        empty["owners"],
+        serde_json::json!([]),
+        "no slot is left owned"
+    );
+    steps
+}
+
+/// Checks a demo summary (`holdfast --json demo`): every select locked its tokens
+/// without a double claim, settlement left no lock and spent exactly the confirmed
+/// tokens, and admission went through the crash, the redelivery and the hold and
+/// left no slot owner.
+pub fn check_demo(summary: &serde_json::Value, backend: &str) {
+    assert_eq!(summary["database"]["backend"], backend, "{summary}");
+    assert_eq!(summary["database"]["replicas"], 3);
+    assert_eq!(summary["funding"]["balance"], "12800");
+    let selects = &summary["selects"];
+    assert_eq!(selects["concurrent"], 32);
+    assert_eq!(selects["locked"], 32, "{selects}");
+    assert_eq!(selects["tokens_locked"], 64, "{selects}");
+    assert_eq!(selects["double_claims"], false);
+    let settlement = &summary["settlement"];
+    assert_eq!(settlement["locks_before"], 64);
+    assert_eq!(settlement["confirmed"], 16);
+    assert_eq!(settlement["deleted"], 16);
+    assert_eq!(settlement["tokens_spent"], 32);
+    assert_eq!(settlement["locks_released"], 32);
+    assert_eq!(settlement["locks_after"], 0);
+    assert_eq!(settlement["balance_after"], "9600");
+    let admission = &summary["admission"];
+    assert_eq!(admission["owners_after"], serde_json::json!([]));
+    let steps = admission["steps"].as_array().expect("steps");
+    let kinds: Vec<&str> = steps
+        .iter()
+        .map(|s| s["reply"]["kind"].as_str().unwrap_or("crash"))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ack", "crash", "publish", "ack", "hold", "ack", "publish", "ack"
+        ],
+        "{admission}"
+    );
+    // The crash left the claim written and the request accepted; the redelivery resumed it.
+    assert_eq!(steps[1]["state"], "accepted");
+    assert_eq!(
+        steps[1]["owners"],
+        serde_json::json!(["request/demo/main/1"])
+    );
+    assert_eq!(steps[2]["state"], "processing");
+}

@@ -520,7 +520,14 @@ fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
         .get(..span.start)
         .map_or(0, |before| before.matches('\n').count())
         + 1;
-    format!(" (line {line})")
+    // The line itself names the key, which a type error's message does not.
+    match text.lines().nth(line - 1).map(str::trim) {
+        Some(source) if !source.is_empty() => {
+            let shown: String = source.chars().take(80).collect();
+            format!(" (line {line}: {shown})")
+        }
+        _ => format!(" (line {line})"),
+    }
 }
 
 fn de_strategy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LockStrategy, D::Error> {

@@ -9,6 +9,7 @@
 //! - [`sweeper`]: [`LeaseSweeper`], the background lease sweep.
 //! - [`admission`]: [`Admission`], build-slot admission against the queue store.
 //! - [`metrics`]: the metrics table and `docs/metrics.md`.
+//! - [`simulate`]: the contention simulator behind `holdfast simulate`.
 
 pub mod admission;
 pub mod backend;
@@ -18,13 +19,14 @@ pub mod config;
 pub mod metrics;
 pub mod selector;
 pub mod settlement;
+pub mod simulate;
 pub mod sweeper;
 
+pub use admission::{
+    Admission, AdmissionPolicy, AdmitError, Ancestry, AncestryError, Ingest, NoAncestry,
+};
 pub use clock::SystemClock;
 pub use config::{Config, ConfigError};
-pub use admission::{
-    AdmissionPolicy, AdmitError, Admission, Ancestry, AncestryError, Ingest, NoAncestry,
-};
 pub use selector::{SelectError, SelectReport, TokenSelector};
 pub use settlement::{Recovery, SettleError, Settled, Settlement};
 pub use sweeper::{LeaseSweeper, SweepTotals, SweeperHandle, sweep_once};

@@ -25,6 +25,7 @@ const COMMANDS: &[&[&str]] = &[
     &["queue", "dead-letter"],
     &["queue", "show"],
     &["demo"],
+    &["simulate"],
 ];
 
 #[test]

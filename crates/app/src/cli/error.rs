@@ -136,6 +136,9 @@ pub enum CliError {
         /// What went wrong.
         detail: String,
     },
+    /// The simulator could not run (`holdfast simulate`).
+    #[error(transparent)]
+    Simulate(Box<crate::simulate::SimulateError>),
 }
 
 impl CliError {
@@ -143,6 +146,8 @@ impl CliError {
     pub fn class(&self) -> ErrorClass {
         match self {
             CliError::Open(e) if e.is_bad_input() => ErrorClass::BadInput,
+            CliError::Simulate(e) if e.is_bad_input() => ErrorClass::BadInput,
+            CliError::Simulate(_) => ErrorClass::Backend,
             CliError::Open(_) => ErrorClass::Backend,
             CliError::Select(SelectError::InsufficientFunds { .. } | SelectError::FundsLocked) => {
                 ErrorClass::Refused

@@ -13,6 +13,7 @@ pub mod output;
 pub mod queue;
 pub mod select;
 pub mod settle;
+pub mod simulate;
 pub mod tokens;
 
 use std::path::PathBuf;
@@ -97,6 +98,8 @@ pub enum Command {
     Queue(queue::QueueCommand),
     /// A scripted tour on a fresh database (a temporary one unless --db is given)
     Demo(demo::DemoArgs),
+    /// Run holdfast beside a naive selector on a contention workload, each on a fresh database
+    Simulate(simulate::SimulateArgs),
 }
 
 /// What every command runs with: the configuration and the open backend.
@@ -155,6 +158,9 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
     if let Command::Demo(args) = &cli.command {
         return demo::run(args, cli.db.as_deref(), config).await;
     }
+    if let Command::Simulate(args) = &cli.command {
+        return simulate::run(args, cli.db.as_deref(), config).await;
+    }
     let url = database_url(cli.db.as_deref(), &config).to_owned();
     let ctx = Context::open(&url, config).await?;
     let result = match cli.command {
@@ -168,6 +174,9 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
             step: "dispatch",
             detail: "the demo runs before a database is opened".to_owned(),
         }),
+        Command::Simulate(_) => Err(CliError::from(crate::simulate::SimulateError::Internal(
+            "simulate runs before a database is opened".to_owned(),
+        ))),
     };
     ctx.backend.close().await;
     result

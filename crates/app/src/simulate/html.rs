@@ -1,0 +1,310 @@
+//! The `--report FILE.html` page: one self-contained HTML file (inline CSS and SVG,
+//! no scripts, no external assets) with the figure table and three charts: the
+//! per-token conflict distribution, the select latency histogram, and successful
+//! selects over time.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::figures::{conflicts_by_token, to_f64};
+use super::runner::StrategyRun;
+use super::{SimulationReport, Strategy};
+
+const COLORS: &[&str] = &["#d9534f", "#2a7ab0", "#5cb85c", "#9b59b6"];
+const WIDTH: f64 = 760.0;
+const HEIGHT: f64 = 260.0;
+const LEFT: f64 = 56.0;
+const BOTTOM: f64 = 36.0;
+const TOP: f64 = 16.0;
+
+/// Latency histogram bucket upper bounds, in milliseconds (the last is open).
+const LATENCY_BUCKETS_MS: &[u64] = &[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn color(run: &StrategyRun, index: usize) -> &'static str {
+    match run.strategy {
+        Strategy::Naive => COLORS[0],
+        Strategy::Holdfast => COLORS[1],
+        Strategy::Ablated(_) => COLORS[2 + index % 2],
+    }
+}
+
+fn axis(svg: &mut String, max_y: f64, y_label: &str, x_label: &str) {
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let _ = write!(
+        svg,
+        r##"<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{y0}" stroke="#333"/><line x1="{LEFT}" y1="{y0}" x2="{WIDTH}" y2="{y0}" stroke="#333"/>"##,
+        y0 = TOP + plot_h
+    );
+    for i in 0..=4u32 {
+        let value = max_y * f64::from(i) / 4.0;
+        let y = TOP + plot_h - plot_h * f64::from(i) / 4.0;
+        let _ = write!(
+            svg,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{WIDTH}" y2="{y:.1}" stroke="#ddd"/><text x="{x:.1}" y="{ty:.1}" font-size="10" text-anchor="end">{label}</text>"##,
+            x = LEFT - 4.0,
+            ty = y + 3.0,
+            label = short(value)
+        );
+    }
+    let _ = write!(
+        svg,
+        r##"<text x="12" y="{my:.1}" font-size="11" transform="rotate(-90 12 {my:.1})" text-anchor="middle">{}</text><text x="{mx:.1}" y="{by:.1}" font-size="11" text-anchor="middle">{}</text>"##,
+        escape(y_label),
+        escape(x_label),
+        my = TOP + plot_h / 2.0,
+        mx = LEFT + (WIDTH - LEFT) / 2.0,
+        by = HEIGHT - 4.0
+    );
+}
+
+fn short(x: f64) -> String {
+    if x >= 1000.0 {
+        format!("{:.1}k", x / 1000.0)
+    } else if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+fn legend(runs: &[StrategyRun]) -> String {
+    let mut out = String::from(r#"<p class="legend">"#);
+    for (i, run) in runs.iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"<span><i style="background:{}"></i>{}</span>"#,
+            color(run, i),
+            escape(&run.strategy.name())
+        );
+    }
+    out.push_str("</p>");
+    out
+}
+
+/// Conflicts of the most contended tokens, per strategy, side by side.
+fn conflict_chart(runs: &[StrategyRun]) -> String {
+    const SHOWN: usize = 30;
+    let series: Vec<Vec<u64>> = runs
+        .iter()
+        .map(|r| conflicts_by_token(r).into_iter().take(SHOWN).collect())
+        .collect();
+    let max = series.iter().flatten().copied().max().unwrap_or(0).max(1);
+    let mut svg = svg_open("Conflicts per token, most contended first");
+    axis(
+        &mut svg,
+        to_f64(max),
+        "conflicts",
+        "token rank (most contended first)",
+    );
+    let plot_w = WIDTH - LEFT - 8.0;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let group = plot_w / to_f64(u64::try_from(SHOWN).unwrap_or(1));
+    let n = to_f64(u64::try_from(runs.len().max(1)).unwrap_or(1));
+    let bar = (group * 0.8 / n).max(1.0);
+    for (s, (run, values)) in runs.iter().zip(&series).enumerate() {
+        for (rank, &v) in values.iter().enumerate() {
+            let h = plot_h * to_f64(v) / to_f64(max);
+            let x = LEFT
+                + 2.0
+                + group * to_f64(u64::try_from(rank).unwrap_or(0))
+                + bar * to_f64(u64::try_from(s).unwrap_or(0));
+            let _ = write!(
+                svg,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{bar:.1}" height="{h:.1}" fill="{c}"><title>{name}: token #{r}: {v} conflicts</title></rect>"#,
+                y = TOP + plot_h - h,
+                c = color(run, s),
+                name = escape(&run.strategy.name()),
+                r = rank + 1
+            );
+        }
+    }
+    for rank in [1usize, 10, 20, 30] {
+        let x = LEFT + 2.0 + group * (to_f64(u64::try_from(rank - 1).unwrap_or(0)) + 0.4);
+        let _ = write!(
+            svg,
+            r#"<text x="{x:.1}" y="{y:.1}" font-size="10" text-anchor="middle">{rank}</text>"#,
+            y = TOP + plot_h + 12.0
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn bucket_of(latency: Duration) -> usize {
+    let ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+    LATENCY_BUCKETS_MS
+        .iter()
+        .position(|&upper| ms < upper)
+        .unwrap_or(LATENCY_BUCKETS_MS.len())
+}
+
+/// Select latency histogram on logarithmic buckets.
+fn latency_chart(runs: &[StrategyRun]) -> String {
+    let buckets = LATENCY_BUCKETS_MS.len() + 1;
+    let counts: Vec<Vec<u64>> = runs
+        .iter()
+        .map(|r| {
+            let mut c = vec![0u64; buckets];
+            for s in &r.samples {
+                c[bucket_of(s.latency)] += 1;
+            }
+            c
+        })
+        .collect();
+    let max = counts.iter().flatten().copied().max().unwrap_or(0).max(1);
+    let mut svg = svg_open("Select latency histogram");
+    axis(
+        &mut svg,
+        to_f64(max),
+        "selects",
+        "select latency (ms, bucket upper bound)",
+    );
+    let plot_w = WIDTH - LEFT - 8.0;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let group = plot_w / to_f64(u64::try_from(buckets).unwrap_or(1));
+    let n = to_f64(u64::try_from(runs.len().max(1)).unwrap_or(1));
+    let bar = group * 0.8 / n;
+    for (s, (run, values)) in runs.iter().zip(&counts).enumerate() {
+        for (b, &v) in values.iter().enumerate() {
+            let h = plot_h * to_f64(v) / to_f64(max);
+            let x = LEFT
+                + 2.0
+                + group * to_f64(u64::try_from(b).unwrap_or(0))
+                + bar * to_f64(u64::try_from(s).unwrap_or(0));
+            let _ = write!(
+                svg,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{bar:.1}" height="{h:.1}" fill="{c}"><title>{name}: {v} selects</title></rect>"#,
+                y = TOP + plot_h - h,
+                c = color(run, s),
+                name = escape(&run.strategy.name()),
+            );
+        }
+    }
+    for b in 0..buckets {
+        let label = LATENCY_BUCKETS_MS
+            .get(b)
+            .map_or_else(|| "more".to_owned(), |u| format!("<{u}"));
+        let x = LEFT + 2.0 + group * (to_f64(u64::try_from(b).unwrap_or(0)) + 0.4);
+        let _ = write!(
+            svg,
+            r#"<text x="{x:.1}" y="{y:.1}" font-size="10" text-anchor="middle">{}</text>"#,
+            escape(&label),
+            y = TOP + plot_h + 12.0
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// Successful selects per second over the run, one line per strategy.
+fn throughput_chart(runs: &[StrategyRun]) -> String {
+    const SLOTS: u32 = 40;
+    let longest = runs
+        .iter()
+        .map(|r| r.wall)
+        .max()
+        .unwrap_or_default()
+        .max(Duration::from_millis(1));
+    let slot = longest / SLOTS;
+    let slot_secs = slot.as_secs_f64().max(1e-6);
+    let rates: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|r| {
+            let mut c = vec![0u64; usize::try_from(SLOTS).unwrap_or(40) + 1];
+            for s in r.samples.iter().filter(|s| s.ok) {
+                let i = usize::try_from(s.finished_at.as_nanos() / slot.as_nanos().max(1))
+                    .unwrap_or(usize::MAX)
+                    .min(c.len() - 1);
+                c[i] += 1;
+            }
+            c.into_iter().map(|n| to_f64(n) / slot_secs).collect()
+        })
+        .collect();
+    let max = rates.iter().flatten().copied().fold(1.0, f64::max);
+    let mut svg = svg_open("Successful selects per second over time");
+    axis(&mut svg, max, "selects/s", "seconds since start of the run");
+    let plot_w = WIDTH - LEFT - 8.0;
+    let plot_h = HEIGHT - TOP - BOTTOM;
+    let total_secs = longest.as_secs_f64();
+    for (s, (run, values)) in runs.iter().zip(&rates).enumerate() {
+        let own_slots = (run.wall.as_secs_f64() / slot_secs).ceil();
+        let points: Vec<String> = values
+            .iter()
+            .enumerate()
+            .take_while(|(i, _)| to_f64(u64::try_from(*i).unwrap_or(0)) < own_slots.max(1.0))
+            .map(|(i, v)| {
+                let t = (to_f64(u64::try_from(i).unwrap_or(0)) + 0.5) * slot_secs;
+                format!(
+                    "{:.1},{:.1}",
+                    LEFT + plot_w * (t / total_secs).min(1.0),
+                    TOP + plot_h - plot_h * v / max
+                )
+            })
+            .collect();
+        let _ = write!(
+            svg,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
+            color(run, s),
+            points.join(" ")
+        );
+    }
+    for i in 0..=4u32 {
+        let t = total_secs * f64::from(i) / 4.0;
+        let _ = write!(
+            svg,
+            r#"<text x="{x:.1}" y="{y:.1}" font-size="10" text-anchor="middle">{t:.1}</text>"#,
+            x = LEFT + plot_w * f64::from(i) / 4.0,
+            y = TOP + plot_h + 12.0
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn svg_open(title: &str) -> String {
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{t}"><title>{t}</title>"#,
+        t = escape(title)
+    )
+}
+
+impl SimulationReport {
+    /// The self-contained HTML report.
+    pub fn html(&self) -> String {
+        let mut page = String::new();
+        let title = format!("holdfast simulate: {} on {}", self.workload, self.backend);
+        let _ = write!(
+            page,
+            r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{t}</title><style>
+body{{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:900px}}
+pre{{background:#f6f6f6;padding:12px;overflow-x:auto;font-size:12px}}
+h2{{margin-top:28px;font-size:18px}} .legend span{{margin-right:18px}}
+.legend i{{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:middle}}
+</style></head><body><h1>{t}</h1>"#,
+            t = escape(&title)
+        );
+        let _ = write!(page, "<pre>{}</pre>", escape(&self.text()));
+        if self.runs.is_empty() {
+            page.push_str("<p>No token strategies in this run (admission figures above).</p>");
+        } else {
+            page.push_str(&legend(&self.runs));
+            page.push_str("<h2>Per-token conflict distribution</h2><p>Lost races per token, the 30 most contended tokens of each strategy. A steep first bar is the incident's shape: a few hot tokens take most conflicts.</p>");
+            page.push_str(&conflict_chart(&self.runs));
+            page.push_str(
+                "<h2>Select latency</h2><p>Selects per latency bucket (backoffs included).</p>",
+            );
+            page.push_str(&latency_chart(&self.runs));
+            page.push_str("<h2>Throughput over time</h2><p>Successful selects per second, in 40 slots over the longest run.</p>");
+            page.push_str(&throughput_chart(&self.runs));
+        }
+        page.push_str("</body></html>\n");
+        page
+    }
+}

@@ -1,0 +1,186 @@
+//! Per-token claim accounting: a [`LockStore`] decorator that records, for every
+//! token named in a claim, the attempt and whether the verdict was contended. The
+//! selector's own counters are per call; this ledger attributes conflicts to
+//! tokens (the incident's "5 tokens took 85% of the conflicts").
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId};
+use holdfast_ports::{LockInfo, LockStore, LockStoreError, SweepReport};
+
+/// Claims and conflicts of one token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenClaims {
+    /// Times the token was named in a claim.
+    pub attempts: u64,
+    /// Contended verdicts (lost races).
+    pub conflicts: u64,
+}
+
+/// Claims per token, shared by every replica of one strategy run.
+#[derive(Debug, Default)]
+pub struct ClaimLedger {
+    tokens: Mutex<HashMap<TokenId, TokenClaims>>,
+}
+
+impl ClaimLedger {
+    fn record(&self, verdicts: &[(TokenId, ClaimVerdict)]) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        for (token, verdict) in verdicts {
+            let entry = tokens.entry(token.clone()).or_default();
+            entry.attempts += 1;
+            if *verdict == ClaimVerdict::Contended {
+                entry.conflicts += 1;
+            }
+        }
+    }
+
+    /// Every token claimed at least once, with its counts.
+    pub fn snapshot(&self) -> Vec<(TokenId, TokenClaims)> {
+        let tokens = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        tokens.iter().map(|(t, c)| (t.clone(), *c)).collect()
+    }
+}
+
+/// A [`LockStore`] that forwards everything and records claim verdicts per token
+/// in a [`ClaimLedger`]. A claim that fails records nothing (no verdict exists).
+pub struct CountingLockStore {
+    inner: Arc<dyn LockStore>,
+    ledger: Arc<ClaimLedger>,
+}
+
+impl std::fmt::Debug for CountingLockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingLockStore").finish_non_exhaustive()
+    }
+}
+
+impl CountingLockStore {
+    /// Wraps `inner`, recording into `ledger`.
+    pub fn new(inner: Arc<dyn LockStore>, ledger: Arc<ClaimLedger>) -> Self {
+        CountingLockStore { inner, ledger }
+    }
+}
+
+#[async_trait]
+impl LockStore for CountingLockStore {
+    async fn claim(
+        &self,
+        consumer: &TxId,
+        token: &TokenId,
+        at: Timestamp,
+    ) -> Result<ClaimVerdict, LockStoreError> {
+        let verdict = self.inner.claim(consumer, token, at).await?;
+        self.ledger.record(&[(token.clone(), verdict)]);
+        Ok(verdict)
+    }
+
+    async fn claim_window(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
+        let verdicts = self.inner.claim_window(consumer, tokens, at).await?;
+        self.ledger.record(&verdicts);
+        Ok(verdicts)
+    }
+
+    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
+        self.inner.release_consumer(consumer).await
+    }
+
+    async fn release_tokens(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+    ) -> Result<u64, LockStoreError> {
+        self.inner.release_tokens(consumer, tokens).await
+    }
+
+    async fn spend_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        self.inner.spend_consumer(consumer, at).await
+    }
+
+    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
+        self.inner.sweep(now, lease).await
+    }
+
+    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
+        self.inner.list_locks().await
+    }
+
+    fn round_trips(&self) -> u64 {
+        self.inner.round_trips()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_ports::MockLockStore;
+
+    use super::*;
+
+    fn id(tx: &str) -> TokenId {
+        TokenId::new(TxId::new(tx).expect("tx"), 0)
+    }
+
+    #[tokio::test]
+    async fn records_attempts_and_conflicts_per_token() {
+        let mut inner = MockLockStore::new();
+        inner.expect_claim_window().returning(|_, tokens, _| {
+            Ok(tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let verdict = if i == 0 {
+                        ClaimVerdict::Contended
+                    } else {
+                        ClaimVerdict::Won
+                    };
+                    (t.clone(), verdict)
+                })
+                .collect())
+        });
+        inner
+            .expect_claim()
+            .returning(|_, _, _| Ok(ClaimVerdict::Contended));
+        let ledger = Arc::new(ClaimLedger::default());
+        let store = CountingLockStore::new(Arc::new(inner), ledger.clone());
+        let consumer = TxId::new("c").expect("tx");
+        let at = Timestamp::from_millis(0);
+        store
+            .claim_window(&consumer, &[id("a"), id("b")], at)
+            .await
+            .expect("window");
+        store.claim(&consumer, &id("a"), at).await.expect("claim");
+        let mut snapshot = ledger.snapshot();
+        snapshot.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(
+            snapshot,
+            vec![
+                (
+                    id("a"),
+                    TokenClaims {
+                        attempts: 2,
+                        conflicts: 2
+                    }
+                ),
+                (
+                    id("b"),
+                    TokenClaims {
+                        attempts: 1,
+                        conflicts: 0
+                    }
+                ),
+            ]
+        );
+    }
+}

@@ -1,0 +1,696 @@
+//! Runs one strategy of a token workload on a fresh database: seeds the wallets,
+//! opens the replicas, drives `concurrency` select tasks over them, settles each
+//! request as its mode says, checks the invariants as it goes, and returns the raw
+//! samples ([`StrategyRun`]) the figures are computed from.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use holdfast_domain::{
+    LeaseConfig, Quantity, SelectRequest, SelectionConfig, SettlementStatus, Timestamp, TokenId,
+    TokenType, TxId, TxStatus, WalletId,
+};
+use holdfast_ports::{Clock, LockStore, NewToken, Stores, TokenStore};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use super::antijoin::LockBlindTokens;
+use super::clock::SimClock;
+use super::ledger::{ClaimLedger, CountingLockStore, TokenClaims};
+use super::memory;
+use super::naive::{NaiveConfig, NaiveSelector};
+use super::provision::{FreshDb, Provisioner};
+use super::workload::{RequestMode, Workload};
+use super::{Ablation, SimulateError, Strategy};
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::selector::{SelectError, SelectReport, TokenSelector};
+use crate::settlement::Settlement;
+use crate::sweeper::LeaseSweeper;
+
+/// Tokens per `add_tokens` call when seeding wallets.
+pub const SEED_BATCH: usize = 5_000;
+
+/// One select request of the plan (the same plan for every strategy of a run).
+#[derive(Debug, Clone)]
+pub struct PlannedRequest {
+    /// The wallet.
+    pub wallet: WalletId,
+    /// The token type.
+    pub token_type: TokenType,
+    /// The amount.
+    pub amount: Quantity,
+    /// What happens after a successful select.
+    pub mode: RequestMode,
+    /// The per-call RNG seed.
+    pub seed: u64,
+}
+
+/// What one select call measured.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// The select succeeded.
+    pub ok: bool,
+    /// It failed with insufficient funds and the balance did not cover it.
+    pub insufficient: bool,
+    /// It failed although the balance, locks ignored, covered the request.
+    pub spurious: bool,
+    /// It failed with a store error.
+    pub error: bool,
+    /// Tokens named in claims.
+    pub lock_attempts: u64,
+    /// Contended verdicts.
+    pub conflicts: u64,
+    /// Store round trips of the call.
+    pub round_trips: u64,
+    /// Wall time of the call, backoffs included.
+    pub latency: Duration,
+    /// When it finished, from the start of the run.
+    pub finished_at: Duration,
+}
+
+/// Invariant violations seen during a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Violations {
+    /// A token returned to a consumer while another live consumer held it.
+    pub double_claims: u64,
+    /// A token returned by a select after it had been spent.
+    pub spent_selected: u64,
+    /// Settlement (or minting the change) failed in the store.
+    pub settle_errors: u64,
+}
+
+/// Everything one strategy run measured.
+#[derive(Debug, Clone)]
+pub struct StrategyRun {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// One sample per select call, in completion order.
+    pub samples: Vec<Sample>,
+    /// Claims per token.
+    pub claims: Vec<(TokenId, TokenClaims)>,
+    /// Tokens that existed during the run: the seeded ones plus minted change.
+    pub population: u64,
+    /// Wall time of the request phase.
+    pub wall: Duration,
+    /// Peak resident memory of the process during the run (VmHWM), if readable.
+    pub peak_memory_bytes: Option<u64>,
+    /// Locks in the database when the last request finished.
+    pub locks_left: u64,
+    /// Invariant checks.
+    pub violations: Violations,
+}
+
+/// The run-wide settings every strategy shares.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// The selection settings of `holdfast` (before an ablation).
+    pub selection: SelectionConfig,
+    /// The lease, in simulated time.
+    pub lease: LeaseConfig,
+    /// The configuration (backend options, settlement policy).
+    pub config: Config,
+    /// The run's seed.
+    pub seed: u64,
+    /// Show a progress bar on stderr for phases over a second.
+    pub progress: bool,
+}
+
+/// A 64-bit mix (splitmix64) to derive independent seeds from the run's seed.
+pub fn mix(seed: u64, salt: u64) -> u64 {
+    let mut z = seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The seeded wallets of a workload: every token with its drawn amount.
+pub fn genesis(workload: &Workload, seed: u64) -> Result<Vec<NewToken>, SimulateError> {
+    let mut rng = StdRng::seed_from_u64(mix(seed, 1));
+    let mut out = Vec::new();
+    for (b, block) in workload.tokens.iter().enumerate() {
+        let tx = TxId::new(format!("genesis-{b}")).map_err(SimulateError::internal)?;
+        for i in 0..block.count {
+            let index = u32::try_from(i).map_err(SimulateError::internal)?;
+            out.push(NewToken {
+                id: TokenId::new(tx.clone(), index),
+                wallet: block.wallet.clone(),
+                token_type: block.token_type.clone(),
+                quantity: block.amount.draw(&mut rng),
+                spendable: true,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The request plan: every block's requests with drawn amounts, shuffled.
+pub fn plan(workload: &Workload, seed: u64) -> Vec<PlannedRequest> {
+    let mut rng = StdRng::seed_from_u64(mix(seed, 2));
+    let mut out = Vec::new();
+    for block in &workload.requests {
+        for _ in 0..block.count {
+            out.push(PlannedRequest {
+                wallet: block.wallet.clone(),
+                token_type: block.token_type.clone(),
+                amount: block.amount.draw(&mut rng),
+                mode: block.mode,
+                seed: 0,
+            });
+        }
+    }
+    out.shuffle(&mut rng);
+    for (i, request) in out.iter_mut().enumerate() {
+        request.seed = mix(seed, 1000 + u64::try_from(i).unwrap_or(u64::MAX));
+    }
+    out
+}
+
+/// Adds `tokens` through `store` in batches of [`SEED_BATCH`].
+pub async fn seed_wallets(
+    store: &dyn TokenStore,
+    tokens: &[NewToken],
+    progress: &Progress,
+) -> Result<(), SimulateError> {
+    for batch in tokens.chunks(SEED_BATCH) {
+        store.add_tokens(batch).await.map_err(SimulateError::Seed)?;
+        progress.inc(u64::try_from(batch.len()).unwrap_or(u64::MAX));
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr that appears only once its phase has run for a second.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    bar: ProgressBar,
+    enabled: bool,
+    shown: Arc<AtomicBool>,
+    started: Instant,
+}
+
+impl Progress {
+    /// A bar of `total` steps (`None`: unknown) labelled `label`; `enabled` false
+    /// never draws.
+    pub fn new(total: Option<u64>, label: &str, enabled: bool) -> Progress {
+        let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::hidden());
+        let template = if total.is_some() {
+            "{prefix:>24} [{bar:30}] {pos}/{len} {elapsed_precise}"
+        } else {
+            "{prefix:>24} {spinner} {pos} {elapsed_precise}"
+        };
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(label.to_owned());
+        Progress {
+            bar,
+            enabled,
+            shown: Arc::new(AtomicBool::new(false)),
+            started: Instant::now(),
+        }
+    }
+
+    /// Advances by `n`; shows the bar once a second has passed.
+    pub fn inc(&self, n: u64) {
+        self.bar.inc(n);
+        if self.enabled
+            && !self.shown.load(Ordering::Relaxed)
+            && self.started.elapsed() >= Duration::from_secs(1)
+            && !self.shown.swap(true, Ordering::Relaxed)
+        {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+enum Selector {
+    Holdfast(Box<TokenSelector>),
+    Naive(NaiveSelector),
+}
+
+struct Replica {
+    stores: Stores,
+    selector: Selector,
+    settlement: Settlement,
+    /// Whether settlement releases locks (false: naive, and the settle-release ablation).
+    releases: bool,
+}
+
+impl Replica {
+    async fn select(&self, request: &SelectRequest, seed: u64) -> SelectReport {
+        match &self.selector {
+            Selector::Holdfast(s) => s.select_seeded(request, seed).await,
+            Selector::Naive(s) => s.select_seeded(request, seed).await,
+        }
+    }
+}
+
+/// Who holds a token, as the run's invariant checker sees it.
+#[derive(Debug, Clone)]
+struct Holder {
+    consumer: TxId,
+    /// Simulated time the holder's select started (its lock is at least this new).
+    since: Timestamp,
+    /// Released only by the lease sweep.
+    lease_only: bool,
+}
+
+#[derive(Default)]
+struct Checker {
+    holders: Mutex<HashMap<TokenId, Holder>>,
+    spent: Mutex<HashSet<TokenId>>,
+    double_claims: AtomicU64,
+    spent_selected: AtomicU64,
+    settle_errors: AtomicU64,
+    minted: AtomicU64,
+}
+
+impl Checker {
+    fn on_selected(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        since: Timestamp,
+        now: Timestamp,
+        lease: Duration,
+    ) {
+        {
+            let spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+            for t in tokens {
+                if spent.contains(t) {
+                    self.spent_selected.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(token = %t, %consumer, "a spent token was selected");
+                }
+            }
+        }
+        let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
+        for t in tokens {
+            if let Some(h) = holders.get(t) {
+                // A lease-only lock may have been swept once it is older than the
+                // lease; its holder's select started no later than the lock.
+                let maybe_swept = h.lease_only
+                    && now.as_millis() >= h.since.as_millis().saturating_add(millis(lease));
+                if !maybe_swept && h.consumer != *consumer {
+                    self.double_claims.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(token = %t, holder = %h.consumer, %consumer, "a token held by a live consumer was selected again");
+                }
+            }
+            holders.insert(
+                t.clone(),
+                Holder {
+                    consumer: consumer.clone(),
+                    since,
+                    lease_only: false,
+                },
+            );
+        }
+    }
+
+    /// Forgets the holder before its locks are released (so a later winner is never
+    /// mistaken for a double claim).
+    fn on_releasing(&self, tokens: &[TokenId]) {
+        let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
+        for t in tokens {
+            holders.remove(t);
+        }
+    }
+
+    fn on_spending(&self, tokens: &[TokenId]) {
+        self.on_releasing(tokens);
+        let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
+        spent.extend(tokens.iter().cloned());
+    }
+
+    fn on_lease_only(&self, tokens: &[TokenId]) {
+        let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
+        for t in tokens {
+            if let Some(h) = holders.get_mut(t) {
+                h.lease_only = true;
+            }
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The selection settings of a strategy: holdfast's, with the ablated knob off.
+pub fn selection_for(strategy: Strategy, base: &SelectionConfig) -> SelectionConfig {
+    let mut config = base.clone();
+    if let Strategy::Ablated(ablation) = strategy {
+        match ablation {
+            Ablation::Blacklist => config.blacklist = false,
+            Ablation::Order => config.ascending = false,
+            Ablation::Window => config.sufficiency_window = 1,
+            Ablation::Batch => config.batch_window = 1,
+            Ablation::AntiJoin | Ablation::SettleRelease => {}
+        }
+    }
+    config
+}
+
+async fn open_replicas(
+    strategy: Strategy,
+    db: &FreshDb,
+    workload: &Workload,
+    settings: &RunSettings,
+    clock: &Arc<SimClock>,
+    ledger: &Arc<ClaimLedger>,
+) -> Result<(Vec<Backend>, Vec<Arc<Replica>>), SimulateError> {
+    let options = crate::cli::backend_options(&settings.config);
+    let selection = selection_for(strategy, &settings.selection);
+    let mut backends = Vec::new();
+    let mut replicas = Vec::new();
+    for r in 0..workload.replicas {
+        let backend = Backend::open(&db.url, &options)
+            .await
+            .map_err(SimulateError::Open)?;
+        let raw = backend.stores();
+        let tokens: Arc<dyn TokenStore> = if strategy == Strategy::Ablated(Ablation::AntiJoin) {
+            Arc::new(LockBlindTokens::new(raw.tokens.clone()))
+        } else {
+            raw.tokens.clone()
+        };
+        let locks: Arc<dyn LockStore> =
+            Arc::new(CountingLockStore::new(raw.locks.clone(), ledger.clone()));
+        let stores = Stores {
+            tokens,
+            locks,
+            statuses: raw.statuses.clone(),
+            queues: raw.queues.clone(),
+        };
+        let clock_port: Arc<dyn Clock> = clock.clone();
+        let selector = match strategy {
+            Strategy::Naive => Selector::Naive(NaiveSelector::new(
+                stores.tokens.clone(),
+                stores.locks.clone(),
+                clock_port.clone(),
+                NaiveConfig {
+                    legs: selection.max_retries,
+                    max_immediate_retries: selection.max_immediate_retries,
+                    retry_interval: selection.retry_interval,
+                    cache_refresh: Duration::from_secs(1),
+                },
+            )),
+            _ => Selector::Holdfast(Box::new(
+                TokenSelector::new(
+                    stores.clone(),
+                    clock_port.clone(),
+                    selection.clone(),
+                    Some(mix(settings.seed, 500 + u64::try_from(r).unwrap_or(0))),
+                )
+                .map_err(SimulateError::Selection)?,
+            )),
+        };
+        let settlement =
+            Settlement::new(stores.clone(), clock_port, settings.config.persist_policy());
+        let releases = !matches!(
+            strategy,
+            Strategy::Naive | Strategy::Ablated(Ablation::SettleRelease)
+        );
+        replicas.push(Arc::new(Replica {
+            stores,
+            selector,
+            settlement,
+            releases,
+        }));
+        backends.push(backend);
+    }
+    Ok((backends, replicas))
+}
+
+struct Shared {
+    plan: Vec<PlannedRequest>,
+    next: AtomicUsize,
+    samples: Mutex<Vec<Sample>>,
+    checker: Checker,
+    clock: Arc<SimClock>,
+    lease: Duration,
+    started: Instant,
+    progress: Progress,
+}
+
+async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
+    let Some(planned) = shared.plan.get(index) else {
+        return;
+    };
+    let Ok(consumer) = TxId::new(format!("sim-{index}")) else {
+        return;
+    };
+    let request = SelectRequest {
+        wallet: planned.wallet.clone(),
+        token_type: planned.token_type.clone(),
+        amount: planned.amount,
+        consumer: consumer.clone(),
+    };
+    let since = shared.clock.now();
+    let report = replica.select(&request, planned.seed).await;
+    let mut sample = Sample {
+        ok: false,
+        insufficient: false,
+        spurious: false,
+        error: false,
+        lock_attempts: report.stats.lock_attempts,
+        conflicts: report.stats.conflicts,
+        round_trips: report.stats.round_trips(),
+        latency: report.elapsed,
+        finished_at: Duration::ZERO,
+    };
+    match report.result {
+        Ok(selected) => {
+            sample.ok = true;
+            let checker = &shared.checker;
+            checker.on_selected(
+                &consumer,
+                &selected.tokens,
+                since,
+                shared.clock.now(),
+                shared.lease,
+            );
+            match planned.mode {
+                RequestMode::Settle => {
+                    if !selected.change.is_zero() {
+                        let change = NewToken {
+                            id: TokenId::new(consumer.clone(), 0),
+                            wallet: planned.wallet.clone(),
+                            token_type: planned.token_type.clone(),
+                            quantity: selected.change,
+                            spendable: true,
+                        };
+                        match replica.stores.tokens.add_tokens(&[change]).await {
+                            Ok(_) => {
+                                checker.minted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                checker.settle_errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(error = %e, "could not mint the change");
+                            }
+                        }
+                    }
+                    checker.on_spending(&selected.tokens);
+                    let status = SettlementStatus::Known(TxStatus::Confirmed);
+                    if let Err(e) = replica.settlement.on_status(&consumer, status).await {
+                        checker.settle_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "could not settle");
+                    }
+                }
+                RequestMode::Unlock if replica.releases => {
+                    checker.on_releasing(&selected.tokens);
+                    if let Err(e) = replica
+                        .settlement
+                        .on_status(&consumer, SettlementStatus::Invalid)
+                        .await
+                    {
+                        checker.settle_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(error = %e, "could not release");
+                    }
+                }
+                RequestMode::Unlock | RequestMode::Hold => {
+                    checker.on_lease_only(&selected.tokens);
+                }
+            }
+        }
+        Err(SelectError::Store(_) | SelectError::Input(_)) => sample.error = true,
+        Err(e) => {
+            let covered = match replica
+                .stores
+                .tokens
+                .balance(&planned.wallet, &planned.token_type)
+                .await
+            {
+                Ok(balance) => balance >= planned.amount,
+                Err(_) => false,
+            };
+            match e {
+                SelectError::InsufficientFunds { .. } if !covered => sample.insufficient = true,
+                _ if covered => sample.spurious = true,
+                // Funds locked while the balance no longer covers the request:
+                // the money was spent meanwhile; a true shortage.
+                _ => sample.insufficient = true,
+            }
+        }
+    }
+    sample.finished_at = shared.started.elapsed();
+    shared
+        .samples
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(sample);
+    shared.progress.inc(1);
+}
+
+/// Runs `strategy` of `workload` on a fresh database from `provisioner`.
+pub async fn run_strategy(
+    strategy: Strategy,
+    workload: &Workload,
+    settings: &RunSettings,
+    provisioner: &Provisioner,
+) -> Result<StrategyRun, SimulateError> {
+    let db = provisioner
+        .create(&strategy.name())
+        .await
+        .map_err(SimulateError::Provision)?;
+    let result = run_on(strategy, workload, settings, &db).await;
+    let removed = provisioner.remove(&db).await;
+    let run = result?;
+    removed.map_err(SimulateError::Provision)?;
+    Ok(run)
+}
+
+async fn run_on(
+    strategy: Strategy,
+    workload: &Workload,
+    settings: &RunSettings,
+    db: &FreshDb,
+) -> Result<StrategyRun, SimulateError> {
+    let clock = Arc::new(SimClock::new(
+        Timestamp::from_millis(1_700_000_000_000),
+        workload.time_scale,
+    ));
+    let ledger = Arc::new(ClaimLedger::default());
+    let (backends, replicas) =
+        open_replicas(strategy, db, workload, settings, &clock, &ledger).await?;
+    let outcome = drive(strategy, workload, settings, clock, ledger, &replicas).await;
+    for backend in &backends {
+        backend.close().await;
+    }
+    outcome
+}
+
+async fn drive(
+    strategy: Strategy,
+    workload: &Workload,
+    settings: &RunSettings,
+    clock: Arc<SimClock>,
+    ledger: Arc<ClaimLedger>,
+    replicas: &[Arc<Replica>],
+) -> Result<StrategyRun, SimulateError> {
+    let first = replicas
+        .first()
+        .ok_or_else(|| SimulateError::internal("a workload has at least one replica"))?;
+    let tokens = genesis(workload, settings.seed)?;
+    let seeding = Progress::new(
+        Some(u64::try_from(tokens.len()).unwrap_or(u64::MAX)),
+        &format!("{}: seeding", strategy.name()),
+        settings.progress,
+    );
+    seed_wallets(first.stores.tokens.as_ref(), &tokens, &seeding).await?;
+    seeding.finish();
+    let population = u64::try_from(tokens.len()).unwrap_or(u64::MAX);
+    drop(tokens);
+
+    let lease = settings.lease;
+    let sweep_config = LeaseConfig {
+        lease_expiry: lease.lease_expiry,
+        cleanup_period: clock.wall(lease.cleanup_period),
+    };
+    let mut sweepers = Vec::new();
+    for replica in replicas {
+        let clock_port: Arc<dyn Clock> = clock.clone();
+        sweepers.push(
+            LeaseSweeper::spawn(replica.stores.locks.clone(), clock_port, sweep_config)
+                .map_err(SimulateError::Lease)?,
+        );
+    }
+
+    let plan = plan(workload, settings.seed);
+    let total = u64::try_from(plan.len()).unwrap_or(u64::MAX);
+    memory::reset_peak();
+    let shared = Arc::new(Shared {
+        plan,
+        next: AtomicUsize::new(0),
+        samples: Mutex::new(Vec::new()),
+        checker: Checker::default(),
+        clock: clock.clone(),
+        lease: lease.lease_expiry,
+        started: Instant::now(),
+        progress: Progress::new(Some(total), &strategy.name(), settings.progress),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..workload.concurrency {
+        let shared = shared.clone();
+        let replica = replicas[t % replicas.len()].clone();
+        tasks.spawn(async move {
+            loop {
+                let index = shared.next.fetch_add(1, Ordering::Relaxed);
+                if index >= shared.plan.len() {
+                    break;
+                }
+                run_request(&shared, &replica, index).await;
+            }
+        });
+    }
+    let mut panicked = None;
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined {
+            panicked = Some(e.to_string());
+        }
+    }
+    let wall = shared.started.elapsed();
+    shared.progress.finish();
+    let peak_memory_bytes = memory::peak_bytes();
+    if let Some(message) = panicked {
+        return Err(SimulateError::Task(message));
+    }
+    for sweeper in sweepers {
+        sweeper.shutdown().await;
+    }
+    let locks_left = first
+        .stores
+        .locks
+        .list_locks()
+        .await
+        .map_err(SimulateError::Locks)?
+        .len();
+    let samples = std::mem::take(
+        &mut *shared
+            .samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    let checker = &shared.checker;
+    Ok(StrategyRun {
+        strategy,
+        samples,
+        claims: ledger.snapshot(),
+        population: population.saturating_add(checker.minted.load(Ordering::Relaxed)),
+        wall,
+        peak_memory_bytes,
+        locks_left: u64::try_from(locks_left).unwrap_or(u64::MAX),
+        violations: Violations {
+            double_claims: checker.double_claims.load(Ordering::Relaxed),
+            spent_selected: checker.spent_selected.load(Ordering::Relaxed),
+            settle_errors: checker.settle_errors.load(Ordering::Relaxed),
+        },
+    })
+}

@@ -108,6 +108,23 @@ impl Table {
     }
 }
 
+/// At most `max` items joined with ", ", then how many more there are.
+pub fn short_list(items: &[String], max: usize) -> String {
+    let mut text = items
+        .iter()
+        .take(max)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > max {
+        text.push_str(&format!(
+            ", … (+{} more; --json lists all)",
+            items.len() - max
+        ));
+    }
+    text
+}
+
 /// An amount in its canonical decimal form (what the JSON carries).
 pub fn amount(q: Quantity) -> String {
     q.to_string()
@@ -152,6 +169,16 @@ mod tests {
         assert_eq!(
             t.render(),
             "id          amount  note\na:0         100\nlong-tx:12  7       x\n"
+        );
+    }
+
+    #[test]
+    fn long_lists_are_cut_short() {
+        let items: Vec<String> = (0..5).map(|i| format!("t:{i}")).collect();
+        assert_eq!(short_list(&items, 5), "t:0, t:1, t:2, t:3, t:4");
+        assert_eq!(
+            short_list(&items, 2),
+            "t:0, t:1, … (+3 more; --json lists all)"
         );
     }
 

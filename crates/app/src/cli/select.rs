@@ -104,7 +104,7 @@ impl Report for Selection {
             self.tx,
             self.amount,
             self.change,
-            self.tokens.join(", ")
+            output::short_list(&self.tokens, 10)
         )
     }
 }

@@ -104,7 +104,7 @@ impl Report for SettleView {
                 self.tx,
                 self.status,
                 self.spent.len(),
-                self.spent.join(", ")
+                super::output::short_list(&self.spent, 10)
             ),
             "release_all" => format!(
                 "tx {} {}: {} lock(s) released\n",

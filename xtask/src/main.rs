@@ -8,6 +8,7 @@
 //! add a line to [`TASKS`] and an arm to [`dispatch`]. Run commands through
 //! [`process::run`] so they are echoed and their failures become [`Error`]s.
 
+mod bench;
 mod ci;
 mod demo;
 mod error;
@@ -39,6 +40,10 @@ const TASKS: &[(&str, &str)] = &[
         "demo [ARGS]",
         "the scripted tour of `holdfast demo` on a temporary database; ARGS go to it (--json, --keep)",
     ),
+    (
+        "bench [--quick] [--sqlite-only]",
+        "simulator presets on SQLite and PostgreSQL, raw lock limit, wallet scaling -> bench/results.json",
+    ),
     ("help", "this list"),
 ];
 
@@ -59,6 +64,7 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
         None => ("help", &[][..]),
     };
     match task {
+        "bench" => bench::run(rest),
         "ci" => ci::run(rest),
         "test" => testing::run(rest),
         "fuzz" => fuzz::run(rest),

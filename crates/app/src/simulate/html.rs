@@ -69,6 +69,8 @@ fn short(x: f64) -> String {
         format!("{:.1}k", x / 1000.0)
     } else if x.fract() == 0.0 {
         format!("{x:.0}")
+    } else if x < 10.0 {
+        format!("{x:.2}")
     } else {
         format!("{x:.1}")
     }
@@ -79,28 +81,46 @@ fn legend(runs: &[StrategyRun]) -> String {
     for (i, run) in runs.iter().enumerate() {
         let _ = write!(
             out,
-            r#"<span><i style="background:{}"></i>{}</span>"#,
+            r#"<span><i style="background:{}"></i>{} ({:.2} s)</span>"#,
             color(run, i),
-            escape(&run.strategy.name())
+            escape(&run.strategy.name()),
+            run.wall.as_secs_f64()
         );
     }
     out.push_str("</p>");
     out
 }
 
-/// Conflicts of the most contended tokens, per strategy, side by side.
+/// Each strategy's conflicts per token as a share of its own conflicts, most
+/// contended first, side by side (shares, so strategies with very different
+/// totals stay comparable; the counts are in the tooltips).
 fn conflict_chart(runs: &[StrategyRun]) -> String {
     const SHOWN: usize = 30;
-    let series: Vec<Vec<u64>> = runs
+    let series: Vec<(u64, Vec<u64>)> = runs
         .iter()
-        .map(|r| conflicts_by_token(r).into_iter().take(SHOWN).collect())
+        .map(|r| {
+            let all = conflicts_by_token(r);
+            let total: u64 = all.iter().sum();
+            (total, all.into_iter().take(SHOWN).collect())
+        })
         .collect();
-    let max = series.iter().flatten().copied().max().unwrap_or(0).max(1);
-    let mut svg = svg_open("Conflicts per token, most contended first");
+    let share = |v: u64, total: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            to_f64(v) / to_f64(total)
+        }
+    };
+    let max = series
+        .iter()
+        .flat_map(|(total, values)| values.iter().map(|&v| share(v, *total)))
+        .fold(0.0, f64::max)
+        .max(0.01);
+    let mut svg = svg_open("Share of each strategy's conflicts per token, most contended first");
     axis(
         &mut svg,
-        to_f64(max),
-        "conflicts",
+        max,
+        "share of conflicts",
         "token rank (most contended first)",
     );
     let plot_w = WIDTH - LEFT - 8.0;
@@ -108,16 +128,16 @@ fn conflict_chart(runs: &[StrategyRun]) -> String {
     let group = plot_w / to_f64(u64::try_from(SHOWN).unwrap_or(1));
     let n = to_f64(u64::try_from(runs.len().max(1)).unwrap_or(1));
     let bar = (group * 0.8 / n).max(1.0);
-    for (s, (run, values)) in runs.iter().zip(&series).enumerate() {
+    for (s, (run, (total, values))) in runs.iter().zip(&series).enumerate() {
         for (rank, &v) in values.iter().enumerate() {
-            let h = plot_h * to_f64(v) / to_f64(max);
+            let h = plot_h * share(v, *total) / max;
             let x = LEFT
                 + 2.0
                 + group * to_f64(u64::try_from(rank).unwrap_or(0))
                 + bar * to_f64(u64::try_from(s).unwrap_or(0));
             let _ = write!(
                 svg,
-                r#"<rect x="{x:.1}" y="{y:.1}" width="{bar:.1}" height="{h:.1}" fill="{c}"><title>{name}: token #{r}: {v} conflicts</title></rect>"#,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{bar:.1}" height="{h:.1}" fill="{c}"><title>{name}: token #{r}: {v} of {total} conflicts</title></rect>"#,
                 y = TOP + plot_h - h,
                 c = color(run, s),
                 name = escape(&run.strategy.name()),
@@ -203,21 +223,18 @@ fn latency_chart(runs: &[StrategyRun]) -> String {
     svg
 }
 
-/// Successful selects per second over the run, one line per strategy.
+/// Successful selects per second over each run, one line per strategy; the x axis
+/// is the share of that strategy's own run (their durations differ widely, and
+/// are in the legend).
 fn throughput_chart(runs: &[StrategyRun]) -> String {
     const SLOTS: u32 = 40;
-    let longest = runs
-        .iter()
-        .map(|r| r.wall)
-        .max()
-        .unwrap_or_default()
-        .max(Duration::from_millis(1));
-    let slot = longest / SLOTS;
-    let slot_secs = slot.as_secs_f64().max(1e-6);
     let rates: Vec<Vec<f64>> = runs
         .iter()
         .map(|r| {
-            let mut c = vec![0u64; usize::try_from(SLOTS).unwrap_or(40) + 1];
+            let wall = r.wall.max(Duration::from_millis(1));
+            let slot = wall / SLOTS;
+            let slot_secs = slot.as_secs_f64().max(1e-6);
+            let mut c = vec![0u64; usize::try_from(SLOTS).unwrap_or(40)];
             for s in r.samples.iter().filter(|s| s.ok) {
                 let i = usize::try_from(s.finished_at.as_nanos() / slot.as_nanos().max(1))
                     .unwrap_or(usize::MAX)
@@ -228,40 +245,44 @@ fn throughput_chart(runs: &[StrategyRun]) -> String {
         })
         .collect();
     let max = rates.iter().flatten().copied().fold(1.0, f64::max);
-    let mut svg = svg_open("Successful selects per second over time");
-    axis(&mut svg, max, "selects/s", "seconds since start of the run");
+    let mut svg = svg_open("Successful selects per second over each run");
+    axis(
+        &mut svg,
+        max,
+        "selects/s",
+        "progress through the strategy's own run (%)",
+    );
     let plot_w = WIDTH - LEFT - 8.0;
     let plot_h = HEIGHT - TOP - BOTTOM;
-    let total_secs = longest.as_secs_f64();
     for (s, (run, values)) in runs.iter().zip(&rates).enumerate() {
-        let own_slots = (run.wall.as_secs_f64() / slot_secs).ceil();
         let points: Vec<String> = values
             .iter()
             .enumerate()
-            .take_while(|(i, _)| to_f64(u64::try_from(*i).unwrap_or(0)) < own_slots.max(1.0))
             .map(|(i, v)| {
-                let t = (to_f64(u64::try_from(i).unwrap_or(0)) + 0.5) * slot_secs;
+                let t = (to_f64(u64::try_from(i).unwrap_or(0)) + 0.5) / f64::from(SLOTS);
                 format!(
                     "{:.1},{:.1}",
-                    LEFT + plot_w * (t / total_secs).min(1.0),
+                    LEFT + plot_w * t,
                     TOP + plot_h - plot_h * v / max
                 )
             })
             .collect();
         let _ = write!(
             svg,
-            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"><title>{}: {:.2} s</title></polyline>"#,
             color(run, s),
-            points.join(" ")
+            points.join(" "),
+            escape(&run.strategy.name()),
+            run.wall.as_secs_f64()
         );
     }
     for i in 0..=4u32 {
-        let t = total_secs * f64::from(i) / 4.0;
         let _ = write!(
             svg,
-            r#"<text x="{x:.1}" y="{y:.1}" font-size="10" text-anchor="middle">{t:.1}</text>"#,
+            r#"<text x="{x:.1}" y="{y:.1}" font-size="10" text-anchor="middle">{p}</text>"#,
             x = LEFT + plot_w * f64::from(i) / 4.0,
-            y = TOP + plot_h + 12.0
+            y = TOP + plot_h + 12.0,
+            p = i * 25
         );
     }
     svg.push_str("</svg>");
@@ -284,7 +305,7 @@ impl SimulationReport {
             page,
             r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{t}</title><style>
 body{{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:900px}}
-pre{{background:#f6f6f6;padding:12px;overflow-x:auto;font-size:12px}}
+pre{{background:#f6f6f6;padding:12px;overflow-x:auto;font-size:12px;white-space:pre-wrap}}
 h2{{margin-top:28px;font-size:18px}} .legend span{{margin-right:18px}}
 .legend i{{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:middle}}
 </style></head><body><h1>{t}</h1>"#,
@@ -295,13 +316,13 @@ h2{{margin-top:28px;font-size:18px}} .legend span{{margin-right:18px}}
             page.push_str("<p>No token strategies in this run (admission figures above).</p>");
         } else {
             page.push_str(&legend(&self.runs));
-            page.push_str("<h2>Per-token conflict distribution</h2><p>Lost races per token, the 30 most contended tokens of each strategy. A steep first bar is the incident's shape: a few hot tokens take most conflicts.</p>");
+            page.push_str("<h2>Per-token conflict distribution</h2><p>Each token's share of the strategy's lost races, the 30 most contended tokens of each strategy (counts in the tooltips; totals per select in the table). A steep first bar is the incident's shape: a few hot tokens take most conflicts.</p>");
             page.push_str(&conflict_chart(&self.runs));
             page.push_str(
                 "<h2>Select latency</h2><p>Selects per latency bucket (backoffs included).</p>",
             );
             page.push_str(&latency_chart(&self.runs));
-            page.push_str("<h2>Throughput over time</h2><p>Successful selects per second, in 40 slots over the longest run.</p>");
+            page.push_str("<h2>Throughput over time</h2><p>Successful selects per second in 40 slots of each strategy's own run (run lengths in the legend).</p>");
             page.push_str(&throughput_chart(&self.runs));
         }
         page.push_str("</body></html>\n");

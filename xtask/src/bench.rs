@@ -1,0 +1,354 @@
+//! `cargo xtask bench`: the simulator's presets on SQLite and PostgreSQL, the
+//! physical limit of the lock statements, and select latency and peak memory as
+//! the wallet grows from 1k to 1M tokens. Builds `holdfast` in release once, runs
+//! `holdfast simulate --json` for every measurement, writes `bench/results.json`
+//! and prints a markdown table. Numbers are reported, never asserted.
+//!
+//! Options: `--quick` stops the scaling series at 100k tokens; `--sqlite-only`
+//! skips PostgreSQL. PostgreSQL is `DATABASE_URL`, or a throwaway cluster as for
+//! the tests.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::{Error, postgres, process};
+
+/// The presets, in report order.
+const PRESETS: &[&str] = &["hot-lineage", "pareto", "dust", "big-wallet", "admission"];
+/// Wallet sizes of the scaling series.
+const WALLETS: &[u64] = &[1_000, 10_000, 100_000, 1_000_000];
+/// The seed of every run.
+const SEED: &str = "42";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+/// Runs `cmd` with stderr shown (progress bars) and returns its stdout as JSON.
+fn json_of(cmd: &mut Command) -> Result<Value, Error> {
+    let command = process::describe(cmd);
+    eprintln!("$ {command}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .output()
+        .map_err(|source| Error::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(Error::CommandFailed {
+            command,
+            status: out.status,
+        });
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| Error::BadOutput {
+        command,
+        detail: format!("not JSON: {e}"),
+    })
+}
+
+fn text_of(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(str::to_owned))
+        .unwrap_or_default();
+    json!({
+        "cpu": cpu,
+        "cpus": std::thread::available_parallelism().map_or(0, usize::from),
+        "memory": memory.trim_start_matches("MemTotal:").trim(),
+        "os": text_of("uname", &["-sr"]),
+        "rustc": text_of("rustc", &["--version"]),
+    })
+}
+
+fn scaling_workload(tokens: u64) -> String {
+    format!(
+        "name = \"wallet-{tokens}\"\nreplicas = 1\nconcurrency = 8\nlegs = 50\n\
+         [[tokens]]\nwallet = \"alice\"\ntype = \"CHF\"\namount = \"1..1000\"\ncount = {tokens}\n\
+         [[requests]]\nwallet = \"alice\"\ntype = \"CHF\"\namount = \"1..500\"\ncount = 200\nmode = \"settle\"\n"
+    )
+}
+
+/// Runs the task.
+pub fn run(args: &[String]) -> Result<(), Error> {
+    let mut quick = false;
+    let mut sqlite_only = false;
+    for arg in args {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--sqlite-only" => sqlite_only = true,
+            other => {
+                return Err(Error::UnexpectedArgument {
+                    task: "bench",
+                    arg: other.to_owned(),
+                });
+            }
+        }
+    }
+    let started = Instant::now();
+    let root = root();
+    process::run(process::cargo().current_dir(&root).args([
+        "build",
+        "--release",
+        "-p",
+        "holdfast",
+        "--bin",
+        "holdfast",
+    ]))?;
+    let binary = target_dir(&root).join("release").join("holdfast");
+    let server = if sqlite_only {
+        None
+    } else {
+        Some(postgres::provide()?)
+    };
+    let mut backends: Vec<(&str, Option<String>)> = vec![("sqlite", None)];
+    if let Some(url) = server.as_ref().and_then(|s| s.url()) {
+        backends.push(("postgres", Some(url.to_owned())));
+    } else if let Some(server) = &server {
+        eprintln!("bench: PostgreSQL skipped: {}", server.describe());
+    }
+    let scratch = std::env::temp_dir().join(format!("holdfast-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|source| Error::Io {
+        action: "creating",
+        path: scratch.clone(),
+        source,
+    })?;
+
+    let simulate = |db: &Option<String>, extra: &[&str]| -> Command {
+        let mut cmd = Command::new(&binary);
+        cmd.current_dir(&scratch)
+            .env("HOLDFAST_LOG", "error")
+            .args(["simulate", "--json", "--seed", SEED])
+            .args(extra);
+        if let Some(url) = db {
+            cmd.arg("--db").arg(url);
+        }
+        cmd
+    };
+
+    let mut presets = Vec::new();
+    for (backend, db) in &backends {
+        for preset in PRESETS {
+            let mut extra = vec!["--workload", preset];
+            if *preset != "admission" {
+                extra.push("--raw-limit");
+            }
+            let report = json_of(&mut simulate(db, &extra))?;
+            presets.push(json!({ "backend": backend, "preset": preset, "report": report }));
+        }
+    }
+
+    let mut scaling = Vec::new();
+    for (backend, db) in &backends {
+        for &tokens in WALLETS {
+            if quick && tokens > 100_000 {
+                continue;
+            }
+            let file = scratch.join(format!("wallet-{tokens}.toml"));
+            std::fs::write(&file, scaling_workload(tokens)).map_err(|source| Error::Io {
+                action: "writing",
+                path: file.clone(),
+                source,
+            })?;
+            let file_arg = file.display().to_string();
+            let report = json_of(&mut simulate(
+                db,
+                &["--workload", &file_arg, "--strategy", "holdfast"],
+            ))?;
+            let figures = &report["strategies"][0];
+            scaling.push(json!({
+                "backend": backend,
+                "tokens": tokens,
+                "selects": figures["selects"],
+                "spurious_failures": figures["spurious_failures"],
+                "latency_ms": figures["latency_ms"],
+                "peak_memory_bytes": figures["peak_memory_bytes"],
+                "round_trips_per_select": figures["round_trips_per_select"],
+            }));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    drop(server);
+
+    let results = json!({
+        "date": text_of("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        "commit": text_of("git", &["-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"]),
+        "machine": machine(),
+        "commands": [
+            "cargo xtask bench",
+            format!("holdfast simulate --workload <preset> --seed {SEED} --json --raw-limit [--db postgres://...]"),
+            format!("holdfast simulate --workload wallet-<n>.toml --strategy holdfast --seed {SEED} --json"),
+        ],
+        "seconds": started.elapsed().as_secs(),
+        "presets": presets,
+        "scaling": scaling,
+    });
+    let out = root.join("bench").join("results.json");
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            action: "creating",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let text = serde_json::to_string_pretty(&results).map_err(|e| Error::BadOutput {
+        command: "bench".to_owned(),
+        detail: e.to_string(),
+    })?;
+    std::fs::write(&out, text + "\n").map_err(|source| Error::Io {
+        action: "writing",
+        path: out.clone(),
+        source,
+    })?;
+    println!("{}", markdown(&results));
+    eprintln!("bench: wrote {}", out.display());
+    Ok(())
+}
+
+fn num(v: &Value) -> String {
+    match v {
+        Value::Number(n) => n.as_f64().map_or_else(
+            || n.to_string(),
+            |f| {
+                if f.fract() == 0.0 || f.abs() >= 100.0 {
+                    format!("{f:.0}")
+                } else {
+                    format!("{f:.2}")
+                }
+            },
+        ),
+        Value::Null => "n/a".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn mib(v: &Value) -> String {
+    v.as_u64().map_or_else(
+        || "n/a".to_owned(),
+        |b| {
+            format!(
+                "{:.1}",
+                f64::from(u32::try_from(b / 1024).unwrap_or(u32::MAX)) / 1024.0
+            )
+        },
+    )
+}
+
+/// The results as markdown tables (what the README's Benchmarks section shows).
+pub fn markdown(results: &Value) -> String {
+    let mut out = String::new();
+    let m = &results["machine"];
+    let _ = writeln!(
+        out,
+        "Machine: {} ({} CPUs, {}), {}; {}. Date: {}, commit {}. Bench took {} s.\n",
+        m["cpu"].as_str().unwrap_or("?"),
+        m["cpus"],
+        m["memory"].as_str().unwrap_or("?"),
+        m["os"].as_str().unwrap_or("?"),
+        m["rustc"].as_str().unwrap_or("?"),
+        results["date"].as_str().unwrap_or("?"),
+        results["commit"].as_str().unwrap_or("?"),
+        results["seconds"],
+    );
+    out.push_str("| backend | preset | strategy | selects/s | spurious | insufficient | lock attempts/select | conflicts/select | hottest share | top 1% share | round trips/select | p50 ms | p99 ms | peak MiB | locks left | % of raw limit |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let empty = Vec::new();
+    for entry in results["presets"].as_array().unwrap_or(&empty) {
+        let report = &entry["report"];
+        if entry["preset"] == "admission" {
+            continue;
+        }
+        for s in report["strategies"].as_array().unwrap_or(&empty) {
+            let raw = if s["strategy"] == "holdfast" {
+                report["raw_limit"]["holdfast_fraction"]
+                    .as_f64()
+                    .map_or_else(|| "n/a".to_owned(), |f| format!("{:.0}%", f * 100.0))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                entry["backend"].as_str().unwrap_or("?"),
+                entry["preset"].as_str().unwrap_or("?"),
+                s["strategy"].as_str().unwrap_or("?"),
+                num(&s["selects_per_second"]),
+                num(&s["spurious_failures"]),
+                num(&s["insufficient_funds"]),
+                num(&s["lock_attempts_per_select"]),
+                num(&s["conflicts_per_select"]),
+                num(&s["hottest_token_conflict_share"]),
+                num(&s["top_1pct_conflict_share"]),
+                num(&s["round_trips_per_select"]),
+                num(&s["latency_ms"]["p50"]),
+                num(&s["latency_ms"]["p99"]),
+                mib(&s["peak_memory_bytes"]),
+                num(&s["locks_left"]),
+                raw,
+            );
+        }
+    }
+    out.push_str("\n| backend | admits/s | invariant violations | slots leaked | wedged | crashes injected | redeliveries |\n|---|---|---|---|---|---|---|\n");
+    for entry in results["presets"].as_array().unwrap_or(&empty) {
+        if entry["preset"] != "admission" {
+            continue;
+        }
+        let a = &entry["report"]["strategies"][0];
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            entry["backend"].as_str().unwrap_or("?"),
+            num(&a["admits_per_second"]),
+            num(&a["invariant_violations"]),
+            num(&a["slots_leaked"]),
+            num(&a["wedged_requests"]),
+            num(&a["crashes_injected"]),
+            num(&a["redeliveries"]),
+        );
+    }
+    out.push_str("\n| backend | wallet tokens | select p50 ms | select p99 ms | peak MiB | round trips/select | spurious |\n|---|---|---|---|---|---|---|\n");
+    for s in results["scaling"].as_array().unwrap_or(&empty) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            s["backend"].as_str().unwrap_or("?"),
+            s["tokens"],
+            num(&s["latency_ms"]["p50"]),
+            num(&s["latency_ms"]["p99"]),
+            mib(&s["peak_memory_bytes"]),
+            num(&s["round_trips_per_select"]),
+            num(&s["spurious_failures"]),
+        );
+    }
+    out
+}

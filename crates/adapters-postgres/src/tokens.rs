@@ -54,9 +54,10 @@ const SELECT_TOKEN: &str = "
 const LIST_TOKENS: &str = "
     SELECT tx_id, idx, wallet, token_type, amount::text, spendable, spent_by,
            (EXTRACT(EPOCH FROM spent_at) * 1000)::bigint
-    FROM tokens
+    FROM tokens t
     WHERE wallet = $1 AND spent_by IS NULL AND ($2::text IS NULL OR token_type = $2)
-    ORDER BY amount, tx_id, idx
+    -- t.amount, not the amount::text output column: numeric order, not text order.
+    ORDER BY t.amount, t.tx_id, t.idx
     LIMIT $3";
 
 const BALANCE: &str = "

@@ -44,7 +44,20 @@ use serde::Deserialize;
 /// Environment variables with the `HOLDFAST_` prefix that are not configuration
 /// keys but are reserved for the command (so [`Config::apply_env`] does not refuse
 /// them as unknown).
-pub const RESERVED_ENV: &[&str] = &["HOLDFAST_CONFIG", "HOLDFAST_LOG", "HOLDFAST_JSON"];
+pub const RESERVED_ENV: &[&str] = &[
+    "HOLDFAST_CONFIG",
+    "HOLDFAST_LOG",
+    "HOLDFAST_JSON",
+    // Set by `cargo xtask` and the test harnesses, never configuration.
+    "HOLDFAST_PG_BIN",
+    "HOLDFAST_PG_SKIP",
+    "HOLDFAST_PG_TALLY",
+    "HOLDFAST_FAULTS_SEED",
+    "HOLDFAST_FAULTS_CHILD",
+    "HOLDFAST_FUZZ_CASES",
+    "HOLDFAST_FUZZ_SECONDS",
+    "HOLDFAST_FAILPOINT",
+];
 
 /// The whole configuration. Plain data with public fields; [`Config::validate`]
 /// checks it, and the typed accessors ([`Config::selection_config`], ...) convert

@@ -76,10 +76,11 @@ pub fn suite(args: &[String]) -> Result<Summary, Error> {
     };
 
     let mut tests = process::cargo();
+    // Run everything even after a failure, so one run reports every failing test.
     if nextest {
-        tests.args(["nextest", "run"]);
+        tests.args(["nextest", "run", "--no-fail-fast"]);
     } else {
-        tests.arg("test");
+        tests.args(["test", "--no-fail-fast"]);
     }
     let selects_packages = args
         .iter()

@@ -830,7 +830,7 @@ pub fn reference_markdown() -> String {
     );
     let _ = writeln!(
         out,
-        "{} are read by the command, not by the configuration.",
+        "{} are not configuration: the command, `cargo xtask` and the test harnesses read them.",
         RESERVED_ENV
             .iter()
             .map(|v| format!("`{v}`"))

@@ -24,6 +24,9 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             "clippy",
             "--workspace",
             "--all-targets",
+            // Lints the test-only failpoints and the crash test that needs them.
+            "--features",
+            "holdfast/failpoints",
             "--",
             "-D",
             "warnings",

@@ -86,7 +86,9 @@ pub fn suite(args: &[String]) -> Result<Summary, Error> {
         .iter()
         .any(|a| a == "-p" || a.starts_with("--package") || a.starts_with("-p"));
     if !selects_packages {
-        tests.arg("--workspace");
+        // The admission crash test needs the test-only failpoints of the app
+        // (crates/app/tests/admission_crash.rs, `required-features`).
+        tests.args(["--workspace", "--features", "holdfast/failpoints"]);
     }
     tests.args(args);
     prepare(&mut tests, &server, &tally);

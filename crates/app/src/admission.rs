@@ -14,6 +14,10 @@
 //! Ancestry (is the last green revision an ancestor of the request's revision?) is
 //! injected as an [`Ancestry`]. [`NoAncestry`], the default of the command and the
 //! demo, answers "not an ancestor", so every build is a full build.
+//!
+//! Every write passes [`failpoint::hit`] right before and right after its store
+//! call: with the cargo feature `failpoints`, a crash test can abort the process
+//! there (see [`crate::failpoint`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,6 +34,7 @@ use holdfast_ports::{CasOutcome, QueueStore, QueueStoreError};
 use tracing::Instrument;
 
 use crate::config::Config;
+use crate::failpoint;
 use crate::metrics as m;
 
 /// Why an ancestry source could not say yes or no.
@@ -404,6 +409,8 @@ impl Admission {
                     Decision::Write(write) => break write,
                 }
             };
+            let label = write_label(&write);
+            failpoint::hit(step, label, failpoint::When::Before);
             let outcome = match &write {
                 Write::Queue {
                     expected, queue, ..
@@ -411,16 +418,17 @@ impl Admission {
                 Write::Request {
                     expected, request, ..
                 } => self.queues.cas_request(*expected, request).await,
-            }
-            .map_err(store)?;
+            };
+            failpoint::hit(step, label, failpoint::When::After);
+            let outcome = outcome.map_err(store)?;
             let applied = outcome == CasOutcome::Applied;
             metrics::counter!(
                 m::ADMISSION_WRITES,
-                "write" => write_label(&write),
+                "write" => label,
                 "result" => if applied { "applied" } else { "conflict" }
             )
             .increment(1);
-            tracing::debug!(write = write_label(&write), applied, "admission write");
+            tracing::debug!(write = label, applied, "admission write");
             if applied {
                 loaded.memo.record_applied(&write);
             } else {

@@ -8,6 +8,7 @@
 //! - [`settlement`]: [`Settlement`], the lock lifecycle on status reports and at start-up.
 //! - [`sweeper`]: [`LeaseSweeper`], the background lease sweep.
 //! - [`admission`]: [`Admission`], build-slot admission against the queue store.
+//! - [`failpoint`]: crash points around admission writes (feature `failpoints`).
 //! - [`metrics`]: the metrics table and `docs/metrics.md`.
 //! - [`simulate`]: the contention simulator behind `holdfast simulate`.
 
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod failpoint;
 pub mod metrics;
 pub mod selector;
 pub mod settlement;

@@ -1,0 +1,1085 @@
+//! A crash between any two admission writes, on a real database (SQLite file and
+//! PostgreSQL), leaves a state from which redelivery drains with every invariant of
+//! DESIGN §3 intact.
+//!
+//! Needs the cargo feature `failpoints` (`[[test]] required-features`): admission
+//! then aborts the process at the point named by `HOLDFAST_FAILPOINT`
+//! (`<step>:<write>:<before|after>:<n>`, see `holdfast::failpoint`).
+//!
+//! How a run goes: a child process (this test binary re-executed, `harness = false`)
+//! plays a fixed scenario of admission messages (ingests, processes, outcomes, dead
+//! letters) against the database, one message at a time in lockstep with the parent
+//! over its stdin and stdout: it announces each message and waits for `go`, so the
+//! parent reads and checks the stored state between messages, never by sleeping.
+//! The points are enumerated from the code: a first, unarmed child plays the whole
+//! scenario and lists every point its writes passed (`holdfast::failpoint::passed`);
+//! the test also requires that list to contain, for every write kind of the domain
+//! (exhaustive matches below, so a new kind does not compile until it is placed),
+//! both sides of the writes process, outcome and dead letter make. Then, for each
+//! point, on a fresh database: a child armed with it aborts there
+//! (`std::process::abort`); the parent (a new process for the database) redelivers
+//! the interrupted message, plays the rest of the scenario and drains (processes
+//! every non-terminal request, gives every admitted one an outcome) until every
+//! request is terminal.
+//!
+//! Checked on the stored state after every message, after the crash and after
+//! every redelivery and drain step: |owners| <= max_concurrent; at most one slot per
+//! request (the stored owner rows are distinct); owners are live requests;
+//! terminal and superseded requests own no slot; processing implies owning a slot
+//! (except for the interrupted message's request between the crash and its
+//! redelivery: a crash between an outcome's release and its terminal write leaves
+//! it processing without a slot, which the redelivery finishes); only the latest
+//! head is admitted (a request that became processing is the latest head); a slot
+//! is released only by its owner's message or pruned because its request is
+//! terminal; terminal states are final. At the end: no wedge (everything drained,
+//! every slot free).
+//!
+//! One message of the scenario writes a state no single sequential writer can:
+//! a terminal request still owning a slot (a release missed by an older writer, or
+//! lost in a race), written straight to the store, so that process's prune write
+//! has failpoints too; the checks allow that one stale owner until it is pruned.
+//! Another loses the reply of an applied claim (the store call fails after the
+//! write), so that a later redelivery finds an accepted request owning a slot after
+//! a newer head arrived: the fence, release and supersede writes.
+
+#[path = "../../adapters-postgres/tests/support/mod.rs"]
+mod pg_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write as _};
+use std::os::unix::process::ExitStatusExt;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use holdfast::admission::{reply_label, write_label};
+use holdfast::backend::{Backend, BackendOptions};
+use holdfast::failpoint;
+use holdfast::{Admission, AdmissionPolicy, NoAncestry};
+use holdfast_domain::admission::{QueueWrite, RequestWrite};
+use holdfast_domain::{
+    AdmissionConfig, BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState,
+    RevisionUri, Version, Write,
+};
+use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use sqlx::{Connection, PgConnection};
+use tokio::runtime::Runtime;
+
+use pg_support::TestDb;
+
+const CHILD_ENV: &str = "HOLDFAST_ADMISSION_CRASH_CHILD";
+/// Slots of the scenario's queue.
+const MAX_CONCURRENT: u32 = 2;
+/// What the store wrapper of [`Event::ProcessLosingReply`] answers after the write.
+const LOST_REPLY: &str = "reply lost after the write was applied (injected)";
+/// Drain rounds before the test calls the queue wedged.
+const DRAIN_ROUNDS: usize = 8;
+
+type Test = fn();
+
+const TESTS: &[(&str, Test)] = &[
+    (
+        "every_failpoint_on_sqlite_redelivery_drains_with_the_invariants",
+        every_failpoint_on_sqlite_redelivery_drains_with_the_invariants,
+    ),
+    (
+        "every_failpoint_on_postgres_redelivery_drains_with_the_invariants",
+        every_failpoint_on_postgres_redelivery_drains_with_the_invariants,
+    ),
+];
+
+fn main() -> ExitCode {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return child::run();
+    }
+    // The libtest arguments cargo test and cargo nextest pass: filters, --exact,
+    // --list (with --format terse), --ignored (none here), and flags ignored here.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let exact = args.iter().any(|a| a == "--exact");
+    if args.iter().any(|a| a == "--ignored") {
+        return ExitCode::SUCCESS;
+    }
+    let mut filters: Vec<&String> = Vec::new();
+    let mut words = args.iter();
+    while let Some(arg) = words.next() {
+        if matches!(
+            arg.as_str(),
+            "--format" | "--test-threads" | "--color" | "--skip"
+        ) {
+            words.next();
+        } else if !arg.starts_with('-') {
+            filters.push(arg);
+        }
+    }
+    let selected: Vec<&(&str, Test)> = TESTS
+        .iter()
+        .filter(|(name, _)| {
+            filters.is_empty()
+                || filters.iter().any(|f| {
+                    if exact {
+                        *name == f.as_str()
+                    } else {
+                        name.contains(f.as_str())
+                    }
+                })
+        })
+        .collect();
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in &selected {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    println!("\nrunning {} tests", selected.len());
+    let mut failed = Vec::new();
+    for (name, test) in &selected {
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(test));
+        println!(
+            "test {name} ... {}",
+            if outcome.is_ok() { "ok" } else { "FAILED" }
+        );
+        if outcome.is_err() {
+            failed.push(*name);
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        selected.len() - failed.len(),
+        failed.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        for name in failed {
+            println!("failed: {name}");
+        }
+        ExitCode::FAILURE
+    }
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+// ---------------------------------------------------------------------------------
+// The scenario.
+// ---------------------------------------------------------------------------------
+
+/// One admission message (or, for [`Event::LeakSlot`], a direct store write). `k`
+/// names the k-th ingested revision, which is request `request/main/k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Ingest(u64),
+    Process(u64),
+    /// A process delivery whose store reports a failure right after applying the
+    /// claim: the message is not acknowledged and is redelivered later.
+    ProcessLosingReply(u64),
+    Outcome(u64, BuildOutcome),
+    DeadLetter(u64),
+    /// Writes request k (terminal) back into the owners, as a release missed by an
+    /// older writer leaves it.
+    LeakSlot(u64),
+}
+
+impl Event {
+    /// The request whose slot this message may release.
+    fn target(self) -> Option<u64> {
+        match self {
+            Event::Ingest(_) | Event::LeakSlot(_) => None,
+            Event::Process(k)
+            | Event::ProcessLosingReply(k)
+            | Event::Outcome(k, _)
+            | Event::DeadLetter(k) => Some(k),
+        }
+    }
+}
+
+/// The scenario, with `max_concurrent = 2`. Comments give the writes of an
+/// uninterrupted run.
+const SCENARIO: &[Event] = &[
+    Event::Ingest(1),                           // stamp
+    Event::Process(1),                          // claim, mark
+    Event::Outcome(1, BuildOutcome::Succeeded), // release, finish
+    Event::LeakSlot(1),                         // owners {1}: 1 is terminal
+    Event::Ingest(2),                           // stamp
+    Event::Process(2),                          // claim, mark: owners {1, 2}
+    Event::Ingest(3),                           // stamp
+    Event::Process(3),                          // gate closed: prune 1, claim, mark
+    Event::Outcome(2, BuildOutcome::Failed),    // release, finish: owners {3}
+    Event::Ingest(4),                           // stamp
+    Event::ProcessLosingReply(4),               // claim (reply lost): owners {3, 4}
+    Event::Ingest(5),                           // stamp
+    Event::Process(5),                          // gate closed, nothing to prune: hold
+    Event::Process(4),                          // not the head: fence, release, supersede
+    Event::Process(5),                          // claim, mark: owners {3, 5}
+    Event::DeadLetter(3),                       // release, fail: owners {5}
+    Event::Ingest(6),                           // stamp
+    Event::DeadLetter(6),                       // accepted without a slot: fail
+    Event::Ingest(7),                           // stamp
+    Event::Ingest(8),                           // stamp
+    Event::Process(7),                          // not the head: supersede
+    Event::Process(8),                          // claim, mark: owners {5, 8}
+    Event::Outcome(5, BuildOutcome::Cancelled), // release, finish: owners {8}
+    Event::DeadLetter(8),                       // release, fail: owners {}
+];
+
+/// The queue of run `n`. Every run on PostgreSQL shares one database (creating a
+/// database takes half a second there); nothing in admission reads across queues,
+/// so a queue of its own is as fresh a start as a database of its own.
+fn queue_name(n: usize) -> QueueName {
+    QueueName::new(format!("run{n}")).expect("queue name")
+}
+
+fn request(queue: &QueueName, k: u64) -> RequestId {
+    RequestId::new(queue.clone(), k)
+}
+
+fn uri(k: u64) -> RevisionUri {
+    RevisionUri::new(format!("rev-{k}")).expect("uri")
+}
+
+fn policy() -> AdmissionPolicy {
+    AdmissionPolicy {
+        default: AdmissionConfig {
+            max_concurrent: MAX_CONCURRENT,
+            ..AdmissionConfig::default()
+        },
+        ..AdmissionPolicy::default()
+    }
+}
+
+fn admission(queues: Arc<dyn QueueStore>) -> Admission {
+    Admission::new(queues, Arc::new(NoAncestry), policy())
+}
+
+/// A reply the scenario accepts: anything but an error or a dead letter.
+fn accept(reply: &Reply) -> Result<String, String> {
+    match reply {
+        Reply::Ack | Reply::Hold(_) | Reply::Publish { .. } => Ok(reply_label(reply).to_owned()),
+        Reply::Retry(_) | Reply::DeadLetter(_) | Reply::Error(_) => {
+            Err(format!("unexpected reply {reply:?}"))
+        }
+    }
+}
+
+/// Plays one event; `Ok` names the reply.
+async fn play(
+    queues: &Arc<dyn QueueStore>,
+    queue: &QueueName,
+    event: Event,
+) -> Result<String, String> {
+    let plain = admission(Arc::clone(queues));
+    match event {
+        Event::Ingest(k) => {
+            let ingest = plain
+                .ingest(queue, &uri(k))
+                .await
+                .map_err(|e| e.to_string())?;
+            if ingest.request.id != request(queue, k) {
+                return Err(format!(
+                    "revision {k} was ingested as {}; expected {}",
+                    ingest.request.id,
+                    request(queue, k)
+                ));
+            }
+            accept(&ingest.reply)
+        }
+        Event::Process(k) => accept(
+            &plain
+                .process(&request(queue, k))
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Event::ProcessLosingReply(k) => {
+            let lossy: Arc<dyn QueueStore> = Arc::new(LosesClaimReply {
+                inner: Arc::clone(queues),
+                claimer: request(queue, k),
+                lost: AtomicBool::new(false),
+            });
+            match admission(lossy).process(&request(queue, k)).await {
+                Ok(reply) => accept(&reply),
+                Err(e) if e.to_string().contains(LOST_REPLY) => Ok("lost reply".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        Event::Outcome(k, outcome) => accept(
+            &plain
+                .outcome(&request(queue, k), outcome)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Event::DeadLetter(k) => accept(
+            &plain
+                .dead_letter(&request(queue, k))
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        Event::LeakSlot(k) => {
+            let stored = queues
+                .load_queue(queue)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no queue to leak a slot in")?;
+            let mut next = stored.clone();
+            next.owners.insert(request(queue, k));
+            next.version = stored.version.next();
+            match queues.cas_queue(stored.version, &next).await {
+                Ok(CasOutcome::Applied) => Ok("leaked".to_owned()),
+                other => Err(format!("leaking a slot: {other:?}")),
+            }
+        }
+    }
+}
+
+/// A queue store whose first applied queue write that gives `claimer` a slot
+/// reports a failure: the write happened, the caller cannot know.
+struct LosesClaimReply {
+    inner: Arc<dyn QueueStore>,
+    claimer: RequestId,
+    lost: AtomicBool,
+}
+
+#[async_trait]
+impl QueueStore for LosesClaimReply {
+    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
+        self.inner.load_queue(name).await
+    }
+
+    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
+        self.inner.load_request(id).await
+    }
+
+    async fn create_request(
+        &self,
+        queue: &QueueName,
+        uri: &RevisionUri,
+    ) -> Result<Ingested, QueueStoreError> {
+        self.inner.create_request(queue, uri).await
+    }
+
+    async fn cas_queue(
+        &self,
+        expected: Version,
+        queue: &Queue,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        let outcome = self.inner.cas_queue(expected, queue).await?;
+        if outcome == CasOutcome::Applied
+            && queue.owners.contains(&self.claimer)
+            && !self.lost.swap(true, Ordering::SeqCst)
+        {
+            return Err(StoreFault::Unavailable(LOST_REPLY.to_owned()).into());
+        }
+        Ok(outcome)
+    }
+
+    async fn cas_request(
+        &self,
+        expected: Version,
+        request: &Request,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        self.inner.cas_request(expected, request).await
+    }
+
+    async fn list_requests(
+        &self,
+        queue: &QueueName,
+        limit: usize,
+    ) -> Result<Vec<Request>, QueueStoreError> {
+        self.inner.list_requests(queue, limit).await
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The child: plays the scenario in lockstep with the parent.
+// ---------------------------------------------------------------------------------
+
+mod child {
+    use super::*;
+
+    /// Protocol (one line each): `event <i>` then waits for a line on stdin; after
+    /// the event `ok <i> <reply>` or `error <i> <message>`; at the end `done`, one
+    /// `passed <point>` per failpoint reached, and `end`.
+    pub fn run() -> ExitCode {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let [url, queue] = args.as_slice() else {
+            eprintln!("child: expected the database URL and the queue name as arguments");
+            return ExitCode::from(2);
+        };
+        let queue = match QueueName::new(queue.as_str()) {
+            Ok(queue) => queue,
+            Err(e) => {
+                eprintln!("child: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let rt = runtime();
+        let backend = match rt.block_on(Backend::open(url, &BackendOptions::default())) {
+            Ok(backend) => backend,
+            Err(e) => {
+                eprintln!("child: opening the database: {e}");
+                return ExitCode::from(3);
+            }
+        };
+        let queues = backend.stores().queues;
+        let mut stdin = std::io::stdin().lock();
+        let mut out = std::io::stdout().lock();
+        for (i, event) in SCENARIO.iter().enumerate() {
+            let _ = writeln!(out, "event {i}");
+            let _ = out.flush();
+            let mut go = String::new();
+            if stdin.read_line(&mut go).unwrap_or(0) == 0 {
+                return ExitCode::from(4);
+            }
+            let line = match rt.block_on(play(&queues, &queue, *event)) {
+                Ok(reply) => format!("ok {i} {reply}"),
+                Err(e) => format!("error {i} {}", e.replace('\n', " ")),
+            };
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out, "done");
+        for point in failpoint::passed() {
+            let _ = writeln!(out, "passed {point}");
+        }
+        let _ = writeln!(out, "end");
+        let _ = out.flush();
+        rt.block_on(backend.close());
+        ExitCode::SUCCESS
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The stored state and the invariants.
+// ---------------------------------------------------------------------------------
+
+/// Where the test database is, for the raw owner-row count.
+enum Raw {
+    Sqlite(PathBuf),
+    Postgres(PgConnection),
+}
+
+/// The stored state of the scenario's queue.
+#[derive(Debug, Clone, Default)]
+struct State {
+    queue: Option<Queue>,
+    requests: BTreeMap<RequestId, Request>,
+    /// Stored owner rows (SQLite: `queue_owners` rows; PostgreSQL: array elements).
+    owner_rows: i64,
+    /// Distinct stored owner rows.
+    distinct_owner_rows: i64,
+}
+
+impl State {
+    fn owners(&self) -> BTreeSet<RequestId> {
+        self.queue
+            .as_ref()
+            .map(|q| q.owners.clone())
+            .unwrap_or_default()
+    }
+
+    fn state_of(&self, id: &RequestId) -> Option<RequestState> {
+        self.requests.get(id).map(|r| r.state)
+    }
+}
+
+/// The parent's view of the database: a backend of its own and a raw connection.
+struct Observer {
+    backend: Backend,
+    queue: QueueName,
+    raw: Raw,
+    /// Terminal owners written by [`Event::LeakSlot`] and not yet pruned.
+    leaked: BTreeSet<RequestId>,
+}
+
+impl Observer {
+    async fn snapshot(&mut self) -> State {
+        let queues = self.backend.stores().queues;
+        let queue = queues.load_queue(&self.queue).await.expect("load queue");
+        let requests = queues
+            .list_requests(&self.queue, 1000)
+            .await
+            .expect("list requests")
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        let (owner_rows, distinct_owner_rows) = match &mut self.raw {
+            Raw::Sqlite(path) => {
+                let conn = rusqlite::Connection::open_with_flags(
+                    path,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+                )
+                .expect("open the SQLite file read-only");
+                conn.query_row(
+                    "SELECT count(*), count(DISTINCT request) FROM queue_owners WHERE queue = ?1",
+                    [self.queue.as_str()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .expect("count owner rows")
+            }
+            Raw::Postgres(conn) => sqlx::query_as::<_, (i64, i64)>(
+                "SELECT COALESCE(SUM(cardinality(owners)), 0)::BIGINT, \
+                 (SELECT count(DISTINCT o) FROM queues, unnest(owners) AS o WHERE name = $1) \
+                 FROM queues WHERE name = $1",
+            )
+            .bind(self.queue.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .expect("count owner elements")
+            .unwrap_or((0, 0)),
+        };
+        State {
+            queue,
+            requests,
+            owner_rows,
+            distinct_owner_rows,
+        }
+    }
+}
+
+/// What may differ from the invariants at a check.
+#[derive(Debug, Clone, Default)]
+struct Allow {
+    /// The interrupted message's request (after a crash, before its redelivery) may
+    /// be processing without a slot.
+    interrupted: Option<RequestId>,
+}
+
+/// The invariants of one state. Returns the violations.
+fn state_violations(state: &State, leaked: &BTreeSet<RequestId>, allow: Allow) -> Vec<String> {
+    let mut bad = Vec::new();
+    let owners = state.owners();
+    let max = usize::try_from(MAX_CONCURRENT).expect("small");
+    if owners.len() > max {
+        bad.push(format!("{} owners {owners:?}; at most {max}", owners.len()));
+    }
+    if state.owner_rows != state.distinct_owner_rows
+        || state.owner_rows != i64::try_from(owners.len()).expect("small")
+    {
+        bad.push(format!(
+            "{} stored owner rows, {} distinct, {} owners: a request holds two slots",
+            state.owner_rows,
+            state.distinct_owner_rows,
+            owners.len()
+        ));
+    }
+    for id in &owners {
+        match state.state_of(id) {
+            None => bad.push(format!("owner {id} is not a stored request")),
+            Some(s) if s.is_terminal() && !leaked.contains(id) => {
+                bad.push(format!(
+                    "owner {id} is {s:?}: terminal requests own no slot"
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for r in state.requests.values() {
+        if r.state == RequestState::Processing
+            && !owners.contains(&r.id)
+            && allow.interrupted.as_ref() != Some(&r.id)
+        {
+            bad.push(format!("{} is processing without a slot", r.id));
+        }
+        if r.state == RequestState::Processing && r.plan.is_none() {
+            bad.push(format!("{} is processing without a build plan", r.id));
+        }
+    }
+    bad
+}
+
+/// The invariants of a step from `before` to `after` made by messages for `target`.
+fn step_violations(before: &State, after: &State, target: Option<&RequestId>) -> Vec<String> {
+    let mut bad = Vec::new();
+    // Release only by owner: a slot leaves the owners only by its own request's
+    // message, or pruned because its request was terminal or missing.
+    for gone in before.owners().difference(&after.owners()) {
+        let pruned = before.state_of(gone).is_none_or(RequestState::is_terminal);
+        if Some(gone) != target && !pruned {
+            bad.push(format!(
+                "{gone} lost its slot in a message for {target:?} while live"
+            ));
+        }
+    }
+    // Only the latest head is admitted.
+    let latest = after
+        .queue
+        .as_ref()
+        .and_then(|q| q.latest_request_id.clone());
+    for r in after.requests.values() {
+        let was = before.state_of(&r.id);
+        if r.state == RequestState::Processing
+            && was != Some(RequestState::Processing)
+            && latest.as_ref() != Some(&r.id)
+        {
+            bad.push(format!(
+                "{} was admitted while {latest:?} was the latest head",
+                r.id
+            ));
+        }
+    }
+    // Terminal is final.
+    for (id, old) in &before.requests {
+        if old.state.is_terminal() {
+            match after.requests.get(id) {
+                Some(new) if new.state == old.state && new.plan == old.plan => {}
+                other => bad.push(format!("terminal {old:?} became {other:?}")),
+            }
+        }
+    }
+    bad
+}
+
+/// Checks a step and the state after it; panics naming `context` on a violation.
+fn check(
+    observer: &mut Observer,
+    before: &State,
+    after: &State,
+    target: Option<u64>,
+    allow: Allow,
+    context: &str,
+) {
+    let target = target.map(|k| request(&observer.queue, k));
+    let mut bad = step_violations(before, after, target.as_ref());
+    bad.extend(state_violations(after, &observer.leaked, allow));
+    assert!(
+        bad.is_empty(),
+        "{context}: invariants violated:\n  {}\nbefore: {before:#?}\nafter: {after:#?}",
+        bad.join("\n  ")
+    );
+    let owners = after.owners();
+    observer.leaked.retain(|id| owners.contains(id));
+}
+
+// ---------------------------------------------------------------------------------
+// The parent: one run of the scenario, armed or not.
+// ---------------------------------------------------------------------------------
+
+/// The database of one run: its URL, the raw view, and the directory that keeps a
+/// SQLite file alive.
+struct RunDb {
+    url: String,
+    raw: Raw,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// What a run ended with.
+enum Ended {
+    /// The child played everything: the failpoints it passed.
+    Completed(Vec<String>),
+    /// The child aborted at the armed point while playing event `at`; the parent
+    /// redelivered and drained.
+    Crashed { at: usize },
+}
+
+fn spawn_child(
+    url: &str,
+    queue: &QueueName,
+    point: Option<&str>,
+) -> (Child, ChildStdin, BufReader<ChildStdout>) {
+    let exe = std::env::current_exe().expect("path of this test binary");
+    let mut cmd = Command::new(exe);
+    cmd.env(CHILD_ENV, "1")
+        .env_remove(failpoint::ENV)
+        .arg(url)
+        .arg(queue.as_str())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(point) = point {
+        cmd.env(failpoint::ENV, point);
+    }
+    let mut child = cmd.spawn().expect("spawn the child process");
+    let stdin = child.stdin.take().expect("child stdin is piped");
+    let stdout = child.stdout.take().expect("child stdout is piped");
+    (child, stdin, BufReader::new(stdout))
+}
+
+/// The next complete line the child wrote, or None at end of output.
+fn next_line(out: &mut BufReader<ChildStdout>) -> Option<String> {
+    let mut line = String::new();
+    match out.read_line(&mut line) {
+        Ok(0) => None,
+        Ok(_) if line.ends_with('\n') => Some(line.trim_end().to_owned()),
+        Ok(_) => None,
+        Err(e) => panic!("reading the child's output: {e}"),
+    }
+}
+
+/// One run on a fresh, empty database at `url`: the child plays the scenario
+/// (aborting at `point` if given); after a crash the parent redelivers and drains.
+fn run(rt: &Runtime, url: &str, raw: Raw, queue: QueueName, point: Option<&str>) -> Ended {
+    let context = |what: &str| format!("[{}] {what}", point.unwrap_or("unarmed"));
+    let backend = rt
+        .block_on(Backend::open(url, &BackendOptions::default()))
+        .expect("open the test database");
+    let (mut child, mut stdin, mut out) = spawn_child(url, &queue, point);
+    let mut observer = Observer {
+        backend,
+        queue,
+        raw,
+        leaked: BTreeSet::new(),
+    };
+    let mut before = rt.block_on(observer.snapshot());
+    let mut current: Option<usize> = None;
+    let mut passed = Vec::new();
+    let ended = loop {
+        let Some(line) = next_line(&mut out) else {
+            break None;
+        };
+        let (word, rest) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+        match word {
+            "event" => {
+                let i: usize = rest.parse().expect("event index");
+                let after = rt.block_on(observer.snapshot());
+                if let Some(prev) = current {
+                    let event = SCENARIO[prev];
+                    check(
+                        &mut observer,
+                        &before,
+                        &after,
+                        event.target(),
+                        Allow::default(),
+                        &context(&format!("after event {prev} {event:?}")),
+                    );
+                }
+                before = after;
+                current = Some(i);
+                writeln!(stdin, "go").expect("tell the child to go on");
+                stdin.flush().expect("flush");
+            }
+            "ok" => {
+                let i: usize = rest
+                    .split(' ')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("ok index");
+                if let Event::LeakSlot(k) = SCENARIO[i] {
+                    observer.leaked.insert(request(&observer.queue, k));
+                }
+            }
+            "error" => panic!("{}", context(&format!("the child failed: {rest}"))),
+            "done" => {
+                let after = rt.block_on(observer.snapshot());
+                let last = current.expect("at least one event");
+                let event = SCENARIO[last];
+                check(
+                    &mut observer,
+                    &before,
+                    &after,
+                    event.target(),
+                    Allow::default(),
+                    &context(&format!("after event {last} {event:?}")),
+                );
+                before = after;
+            }
+            "passed" => passed.push(rest.to_owned()),
+            "end" => break Some(()),
+            other => panic!("{}", context(&format!("unexpected child line {other:?}"))),
+        }
+    };
+    drop(stdin);
+    let status = child.wait().expect("wait for the child");
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    let ended = match (ended, point) {
+        (Some(()), None) => {
+            assert!(status.success(), "unarmed child exited {status}: {stderr}");
+            Ended::Completed(passed)
+        }
+        (Some(()), Some(point)) => panic!("the child played everything without reaching {point}"),
+        (None, None) => panic!("unarmed child died ({status}): {stderr}"),
+        (None, Some(point)) => {
+            assert_eq!(
+                status.signal(),
+                Some(6),
+                "child armed with {point} exited {status}, expected SIGABRT: {stderr}"
+            );
+            assert!(
+                stderr.contains(&format!("holdfast failpoint {point}: aborting")),
+                "child armed with {point} aborted elsewhere: {stderr}"
+            );
+            let at = current.expect("the child aborted inside an event");
+            recover(rt, &mut observer, before, at, &context(""));
+            Ended::Crashed { at }
+        }
+    };
+    rt.block_on(observer.backend.close());
+    ended
+}
+
+/// After the child aborted while playing event `at`: check the state it left,
+/// redeliver that event, play the rest, drain, and check everything is free.
+fn recover(rt: &Runtime, observer: &mut Observer, before: State, at: usize, context: &str) {
+    let interrupted = SCENARIO[at];
+    let crashed = rt.block_on(observer.snapshot());
+    check(
+        observer,
+        &before,
+        &crashed,
+        interrupted.target(),
+        Allow {
+            interrupted: interrupted.target().map(|k| request(&observer.queue, k)),
+        },
+        &format!("{context} after the crash in event {at} {interrupted:?}"),
+    );
+    let queues = observer.backend.stores().queues;
+    let mut before = crashed;
+    for (i, event) in SCENARIO.iter().enumerate().skip(at) {
+        let played = rt.block_on(play(&queues, &observer.queue, *event));
+        if let Err(e) = played {
+            panic!("{context} replaying event {i} {event:?}: {e}");
+        }
+        if let Event::LeakSlot(k) = event {
+            observer.leaked.insert(request(&observer.queue, *k));
+        }
+        let after = rt.block_on(observer.snapshot());
+        let what = if i == at { "redelivered" } else { "replayed" };
+        check(
+            observer,
+            &before,
+            &after,
+            event.target(),
+            Allow::default(),
+            &format!("{context} {what} event {i} {event:?}"),
+        );
+        before = after;
+    }
+    drain(rt, observer, before, context);
+}
+
+/// Processes every non-terminal request and gives every admitted one an outcome,
+/// until all are terminal; panics if that does not happen (a wedge).
+fn drain(rt: &Runtime, observer: &mut Observer, mut before: State, context: &str) {
+    let queues = observer.backend.stores().queues;
+    let admission = admission(Arc::clone(&queues));
+    for _ in 0..DRAIN_ROUNDS {
+        let open: Vec<Request> = before
+            .requests
+            .values()
+            .filter(|r| !r.state.is_terminal())
+            .cloned()
+            .collect();
+        if open.is_empty() {
+            break;
+        }
+        for r in open {
+            let k = r.id.seq();
+            let reply = if r.state == RequestState::Accepted {
+                let reply = rt
+                    .block_on(admission.process(&r.id))
+                    .unwrap_or_else(|e| panic!("{context} drain: process {}: {e}", r.id));
+                let after = rt.block_on(observer.snapshot());
+                check(
+                    observer,
+                    &before,
+                    &after,
+                    Some(k),
+                    Allow::default(),
+                    &format!("{context} drain: process {}", r.id),
+                );
+                before = after;
+                Some(reply)
+            } else {
+                None
+            };
+            let admitted =
+                r.state == RequestState::Processing || matches!(reply, Some(Reply::Publish { .. }));
+            if admitted {
+                rt.block_on(admission.outcome(&r.id, BuildOutcome::Succeeded))
+                    .unwrap_or_else(|e| panic!("{context} drain: outcome {}: {e}", r.id));
+                let after = rt.block_on(observer.snapshot());
+                check(
+                    observer,
+                    &before,
+                    &after,
+                    Some(k),
+                    Allow::default(),
+                    &format!("{context} drain: outcome {}", r.id),
+                );
+                before = after;
+            }
+        }
+    }
+    let open: Vec<String> = before
+        .requests
+        .values()
+        .filter(|r| !r.state.is_terminal())
+        .map(|r| format!("{} {:?}", r.id, r.state))
+        .collect();
+    assert!(
+        open.is_empty(),
+        "{context}: wedged: after {DRAIN_ROUNDS} drain rounds still open: {open:?}; owners {:?}",
+        before.owners()
+    );
+    assert!(
+        before.owners().is_empty(),
+        "{context}: everything is terminal but slots are still owned: {:?}",
+        before.owners()
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Which points there are.
+// ---------------------------------------------------------------------------------
+
+/// The steps in which the scenario must reach each queue write. Exhaustive: a new
+/// kind does not compile until it is placed here.
+fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
+    match kind {
+        QueueWrite::StampLatest => &["ingest"],
+        QueueWrite::Claim | QueueWrite::Prune { .. } => &["process"],
+        QueueWrite::Release => &["process", "outcome", "dead_letter"],
+        // Written only by the reconcile step's migration backfill.
+        QueueWrite::Backfill { .. } => &[],
+    }
+}
+
+/// The steps in which the scenario must reach each request write. Exhaustive.
+fn request_write_steps(kind: &RequestWrite) -> &'static [&'static str] {
+    match kind {
+        RequestWrite::Fence | RequestWrite::Supersede | RequestWrite::MarkProcessing => {
+            &["process"]
+        }
+        RequestWrite::Finish(_) => &["outcome"],
+        RequestWrite::Fail => &["dead_letter"],
+    }
+}
+
+/// `(step, write label)` pairs whose both sides the scenario must pass.
+fn required_points() -> BTreeSet<(String, String)> {
+    let queue = Queue::new(queue_name(0));
+    let req = Request {
+        id: request(&queue.name, 1),
+        uri: uri(1),
+        state: RequestState::Accepted,
+        plan: None,
+        version: Version::FIRST,
+    };
+    let queue_kinds = [
+        QueueWrite::StampLatest,
+        QueueWrite::Claim,
+        QueueWrite::Release,
+        QueueWrite::Prune { pruned: Vec::new() },
+        QueueWrite::Backfill { added: Vec::new() },
+    ];
+    let request_kinds = [
+        RequestWrite::Fence,
+        RequestWrite::Supersede,
+        RequestWrite::MarkProcessing,
+        RequestWrite::Finish(RequestState::Succeeded),
+        RequestWrite::Fail,
+    ];
+    let mut required = BTreeSet::new();
+    for kind in queue_kinds {
+        let steps = queue_write_steps(&kind);
+        let label = write_label(&Write::Queue {
+            kind,
+            expected: Version::FIRST,
+            queue: queue.clone(),
+        });
+        for step in steps {
+            required.insert(((*step).to_owned(), label.to_owned()));
+        }
+    }
+    for kind in request_kinds {
+        let steps = request_write_steps(&kind);
+        let label = write_label(&Write::Request {
+            kind,
+            expected: Version::FIRST,
+            request: req.clone(),
+        });
+        for step in steps {
+            required.insert(((*step).to_owned(), label.to_owned()));
+        }
+    }
+    required
+}
+
+/// Plays the scenario unarmed, checks the points it passed cover every required
+/// write, then crashes at each point; `database` gives each run its database.
+fn every_failpoint(backend: &str, rt: &Runtime, database: impl Fn() -> RunDb) {
+    assert!(
+        std::env::var_os(failpoint::ENV).is_none(),
+        "{} is set in the test's own environment; unset it (the test arms its children)",
+        failpoint::ENV
+    );
+    let started = Instant::now();
+    let db = database();
+    let Ended::Completed(points) = run(rt, &db.url, db.raw, queue_name(0), None) else {
+        panic!("the unarmed run crashed");
+    };
+    let mut reached = BTreeSet::new();
+    for point in &points {
+        let parsed: failpoint::Failpoint = point.parse().expect("a passed point parses");
+        reached.insert((parsed.step, parsed.write, parsed.when));
+    }
+    let missing: Vec<String> = required_points()
+        .into_iter()
+        .flat_map(|(step, write)| {
+            [failpoint::When::Before, failpoint::When::After]
+                .map(|when| (step.clone(), write.clone(), when))
+        })
+        .filter(|key| !reached.contains(key))
+        .map(|(step, write, when)| format!("{step}:{write}:{}", when.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the scenario never reaches {missing:?}; it reached {points:?}"
+    );
+
+    let mut crashed_in = BTreeMap::<usize, usize>::new();
+    for (n, point) in points.iter().enumerate() {
+        let db = database();
+        match run(rt, &db.url, db.raw, queue_name(n + 1), Some(point)) {
+            Ended::Crashed { at } => *crashed_in.entry(at).or_default() += 1,
+            Ended::Completed(_) => panic!("{point}: completed"),
+        }
+    }
+    eprintln!(
+        "admission_crash ({backend}): {} failpoints, each a crash, a redelivery and a drain \
+         with the invariants checked at every step; crashes per scenario event {crashed_in:?}; \
+         {:.1}s",
+        points.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn every_failpoint_on_sqlite_redelivery_drains_with_the_invariants() {
+    let rt = runtime();
+    every_failpoint("sqlite", &rt, || {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("admission.db");
+        RunDb {
+            url: format!("sqlite://{}", path.display()),
+            raw: Raw::Sqlite(path),
+            _dir: Some(dir),
+        }
+    });
+}
+
+fn every_failpoint_on_postgres_redelivery_drains_with_the_invariants() {
+    let rt = runtime();
+    let Some(db) = rt.block_on(TestDb::create(
+        "admission_crash::every_failpoint_on_postgres",
+    )) else {
+        return;
+    };
+    every_failpoint("postgres", &rt, || RunDb {
+        url: db.url.clone(),
+        raw: Raw::Postgres(
+            rt.block_on(PgConnection::connect(&db.url))
+                .expect("raw connection to the test database"),
+        ),
+        _dir: None,
+    });
+}

@@ -965,6 +965,8 @@ fn required_points() -> BTreeSet<(String, String)> {
         plan: None,
         version: Version::FIRST,
     };
+    // One value of every variant of the two matches above: a variant added there
+    // must be added here too.
     let queue_kinds = [
         QueueWrite::StampLatest,
         QueueWrite::Claim,

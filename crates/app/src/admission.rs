@@ -495,6 +495,7 @@ pub fn write_label(write: &Write) -> &'static str {
             QueueWrite::Release => "release",
             QueueWrite::Prune { .. } => "prune",
             QueueWrite::Backfill { .. } => "backfill",
+            QueueWrite::RecordGreen => "record_green",
         },
         Write::Request { kind, .. } => match kind {
             RequestWrite::Fence => "fence",

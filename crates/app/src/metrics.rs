@@ -229,7 +229,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "write",
-                "stamp_latest, claim, release, prune, backfill, fence, supersede, mark_processing, finish, fail",
+                "stamp_latest, claim, release, prune, backfill, record_green, fence, supersede, mark_processing, finish, fail",
             ),
             ("result", "applied, conflict"),
         ],

@@ -372,6 +372,11 @@ pub fn queue_happy_path(h: &Holdfast) -> Steps {
         serde_json::json!([]),
         "no slot is left owned"
     );
+    assert_eq!(
+        empty["last_green"],
+        serde_json::json!({"uri": "rev-a", "request_id": "request/ci/main/1"}),
+        "the succeeded outcome recorded the last green; the dead-lettered one did not"
+    );
     steps
 }
 

@@ -193,6 +193,11 @@ pub enum QueueWrite {
         /// The added owners.
         added: Vec<RequestId>,
     },
+    /// Build outcome: a succeeded request newer than the last green becomes the
+    /// last green bookmark (its uri and id). Written after the terminal write, so
+    /// the bookmark only ever names a request stored as succeeded, and only moves
+    /// forward in request order.
+    RecordGreen,
 }
 
 /// The request writes admission makes.

@@ -1,18 +1,28 @@
 //! The build outcome and dead-letter steps: release the slot by id, then write the
-//! terminal state.
+//! terminal state; a build outcome then records a succeeded request as the queue's
+//! last green.
 //!
 //! Releasing first matters: once a request is terminal, nothing but reconcile looks
 //! at it again, so a crash between a terminal write and a later release would leak
 //! the slot until the next reconcile. A crash between the release and the terminal
 //! write instead leaves a processing request without a slot; the redelivered
 //! message finds its id absent (a no-op release) and writes the terminal state.
+//!
+//! The green record comes last and is decided from the stored state alone: a
+//! redelivered outcome for a request already stored as succeeded records the green
+//! a crash after the terminal write left unrecorded, whatever outcome the message
+//! itself carries (first terminal writer wins).
 
 // Private helpers return a whole `Decision` as their early exit; it is moved once
 // and never stored, so boxing it would only add allocations.
 #![allow(clippy::result_large_err)]
 
-use super::{Decision, Reply, RequestWrite, check_pair, release, reply, write_request};
-use crate::request::{Queue, Request, RequestState};
+use std::cmp::Ordering;
+
+use super::{
+    Decision, QueueWrite, Reply, RequestWrite, Write, check_pair, release, reply, write_request,
+};
+use crate::request::{LastGreen, Queue, Request, RequestState};
 
 /// The terminal result of a build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,10 +51,17 @@ impl BuildOutcome {
 ///
 /// - request missing, or still accepted (no build was admitted): [`Reply::Ack`];
 /// - terminal: the first terminal writer won; release its id if it still owns a
-///   slot (normally absent), else ack;
+///   slot (normally absent); else, if it is stored as succeeded and newer than the
+///   queue's last green (or there is none), record it as the last green
+///   ([`QueueWrite::RecordGreen`]); else ack. Superseded, failed and cancelled
+///   requests never move the bookmark, and an older success never moves it back;
 /// - processing and owning a slot: release by id (a queue write);
 /// - processing without a slot (released already, or the queue is missing): write
 ///   the terminal state of `outcome`.
+///
+/// So a succeeded outcome runs release, terminal write, green record, ack; each
+/// step is re-decided from a fresh read, so a crash between any two of them heals
+/// on redelivery.
 pub fn decide_outcome(
     request: Option<&Request>,
     queue: Option<&Queue>,
@@ -67,11 +84,41 @@ pub fn decide_outcome(
                 outcome.state(),
             ),
         },
-        _ => match owned {
+        RequestState::Succeeded => match (owned, queue) {
+            (Some(queue), _) => release(queue, &request.id),
+            (None, Some(queue)) => record_green(request, queue),
+            (None, None) => reply(Reply::Ack),
+        },
+        RequestState::Superseded | RequestState::Failed | RequestState::Cancelled => match owned {
             Some(queue) => release(queue, &request.id),
             None => reply(Reply::Ack),
         },
     }
+}
+
+/// Records the succeeded `request` as the last green of `queue` if it is newer than
+/// the current bookmark (or there is none); acks if the bookmark already names this
+/// request or a newer one, so the bookmark only moves forward and a redelivery is a
+/// no-op.
+fn record_green(request: &Request, queue: &Queue) -> Decision {
+    if let Some(green) = &queue.last_green {
+        match request.id.compare(&green.request_id) {
+            Ok(Ordering::Greater) => {}
+            Ok(Ordering::Less | Ordering::Equal) => return reply(Reply::Ack),
+            Err(e) => return reply(Reply::Error(e.into())),
+        }
+    }
+    let mut next = queue.clone();
+    next.last_green = Some(LastGreen {
+        uri: request.uri.clone(),
+        request_id: request.id.clone(),
+    });
+    next.version = queue.version.next();
+    Decision::Write(Write::Queue {
+        kind: QueueWrite::RecordGreen,
+        expected: queue.version,
+        queue: next,
+    })
 }
 
 /// Decides the dead-letter step for a request, given the request and its queue as

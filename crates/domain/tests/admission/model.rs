@@ -166,6 +166,7 @@ fn queue_label(kind: &QueueWrite) -> &'static str {
         QueueWrite::Release => "release",
         QueueWrite::Prune { .. } => "prune",
         QueueWrite::Backfill { .. } => "backfill",
+        QueueWrite::RecordGreen => "green",
     }
 }
 
@@ -407,6 +408,9 @@ pub struct World<D> {
     pub trace: Vec<String>,
     /// Holds replied.
     pub holds: u32,
+    /// Whether [`World::drain`] ends the newest running build first (default: the
+    /// oldest), so that builds succeed out of request order.
+    pub finish_newest_first: bool,
     progress: u64,
 }
 
@@ -438,6 +442,7 @@ impl<D: Design> World<D> {
             violations: Vec::new(),
             trace: Vec::new(),
             holds: 0,
+            finish_newest_first: false,
             progress: 0,
         }
     }
@@ -904,8 +909,15 @@ impl<D: Design> World<D> {
             .values()
             .map(|r| format!("{}={}", r.id.seq(), r.state))
             .collect();
+        // The green is shown only once set, so traces of runs without a succeeded
+        // build read as before.
+        let green = row
+            .queue
+            .last_green
+            .as_ref()
+            .map_or(String::new(), |g| format!(" green {}", g.request_id.seq()));
         format!(
-            " [owners {{{}}} count {} latest {} | {}]",
+            " [owners {{{}}} count {} latest {}{green} | {}]",
             owners.join(","),
             row.count,
             row.queue
@@ -929,6 +941,7 @@ impl<D: Design> World<D> {
                 before.queue.latest_request_id, after.queue.latest_request_id
             ));
         }
+        self.check_green(before, after);
         for change in self.design.slot_changes(before, after, actor) {
             match change {
                 SlotChange::Claim(id) => {
@@ -976,6 +989,39 @@ impl<D: Design> World<D> {
                     }
                 }
             }
+        }
+    }
+
+    /// Last green only moves forward, and only to a request stored as succeeded
+    /// with the bookmarked uri (so failed, cancelled and superseded requests never
+    /// move it, and the bookmark is written after the terminal write).
+    fn check_green(&mut self, before: &QueueRow, after: &QueueRow) {
+        let (old, new) = (&before.queue.last_green, &after.queue.last_green);
+        if old == new {
+            return;
+        }
+        let Some(new) = new else {
+            self.violations.push(format!(
+                "last green only moves forward: {old:?} was cleared"
+            ));
+            return;
+        };
+        if let Some(old) = old
+            && new.request_id <= old.request_id
+        {
+            self.violations.push(format!(
+                "last green only moves forward: from {} to {}",
+                old.request_id, new.request_id
+            ));
+        }
+        match self.store.requests.get(&new.request_id) {
+            Some(r) if r.state == RequestState::Succeeded && r.uri == new.uri => {}
+            other => self.violations.push(format!(
+                "last green is a succeeded request: {} ({}) recorded while {:?}",
+                new.request_id,
+                new.uri,
+                other.map(|r| (r.state, &r.uri))
+            )),
         }
     }
 
@@ -1132,8 +1178,9 @@ impl<D: Design> World<D> {
         }
     }
 
-    /// Delivers everything, finishing running builds (succeeded) when nothing else
-    /// moves, until the world is quiet. Fails on a wedge: messages remain that can
+    /// Delivers everything, finishing running builds (succeeded, one at a time, in
+    /// the order [`World::finish_newest_first`] sets) when nothing else moves, until
+    /// the world is quiet. Fails on a wedge: messages remain that can
     /// only hold.
     pub fn drain(&mut self) -> Result<(), String> {
         for _ in 0..2_000 {
@@ -1150,7 +1197,12 @@ impl<D: Design> World<D> {
                 }
             }
             if self.progress == before {
-                match self.builds.iter().next().cloned() {
+                let next = if self.finish_newest_first {
+                    self.builds.iter().next_back()
+                } else {
+                    self.builds.iter().next()
+                };
+                match next.cloned() {
                     Some(id) => self.finish_build(&id, BuildOutcome::Succeeded),
                     None => {
                         return Err(format!(

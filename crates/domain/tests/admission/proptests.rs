@@ -127,8 +127,15 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
     }
 }
 
-/// Runs one generated case and returns the world after draining it.
-fn run_case(max: u32, green: bool, ops: Vec<Op>) -> (World<OwnerKeyed>, Result<(), String>) {
+/// Runs one generated case and returns the world after draining it; `newest_first`
+/// makes the drain end running builds newest first, so older builds succeed after
+/// newer ones (the last green must not move back).
+fn run_case(
+    max: u32,
+    green: bool,
+    newest_first: bool,
+    ops: Vec<Op>,
+) -> (World<OwnerKeyed>, Result<(), String>) {
     let mut w = World::new(
         OwnerKeyed,
         AdmissionConfig {
@@ -136,6 +143,7 @@ fn run_case(max: u32, green: bool, ops: Vec<Op>) -> (World<OwnerKeyed>, Result<(
             ..AdmissionConfig::default()
         },
     );
+    w.finish_newest_first = newest_first;
     if green {
         w.set_last_green("rev-green");
         w.ancestry.insert(uri("rev-1"), AncestryAnswer::NotAncestor);
@@ -165,7 +173,12 @@ fn generated_cases_reach_the_guarded_paths() {
         Config::default(),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
     );
-    let strategy = (1u32..=3, any::<bool>(), prop::collection::vec(op(), 50));
+    let strategy = (
+        1u32..=3,
+        any::<bool>(),
+        any::<bool>(),
+        prop::collection::vec(op(), 50),
+    );
     let needles = [
         ": claim applied",
         ": mark applied",
@@ -178,6 +191,7 @@ fn generated_cases_reach_the_guarded_paths() {
         ": prune applied",
         ": fail applied",
         ": finish applied",
+        ": green applied",
         "crashed",
         "hold",
         "store error",
@@ -189,8 +203,8 @@ fn generated_cases_reach_the_guarded_paths() {
     ];
     let mut seen = vec![0usize; needles.len()];
     for _ in 0..400 {
-        let (max, green, ops) = strategy.new_tree(&mut runner).unwrap().current();
-        let (w, drained) = run_case(max, green, ops);
+        let (max, green, newest_first, ops) = strategy.new_tree(&mut runner).unwrap().current();
+        let (w, drained) = run_case(max, green, newest_first, ops);
         assert!(
             drained.is_ok() && w.violations.is_empty(),
             "{:#?}",
@@ -233,9 +247,10 @@ proptest! {
     fn random_interleavings_keep_every_invariant_and_drain_clean(
         max in 1u32..=3,
         green in any::<bool>(),
+        newest_first in any::<bool>(),
         ops in prop::collection::vec(op(), 50),
     ) {
-        let (w, drained) = run_case(max, green, ops);
+        let (w, drained) = run_case(max, green, newest_first, ops);
         prop_assert!(drained.is_ok(), "{:?}\n{:#?}", drained, w.trace);
         prop_assert!(w.violations.is_empty(), "{:#?}\n{:#?}", w.violations, w.trace);
         prop_assert!(w.row().queue.owners.is_empty(), "{:#?}", w.trace);

@@ -8,7 +8,7 @@ use holdfast_domain::admission::{
     AdmissionConfig, AdmissionConfigError, AdmissionError, AncestryAnswer, BuildOutcome, Decision,
     QueueWrite, Reply, RetryReason, Write, decide_backfill,
 };
-use holdfast_domain::{BuildPlan, BuildStrategy, RequestId, RequestState};
+use holdfast_domain::{BuildPlan, BuildStrategy, LastGreen, RequestId, RequestState};
 
 use crate::model::{Design, End, Fault, Msg, OwnerKeyed, World, rid, uri};
 
@@ -481,6 +481,11 @@ fn s18_two_outcome_chains_one_removal_first_outcome_wins() {
     // The second chain reached the terminal write first; the first one then acked.
     assert_eq!(w.state(&a), RequestState::Failed);
     assert_eq!(w.owners(), [b.seq()]);
+    assert_eq!(
+        w.row().queue.last_green,
+        None,
+        "the losing succeeded outcome records no green"
+    );
     clean(&w);
     drained(&mut w);
 }
@@ -735,6 +740,204 @@ fn fence_stops_a_stale_mark_after_a_release_for_supersede() {
     assert_eq!(w.run(stale), End::Reply(Reply::Ack));
     assert_eq!(w.state(&a), RequestState::Superseded);
     assert!(is_publish(&w.process(&b)));
+    clean(&w);
+    drained(&mut w);
+}
+
+// ---------------------------------------------------------------------------------
+// The last green bookmark: written by a succeeded outcome after its terminal write,
+// only ever forward.
+// ---------------------------------------------------------------------------------
+
+/// The bookmark naming request `id` at revision `name`.
+fn green(id: &RequestId, name: &str) -> Option<LastGreen> {
+    Some(LastGreen {
+        uri: uri(name),
+        request_id: id.clone(),
+    })
+}
+
+/// The labels of the writes the deliveries of `who` (e.g. "outcome 1") applied.
+fn applied_by(w: &World<OwnerKeyed>, who: &str) -> Vec<String> {
+    let prefix = format!(" {who}: ");
+    w.trace
+        .iter()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(&prefix)?;
+            let (label, _) = rest.split_once(" applied")?;
+            Some(label.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn green_a_succeeded_outcome_moves_last_green_after_the_terminal_write() {
+    let mut w = world(1);
+    let a = admit(&mut w, "a");
+    w.finish_build(&a, BuildOutcome::Succeeded);
+    assert_eq!(
+        w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.row().queue.last_green, green(&a, "a"));
+    assert_eq!(applied_by(&w, "outcome 1"), ["release", "finish", "green"]);
+    // A redelivery finds the bookmark already there: ack, no write.
+    let version = w.row().queue.version;
+    assert_eq!(
+        w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.row().queue.version, version);
+    assert_eq!(w.applied("green"), 1);
+
+    // Failed, cancelled and superseded requests never move it.
+    for (name, outcome) in [("b", BuildOutcome::Failed), ("c", BuildOutcome::Cancelled)] {
+        let id = admit(&mut w, name);
+        w.finish_build(&id, outcome);
+        w.deliver(Msg::Outcome(id.clone(), outcome));
+        assert_eq!(w.state(&id), outcome.state());
+        assert_eq!(w.row().queue.last_green, green(&a, "a"));
+    }
+    let d = w.ingest("d");
+    let _e = w.ingest("e");
+    assert_eq!(w.process(&d), End::Reply(Reply::Ack));
+    assert_eq!(w.state(&d), RequestState::Superseded);
+    assert_eq!(
+        w.deliver(Msg::Outcome(d.clone(), BuildOutcome::Succeeded)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.row().queue.last_green, green(&a, "a"));
+    assert_eq!(w.applied("green"), 1);
+    clean(&w);
+    drained(&mut w);
+}
+
+#[test]
+fn green_an_older_success_after_a_newer_one_does_not_move_it_back() {
+    let mut w = world(2);
+    let a = admit(&mut w, "a");
+    let b = admit(&mut w, "b");
+    w.finish_build(&b, BuildOutcome::Succeeded);
+    w.deliver(Msg::Outcome(b.clone(), BuildOutcome::Succeeded));
+    assert_eq!(w.row().queue.last_green, green(&b, "b"));
+    w.finish_build(&a, BuildOutcome::Succeeded);
+    assert_eq!(
+        w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.state(&a), RequestState::Succeeded);
+    assert_eq!(applied_by(&w, "outcome 1"), ["release", "finish"]);
+    assert_eq!(w.row().queue.last_green, green(&b, "b"));
+    clean(&w);
+    drained(&mut w);
+}
+
+#[test]
+fn green_crash_after_the_terminal_write_is_recorded_on_redelivery() {
+    let mut w = world(1);
+    let a = admit(&mut w, "a");
+    w.builds.remove(&a);
+    let d = w.start(Msg::Outcome(a.clone(), BuildOutcome::Succeeded));
+    w.run_until_applied(d, "finish");
+    w.crash(d);
+    assert_eq!(w.state(&a), RequestState::Succeeded);
+    assert_eq!(w.row().queue.last_green, None);
+    clean(&w);
+    // The stored state decides, not the message: a duplicate outcome chain that
+    // reported a failure still records the green of the request that succeeded.
+    assert_eq!(
+        w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Failed)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.state(&a), RequestState::Succeeded, "first writer wins");
+    assert_eq!(w.row().queue.last_green, green(&a, "a"));
+    assert_eq!(
+        w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.applied("green"), 1);
+    assert_eq!(w.applied("release"), 1);
+    clean(&w);
+    drained(&mut w);
+}
+
+#[test]
+fn green_a_request_stored_as_failed_never_records_a_green() {
+    let mut w = world(1);
+    let a = admit(&mut w, "a");
+    w.finish_build(&a, BuildOutcome::Failed);
+    w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Failed));
+    assert_eq!(
+        w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded)),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(w.state(&a), RequestState::Failed);
+    assert_eq!(w.row().queue.last_green, None);
+    clean(&w);
+    drained(&mut w);
+}
+
+#[test]
+fn green_record_conflicting_with_an_ingest_reloads_and_keeps_the_latest() {
+    let mut w = world(1);
+    let a = admit(&mut w, "a");
+    w.builds.remove(&a);
+    let d = w.start(Msg::Outcome(a.clone(), BuildOutcome::Succeeded));
+    w.run_until_applied(d, "finish");
+    w.step(d);
+    w.step(d);
+    let b = w.ingest("b");
+    assert_eq!(
+        w.step(d).unwrap(),
+        crate::model::StepResult::Wrote {
+            label: "green",
+            applied: false
+        }
+    );
+    assert_eq!(w.run(d), End::Reply(Reply::Ack));
+    assert_eq!(w.row().queue.last_green, green(&a, "a"));
+    assert_eq!(w.row().queue.latest_request_id, Some(b));
+    clean(&w);
+    drained(&mut w);
+}
+
+#[test]
+fn green_a_newer_descendant_builds_incrementally_since_the_green() {
+    let mut w = world(1);
+    let a = admit(&mut w, "a");
+    assert_eq!(
+        w.request(&a).plan.as_ref().unwrap().strategy,
+        BuildStrategy::Full
+    );
+    w.finish_build(&a, BuildOutcome::Succeeded);
+    w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded));
+    assert_eq!(w.row().queue.last_green, green(&a, "a"));
+
+    let b = w.ingest("b");
+    w.ancestry.insert(uri("b"), AncestryAnswer::Ancestor);
+    assert!(is_publish(&w.process(&b)));
+    assert_eq!(
+        w.request(&b).plan,
+        Some(BuildPlan {
+            strategy: BuildStrategy::IncrementalSinceGreen,
+            base: Some(uri("a"))
+        })
+    );
+    w.finish_build(&b, BuildOutcome::Succeeded);
+    w.deliver(Msg::Outcome(b.clone(), BuildOutcome::Succeeded));
+    assert_eq!(w.row().queue.last_green, green(&b, "b"));
+
+    // The base follows the bookmark; a revision it does not descend from builds fully.
+    let c = w.ingest("c");
+    w.ancestry.insert(uri("c"), AncestryAnswer::NotAncestor);
+    assert!(is_publish(&w.process(&c)));
+    assert_eq!(
+        w.request(&c).plan,
+        Some(BuildPlan {
+            strategy: BuildStrategy::Full,
+            base: None
+        })
+    );
     clean(&w);
     drained(&mut w);
 }

@@ -1,11 +1,11 @@
 //! `cargo xtask ci`: what `.ci/run` runs, in order — formatting, clippy with
-//! warnings denied, the whole test suite (see [`crate::testing`]), every fuzz target for a few
-//! seconds (see [`crate::fuzz`]), the tidy checks
-//! (see [`crate::tidy`]). The first failing step stops the run.
+//! warnings denied, the whole test suite (see [`crate::testing`]; it includes the
+//! fuzz targets' proptest fallback), the tidy checks (see [`crate::tidy`]). The
+//! first failing step stops the run.
 
 use std::time::Instant;
 
-use crate::{Error, fuzz, process, testing, tidy};
+use crate::{Error, process, testing, tidy};
 
 /// The `ci` task.
 pub fn run(args: &[String]) -> Result<(), Error> {
@@ -33,7 +33,6 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         ]))
     })?;
     let summary = step("test", || testing::suite(&[]))?;
-    step("fuzz", fuzz::ci_run)?;
     step("tidy", tidy::run)?;
     summary.print();
     eprintln!(

@@ -4,8 +4,9 @@
 //! With cargo-fuzz installed the targets run under libFuzzer (`cargo fuzz run`,
 //! `--sanitizer none` on a stable toolchain, which has no sanitizers); without it
 //! they run under the proptest fallback (`fuzz/tests/fallback.rs`), which calls the
-//! same target functions, so nothing needs installing. CI runs the fallback for a
-//! few seconds per target (see [`ci_run`]).
+//! same target functions, so nothing needs installing. The fuzz crate is a member
+//! of the workspace, so the normal test run (and so CI) runs the fallback with a
+//! fixed number of cases per target.
 
 use std::process::{Command, Stdio};
 
@@ -16,9 +17,6 @@ pub const TARGETS: &[&str] = &["quantity", "request_id", "config", "selection"];
 
 const DEFAULT_SECONDS: u64 = 30;
 
-/// Seconds per target in `cargo xtask ci`.
-pub const CI_SECONDS: u64 = 5;
-
 /// The `fuzz` task.
 pub fn run(args: &[String]) -> Result<(), Error> {
     let (seconds, targets) = parse_args(args)?;
@@ -28,11 +26,6 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         eprintln!("xtask fuzz: cargo-fuzz is not installed; running the proptest fallback");
         fallback(seconds, &targets)
     }
-}
-
-/// What `cargo xtask ci` runs: the fallback, every target, [`CI_SECONDS`] each.
-pub fn ci_run() -> Result<(), Error> {
-    fallback(CI_SECONDS, TARGETS)
 }
 
 fn parse_args(args: &[String]) -> Result<(u64, Vec<&'static str>), Error> {
@@ -93,6 +86,8 @@ fn libfuzzer(seconds: u64, targets: &[&str]) -> Result<(), Error> {
         cmd.current_dir(&root).args([
             "fuzz",
             "run",
+            "--features",
+            "libfuzzer",
             "--sanitizer",
             sanitizer,
             target,
@@ -105,22 +100,9 @@ fn libfuzzer(seconds: u64, targets: &[&str]) -> Result<(), Error> {
 }
 
 fn fallback(seconds: u64, targets: &[&str]) -> Result<(), Error> {
-    let root = tidy::workspace_root();
-    // The fuzz crate is its own workspace; sharing the main target directory lets
-    // it reuse the dependencies the main build compiled.
-    let target_dir =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), Into::into);
     let mut cmd = process::cargo();
-    cmd.current_dir(&root)
-        .args([
-            "test",
-            "--manifest-path",
-            "fuzz/Cargo.toml",
-            "--no-default-features",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .args(["--test", "fallback", "--"])
+    cmd.current_dir(tidy::workspace_root())
+        .args(["test", "-p", "holdfast-fuzz", "--test", "fallback", "--"])
         .args(targets.iter().map(|t| format!("fuzz_{t}")))
         .args(["--exact", "--nocapture"])
         .env("HOLDFAST_FUZZ_SECONDS", seconds.to_string());

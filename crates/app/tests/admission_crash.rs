@@ -208,7 +208,7 @@ impl Event {
 const SCENARIO: &[Event] = &[
     Event::Ingest(1),                           // stamp
     Event::Process(1),                          // claim, mark
-    Event::Outcome(1, BuildOutcome::Succeeded), // release, finish
+    Event::Outcome(1, BuildOutcome::Succeeded), // release, finish, record_green
     Event::LeakSlot(1),                         // owners {1}: 1 is terminal
     Event::Ingest(2),                           // stamp
     Event::Process(2),                          // claim, mark: owners {1, 2}
@@ -939,6 +939,8 @@ fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
         QueueWrite::StampLatest => &["ingest"],
         QueueWrite::Claim | QueueWrite::Prune { .. } => &["process"],
         QueueWrite::Release => &["process", "outcome", "dead_letter"],
+        // A succeeded outcome, after its terminal write.
+        QueueWrite::RecordGreen => &["outcome"],
         // Written only by the reconcile step's migration backfill.
         QueueWrite::Backfill { .. } => &[],
     }
@@ -973,6 +975,7 @@ fn required_points() -> BTreeSet<(String, String)> {
         QueueWrite::Release,
         QueueWrite::Prune { pruned: Vec::new() },
         QueueWrite::Backfill { added: Vec::new() },
+        QueueWrite::RecordGreen,
     ];
     let request_kinds = [
         RequestWrite::Fence,

@@ -93,6 +93,7 @@ async fn hot_lineage_keeps_the_invariants_and_holdfast_never_fails_spuriously() 
         assert_eq!(f.spent_selected, 0, "{}: spent token selected", f.strategy);
         assert_eq!(f.invariant_violations, 0, "{}", f.strategy);
         assert_eq!(f.settle_errors, 0, "{}", f.strategy);
+        assert_eq!(f.locks_lost_to_lease, 0, "{}", f.strategy);
         // Spending removes the spent tokens' locks for both strategies.
         assert_eq!(f.locks_left, 0, "{}: locks after settlement", f.strategy);
     }

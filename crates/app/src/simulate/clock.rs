@@ -8,7 +8,7 @@ use holdfast_domain::Timestamp;
 use holdfast_ports::Clock;
 
 /// A clock that starts at `origin` and runs `scale` times faster than the wall
-/// clock. With a scale of 100, a 3 min lease expires after 1.8 s of wall time.
+/// clock. With a scale of 10, a 3 min lease expires after 18 s of wall time.
 #[derive(Debug, Clone)]
 pub struct SimClock {
     started: Instant,

@@ -67,6 +67,10 @@ pub struct StrategyFigures {
     pub spent_selected: u64,
     /// Settlements (or change mints) that failed in the store.
     pub settle_errors: u64,
+    /// Selected tokens whose lock the lease sweep deleted before the transaction
+    /// was confirmed (so they were not spent). Should be zero: a select and its
+    /// settlement take far less than the lease.
+    pub locks_lost_to_lease: u64,
     /// Wall time of the request phase, in seconds.
     pub wall_seconds: f64,
 }
@@ -171,6 +175,7 @@ impl StrategyFigures {
             double_claims: violations.double_claims,
             spent_selected: violations.spent_selected,
             settle_errors: violations.settle_errors,
+            locks_lost_to_lease: violations.lost_to_lease,
             wall_seconds: round3(wall),
         }
     }

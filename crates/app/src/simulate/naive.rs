@@ -3,8 +3,8 @@
 //!
 //! - **No anti-join:** candidates are the wallet's unspent tokens, locked or not,
 //!   from a per-replica cache of the whole wallet (upstream's eager fetcher),
-//!   reloaded when older than [`NaiveConfig::cache_refresh`] or after a stale
-//!   verdict.
+//!   reloaded (one reload at a time) when older than [`NaiveConfig::cache_refresh`]
+//!   or after a stale verdict.
 //! - **Random order:** each scan is a fresh random permutation (a 1 CHF request
 //!   may lock a 296 CHF token).
 //! - **No blacklist, no sufficiency window, one token at a time:** every scan
@@ -60,6 +60,8 @@ pub struct NaiveSelector {
     clock: Arc<dyn Clock>,
     config: NaiveConfig,
     cache: Mutex<HashMap<(WalletId, TokenType), CacheEntry>>,
+    /// One reload at a time (upstream's refreshes are single-flight).
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for NaiveSelector {
@@ -84,6 +86,7 @@ impl NaiveSelector {
             clock,
             config,
             cache: Mutex::new(HashMap::new()),
+            reloading: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -94,13 +97,13 @@ impl NaiveSelector {
         stats: &mut SelectionStats,
     ) -> Result<Arc<Vec<Candidate>>, SelectError> {
         let key = (wallet.clone(), token_type.clone());
-        {
-            let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(entry) = cache.get(&key) {
-                if entry.valid && entry.loaded.elapsed() < self.config.cache_refresh {
-                    return Ok(entry.tokens.clone());
-                }
-            }
+        if let Some(tokens) = self.cached(&key) {
+            return Ok(tokens);
+        }
+        let _reload = self.reloading.lock().await;
+        // Another call may have reloaded while this one waited.
+        if let Some(tokens) = self.cached(&key) {
+            return Ok(tokens);
         }
         stats.fetches += 1;
         let rows = self
@@ -127,6 +130,14 @@ impl NaiveSelector {
             },
         );
         Ok(tokens)
+    }
+
+    fn cached(&self, key: &(WalletId, TokenType)) -> Option<Arc<Vec<Candidate>>> {
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache
+            .get(key)
+            .filter(|entry| entry.valid && entry.loaded.elapsed() < self.config.cache_refresh)
+            .map(|entry| entry.tokens.clone())
     }
 
     fn invalidate(&self, wallet: &WalletId, token_type: &TokenType) {

@@ -82,6 +82,9 @@ pub struct Violations {
     pub spent_selected: u64,
     /// Settlement (or minting the change) failed in the store.
     pub settle_errors: u64,
+    /// Selected tokens that were no longer held when their transaction was
+    /// confirmed (the lease sweep had deleted the lock first), so not spent.
+    pub lost_to_lease: u64,
 }
 
 /// Everything one strategy run measured.
@@ -271,6 +274,7 @@ struct Checker {
     double_claims: AtomicU64,
     spent_selected: AtomicU64,
     settle_errors: AtomicU64,
+    lost_to_lease: AtomicU64,
     minted: AtomicU64,
 }
 
@@ -324,8 +328,9 @@ impl Checker {
         }
     }
 
-    fn on_spending(&self, tokens: &[TokenId]) {
-        self.on_releasing(tokens);
+    /// Records tokens the store reports spent (a token can only be won again if it
+    /// was not: spending and the lock release are one step).
+    fn on_spent(&self, tokens: &[TokenId]) {
         let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
         spent.extend(tokens.iter().cloned());
     }
@@ -497,11 +502,25 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                             }
                         }
                     }
-                    checker.on_spending(&selected.tokens);
+                    checker.on_releasing(&selected.tokens);
                     let status = SettlementStatus::Known(TxStatus::Confirmed);
-                    if let Err(e) = replica.settlement.on_status(&consumer, status).await {
-                        checker.settle_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(error = %e, "could not settle");
+                    match replica.settlement.on_status(&consumer, status).await {
+                        Ok(settled) => {
+                            checker.on_spent(&settled.spent);
+                            let lost = selected
+                                .tokens
+                                .iter()
+                                .filter(|t| !settled.spent.contains(t))
+                                .count();
+                            checker.lost_to_lease.fetch_add(
+                                u64::try_from(lost).unwrap_or(u64::MAX),
+                                Ordering::Relaxed,
+                            );
+                        }
+                        Err(e) => {
+                            checker.settle_errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(error = %e, "could not settle");
+                        }
                     }
                 }
                 RequestMode::Unlock if replica.releases => {
@@ -691,6 +710,7 @@ async fn drive(
             double_claims: checker.double_claims.load(Ordering::Relaxed),
             spent_selected: checker.spent_selected.load(Ordering::Relaxed),
             settle_errors: checker.settle_errors.load(Ordering::Relaxed),
+            lost_to_lease: checker.lost_to_lease.load(Ordering::Relaxed),
         },
     })
 }

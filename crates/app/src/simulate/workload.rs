@@ -214,8 +214,9 @@ pub struct AdmissionLoad {
     pub max_concurrent: u32,
     /// Concurrent workers.
     pub workers: usize,
-    /// Chance, in percent, that a worker crashes at one of its injection points
-    /// (after a step wrote, before it acknowledged); the message is redelivered.
+    /// Chance, in percent, that one queue-store write crashes: half of the time
+    /// before the write, half after it (applied, answer lost). The failed step's
+    /// message is redelivered.
     pub crash_percent: u8,
 }
 
@@ -232,9 +233,10 @@ pub struct Workload {
     pub legs: Option<u32>,
     /// Backoff between legs is uniform in `[0, retry_interval_ms)` (default 20).
     pub retry_interval_ms: u64,
-    /// How much faster the simulated clock runs than the wall clock (default 100):
+    /// How much faster the simulated clock runs than the wall clock (default 10):
     /// lock timestamps and the lease sweep use it, so a 3 min lease expires after
-    /// 1.8 s of wall time.
+    /// 18 s of wall time (well above a select's latency, so a live holder's lease
+    /// does not run out under load, yet naive lease-only locks do come free).
     pub time_scale: u32,
     /// Wallet contents.
     pub tokens: Vec<TokenBlock>,
@@ -251,7 +253,7 @@ pub const DEFAULT_RETRY_INTERVAL_MS: u64 = 20;
 /// retries with a 20 ms backoff.
 pub const PRESET_LEGS: u32 = 50;
 /// The default speed of the simulated clock.
-pub const DEFAULT_TIME_SCALE: u32 = 100;
+pub const DEFAULT_TIME_SCALE: u32 = 10;
 
 impl Workload {
     /// A preset by name.

@@ -34,6 +34,24 @@ pub struct Summary {
     pub server: String,
     /// Wall time of the whole run, server start and stop included.
     pub seconds: f64,
+    /// Test counts of the nextest run, from its JUnit report (none under `cargo test`).
+    pub counts: Option<Counts>,
+}
+
+/// How many tests of a nextest run passed and failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Tests that passed.
+    pub passed: u64,
+    /// Tests that failed (or errored).
+    pub failed: u64,
+}
+
+impl Counts {
+    /// The closing line CI readers recognise: `tests: N passed, N failed`.
+    pub fn print(&self) {
+        eprintln!("tests: {} passed, {} failed", self.passed, self.failed);
+    }
 }
 
 impl Summary {
@@ -53,6 +71,9 @@ impl Summary {
                 "xtask test: WARNING: {} PostgreSQL test(s) SKIPPED: no PostgreSQL server",
                 self.pg_skipped
             );
+        }
+        if let Some(counts) = self.counts {
+            counts.print();
         }
     }
 }
@@ -92,17 +113,19 @@ pub fn suite(args: &[String]) -> Result<Summary, Error> {
     }
     tests.args(args);
     prepare(&mut tests, &server, &tally);
+    // Doc tests first, so the last runner output of the run is nextest's summary.
     let doc_tests = args.is_empty();
-    let result = process::run(&mut tests).and_then(|()| {
-        if doc_tests {
-            let mut doc = process::cargo();
-            doc.args(["test", "--doc", "--workspace"]);
-            prepare(&mut doc, &server, &tally);
-            process::run(&mut doc)
-        } else {
-            Ok(())
-        }
-    });
+    let mut doc = process::cargo();
+    doc.args(["test", "--doc", "--workspace"]);
+    prepare(&mut doc, &server, &tally);
+    let junit = junit_path();
+    let _ = std::fs::remove_file(&junit);
+    let result = if doc_tests {
+        process::run(&mut doc)
+    } else {
+        Ok(())
+    }
+    .and_then(|()| process::run(&mut tests));
     let (pg_ran, pg_skipped) = tally.count();
     let summary = Summary {
         runner,
@@ -111,13 +134,51 @@ pub fn suite(args: &[String]) -> Result<Summary, Error> {
         pg_skipped,
         server: server.describe(),
         seconds: started.elapsed().as_secs_f64(),
+        counts: if nextest { junit_counts(&junit) } else { None },
     };
     drop(server);
     if let Err(err) = result {
         eprintln!("xtask test: FAILED; PostgreSQL tests: {pg_ran} ran, {pg_skipped} skipped");
+        if let Some(counts) = summary.counts {
+            counts.print();
+        }
         return Err(err);
     }
     Ok(summary)
+}
+
+/// Where nextest writes the JUnit report (`.config/nextest.toml`).
+fn junit_path() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || crate::tidy::workspace_root().join("target"),
+            PathBuf::from,
+        )
+        .join("nextest/default/junit.xml")
+}
+
+/// Reads the counts from the `<testsuites tests=".." failures=".." errors="..">`
+/// element of a nextest JUnit report.
+fn junit_counts(path: &std::path::Path) -> Option<Counts> {
+    parse_junit(&std::fs::read_to_string(path).ok()?)
+}
+
+fn parse_junit(xml: &str) -> Option<Counts> {
+    let start = xml.find("<testsuites")?;
+    let element = &xml[start..start + xml[start..].find('>')?];
+    let attr = |name: &str| -> Option<u64> {
+        let key = format!(" {name}=\"");
+        let from = element.find(&key)? + key.len();
+        element[from..from + element[from..].find('"')?]
+            .parse()
+            .ok()
+    };
+    let tests = attr("tests")?;
+    let failed = attr("failures")?.checked_add(attr("errors").unwrap_or(0))?;
+    Some(Counts {
+        passed: tests.checked_sub(failed)?,
+        failed,
+    })
 }
 
 fn prepare(cmd: &mut Command, server: &Server, tally: &Tally) {
@@ -177,7 +238,23 @@ impl Drop for Tally {
 
 #[cfg(test)]
 mod tests {
-    use super::count_lines;
+    use super::{Counts, count_lines, parse_junit};
+
+    #[test]
+    fn junit_counts_come_from_the_testsuites_element() {
+        let xml = r#"<?xml version="1.0"?>
+<testsuites name="nextest-run" tests="12" failures="2" errors="1" time="1.5">
+<testsuite name="a" tests="12" failures="2" errors="1"></testsuite></testsuites>"#;
+        assert_eq!(
+            parse_junit(xml),
+            Some(Counts {
+                passed: 9,
+                failed: 3
+            })
+        );
+        assert_eq!(parse_junit("<testsuites name=\"x\">"), None);
+        assert_eq!(parse_junit("not xml"), None);
+    }
 
     #[test]
     fn tally_counts_ran_and_skipped_lines() {

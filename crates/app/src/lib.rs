@@ -32,3 +32,8 @@ pub use config::{Config, ConfigError};
 pub use selector::{SelectError, SelectReport, TokenSelector};
 pub use settlement::{Recovery, SettleError, Settled, Settlement};
 pub use sweeper::{LeaseSweeper, SweepTotals, SweeperHandle, sweep_once};
+
+/// The README's Rust examples, compiled as doc tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

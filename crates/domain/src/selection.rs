@@ -29,9 +29,20 @@
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
 //!   possibly held tokens) are released, the engine backs off a random time in
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
-//!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. A leg that failed
-//!   through store errors alone, without contention, ends the call with
-//!   [`SelectionFailure::Store`] instead: an outage is never reported as locked funds.
+//!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. Funds locked by
+//!   other consumers are invisible (the anti-join hides them): they show as a scan
+//!   that runs out while the balance says enough, which costs a retry like any
+//!   rescan and so leads to backoff, never to a store failure.
+//! - **Store-bound legs.** A leg whose retry budget was spent on store errors ends
+//!   the call with [`SelectionFailure::Store`] instead of backing off, so an outage
+//!   is never reported as locked funds. The rule: the event that found the budget
+//!   used up was a store error, *and* store errors are a strict majority of the
+//!   retry-charging events since the leg's budget was last reset (by a win),
+//!   counting that last event. A rescan counts as a store error when its scan met
+//!   one (the scan may have run out only because a page or claim failed). A
+//!   persistent outage therefore fails after one leg, also when only claims fail
+//!   between successful fetches; a transient error among the rescans of a locked
+//!   wallet does not cut the stubborn legs short.
 //! - **Failure** releases everything this call holds before `Done(Err)`, so a
 //!   failed call leaves nothing held (unless a release itself failed: see
 //!   [`Selection::held`]).
@@ -173,7 +184,8 @@ pub enum SelectionFailure {
     /// The funds exist but other transactions held the locks through every leg.
     #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
     FundsLocked,
-    /// The store failed (without contention) until the retry budget ran out.
+    /// A leg's retry budget was spent on store errors (module docs, "Store-bound
+    /// legs"): an outage, not locked funds.
     #[error("token store error: {message}")]
     Store {
         /// The last store error.
@@ -268,9 +280,13 @@ struct Leg {
     sum: Quantity,
     /// Tokens whose claim errored or went unanswered: possibly held.
     maybe_held: BTreeSet<TokenId>,
+    /// Retries charged since the budget was last reset (by a win).
     immediate_retries: u32,
-    contention: bool,
-    store_errors: u32,
+    /// Of those, the ones charged for a store error.
+    store_retries: u32,
+    /// A store error happened since the last charged retry (the next charge, or
+    /// the failure to charge, is for it).
+    store_error_pending: bool,
     last_store_error: Option<String>,
 }
 
@@ -425,7 +441,6 @@ impl Selection {
                 Some(ClaimVerdict::Contended) => {
                     self.stats.conflicts += 1;
                     self.scan.contention = true;
-                    self.leg.contention = true;
                     self.blacklist_token(&candidate.id, BlacklistReason::Contended);
                 }
                 None => {
@@ -628,7 +643,6 @@ impl Selection {
         });
         scan.contention |= contention;
         scan.saw_clean |= clean;
-        self.leg.contention |= contention;
     }
 
     /// Takes the buffer entries at `indices` (ascending except possibly the last)
@@ -673,6 +687,7 @@ impl Selection {
         self.leg.won.push(candidate.clone());
         self.leg.maybe_held.remove(&candidate.id);
         self.leg.immediate_retries = 0;
+        self.leg.store_retries = 0;
     }
 
     fn blacklist_token(&mut self, token: &TokenId, reason: BlacklistReason) {
@@ -681,20 +696,39 @@ impl Selection {
         }
     }
 
+    /// Notes a store error; the retry charged next is charged to it.
     fn record_store_error(&mut self, failure: StoreFailure) {
         self.stats.store_errors += 1;
-        self.leg.store_errors = self.leg.store_errors.saturating_add(1);
+        self.leg.store_error_pending = true;
+        self.scan.store_error = true;
         self.leg.last_store_error = Some(failure.message);
     }
 
-    /// Spends one immediate retry; false when the leg's budget is used up.
+    /// Spends one immediate retry, for a store error if one was just recorded,
+    /// else for a rescan; false when the leg's budget is used up (the event that
+    /// asked stays pending for [`Selection::store_bound`]).
     fn charge_retry(&mut self) -> bool {
         if self.leg.immediate_retries >= self.config.max_immediate_retries {
             return false;
         }
         self.leg.immediate_retries += 1;
+        if std::mem::take(&mut self.leg.store_error_pending) {
+            self.leg.store_retries += 1;
+        }
         self.stats.immediate_retries += 1;
         true
+    }
+
+    /// Whether the leg's budget was spent on store errors (module docs, "Store-bound
+    /// legs"): the event that found it used up was a store error, and store errors
+    /// are a strict majority of the charged events, that one included.
+    fn store_bound(&self) -> bool {
+        if !self.leg.store_error_pending {
+            return false;
+        }
+        let events = u64::from(self.leg.immediate_retries) + 1;
+        let store = u64::from(self.leg.store_retries) + 1;
+        store * 2 > events
     }
 
     fn end_of_scan(&mut self, rng: &mut impl Rng) -> Action {
@@ -712,6 +746,8 @@ impl Selection {
             self.blacklist.clear();
             self.stats.blacklist_clears += 1;
         }
+        // A scan that met a store error may have run out because of it.
+        self.leg.store_error_pending |= self.scan.store_error;
         if !self.charge_retry() {
             return self.end_leg(rng);
         }
@@ -720,7 +756,7 @@ impl Selection {
     }
 
     fn end_leg(&mut self, rng: &mut impl Rng) -> Action {
-        if self.leg.store_errors > 0 && !self.leg.contention {
+        if self.store_bound() {
             let message = self.leg.last_store_error.clone().unwrap_or_default();
             return self.fail(SelectionFailure::Store { message });
         }

@@ -283,6 +283,98 @@ fn store_errors_with_contention_are_funds_locked() {
 }
 
 #[test]
+fn a_transient_store_error_in_a_locked_wallet_backs_off_instead_of_failing() {
+    // [3, 4, 5] with the 5 locked by another transaction: the anti-join hides it,
+    // so no contention is ever seen. Each scan runs out at 3 + 4 < 10 while the
+    // balance (12) says enough: funds locked by others. One failed fetch must not
+    // turn that into a store failure after the first leg.
+    let mut wallet = Wallet::of(&[3, 4, 5]).locked_by_other(2);
+    wallet.fail_fetches = 1;
+    let r = run(wallet, 10, tight(), 5);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.stats.legs, 3, "{}", r.trace);
+    assert_eq!(r.backoffs.len(), 2, "{}", r.trace);
+    assert!(r.stats.balance_checks >= 3, "{}", r.trace);
+    assert!(r.wallet.held_by_consumer().is_empty(), "{}", r.trace);
+    // The same with the default budget: still backs off rather than failing.
+    let mut wallet = Wallet::of(&[3, 4, 5]).locked_by_other(2);
+    wallet.fail_fetches = 1;
+    let r = run(wallet, 10, defaults(), 5);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.stats.legs, 10, "{}", r.trace);
+}
+
+#[test]
+fn a_store_error_ending_a_leg_of_locked_funds_is_not_a_store_failure() {
+    // The error lands on the event that finds the budget used up, but the leg's
+    // retries went to rescans of locked funds (store errors are no majority).
+    // tight(): 2 retries. 3 and 4 are won, the 5 is locked elsewhere (never a
+    // candidate); rescan (1), rescan (2), then the third scan's balance read
+    // fails with the budget used up.
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut s = Selection::new(request(10), tight()).unwrap();
+    assert!(matches!(s.start(&mut rng), Action::Fetch(_)));
+    let claim = s.on_candidates(Ok(vec![cand(0, 3), cand(1, 4)]), &mut rng);
+    assert_eq!(claim, Action::Claim(vec![tid(0), tid(1)]));
+    let won = vec![(tid(0), ClaimVerdict::Won), (tid(1), ClaimVerdict::Won)];
+    assert_eq!(s.on_claim(Ok(won), &mut rng), Action::CheckBalance);
+    // First rescan (retry 1).
+    assert!(matches!(
+        s.on_balance(Ok(q(12)), &mut rng),
+        Action::Fetch(_)
+    ));
+    assert_eq!(
+        s.on_candidates(Ok(Vec::new()), &mut rng),
+        Action::CheckBalance
+    );
+    // Second rescan (retry 2, the budget's last).
+    assert!(matches!(
+        s.on_balance(Ok(q(12)), &mut rng),
+        Action::Fetch(_)
+    ));
+    assert_eq!(s.stats().immediate_retries, 2);
+    assert_eq!(
+        s.on_candidates(Ok(Vec::new()), &mut rng),
+        Action::CheckBalance
+    );
+    let next = s.on_balance(Err(StoreFailure::new("balance read failed")), &mut rng);
+    assert_eq!(next, Action::Release(vec![tid(0), tid(1)]));
+    let next = s.on_released(Ok(()), &mut rng);
+    assert!(matches!(next, Action::Backoff(_)), "{next:?}");
+    assert_eq!(s.leg(), 1);
+}
+
+#[test]
+fn store_errors_that_are_most_of_a_legs_budget_end_the_call_as_a_store_failure() {
+    // One rescan of locked funds, then every fetch fails: store errors are 3 of
+    // the 4 retry-charging events, the last included, so no backoff.
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let config = SelectionConfig {
+        max_immediate_retries: 3,
+        ..tight()
+    };
+    let mut s = Selection::new(request(10), config).unwrap();
+    assert!(matches!(s.start(&mut rng), Action::Fetch(_)));
+    let claim = s.on_candidates(Ok(vec![cand(0, 3), cand(1, 4)]), &mut rng);
+    assert_eq!(claim, Action::Claim(vec![tid(0), tid(1)]));
+    let won = vec![(tid(0), ClaimVerdict::Won), (tid(1), ClaimVerdict::Won)];
+    assert_eq!(s.on_claim(Ok(won), &mut rng), Action::CheckBalance);
+    let mut action = s.on_balance(Ok(q(12)), &mut rng);
+    for _ in 0..3 {
+        assert!(matches!(action, Action::Fetch(_)), "{action:?}");
+        action = s.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng);
+    }
+    assert_eq!(action, Action::Release(vec![tid(0), tid(1)]));
+    assert_eq!(
+        s.on_released(Ok(()), &mut rng),
+        Action::Done(Err(SelectionFailure::Store {
+            message: "fetch failed".into()
+        }))
+    );
+    assert_eq!(s.leg(), 1);
+}
+
+#[test]
 fn fast_fail_compares_the_balance_with_the_full_amount() {
     // 3 + 4 = 7 < 10. Compared with the remainder (3 after winning 7) the balance
     // would look sufficient and the call would end in FundsLocked instead.

@@ -26,7 +26,7 @@ pub const SELECTION_LEGS: &str = "holdfast_selection_legs";
 pub const SELECTION_LOCK_CONFLICTS: &str = "holdfast_selection_lock_conflicts_total";
 /// Claim attempts on tokens no longer spendable.
 pub const SELECTION_STALE_CANDIDATES: &str = "holdfast_selection_stale_candidates_total";
-/// Store errors during selection.
+/// Token claims that failed with a store error (per token, as lock attempts).
 pub const SELECTION_STORE_ERRORS: &str = "holdfast_selection_store_errors_total";
 /// Distinct tokens named in claims per select call.
 pub const SELECTION_DISTINCT_TOKENS: &str = "holdfast_selection_distinct_tokens_attempted";
@@ -145,7 +145,7 @@ pub static METRICS: &[MetricDef] = &[
         name: SELECTION_STORE_ERRORS,
         kind: MetricKind::Counter,
         unit: "errors",
-        help: "Store errors during selection: failed fetches, claims, balance reads and releases. Not contention.",
+        help: "Token claims that failed with a store error or got no clear verdict (a failed window claim counts each token it named). Exclusive with conflicts and stale per failed attempt; failed fetches, balance reads and releases are not counted.",
         labels: &[],
     },
     MetricDef {

@@ -389,6 +389,69 @@ async fn one_failed_attempt_moves_exactly_one_of_stale_conflict_and_store_error(
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failed_window_claim_counts_a_store_error_per_token_and_a_failed_fetch_none() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    // The first fetch fails, the window claim of [a, b] fails once, then wins.
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let mut tokens = MockTokenStore::new();
+    {
+        let fetches = fetches.clone();
+        tokens.expect_candidates().returning(move |_| {
+            if fetches.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(holdfast_ports::TokenStoreError::Fault(StoreFault::Busy(
+                    "locked".into(),
+                )))
+            } else {
+                Ok(vec![cand("a", 4), cand("b", 6)])
+            }
+        });
+    }
+    tokens.expect_balance().returning(|_, _| Ok(q(10)));
+    let claims = Arc::new(AtomicUsize::new(0));
+    let mut locks = MockLockStore::new();
+    {
+        let claims = claims.clone();
+        locks.expect_claim_window().returning(move |_, ts, _| {
+            if claims.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(LockStoreError::Fault(StoreFault::Busy("locked".into())));
+            }
+            Ok(ts.iter().map(|t| (t.clone(), ClaimVerdict::Won)).collect())
+        });
+    }
+    let selector = TokenSelector::new(
+        stores(tokens, locks, MockTxStatusStore::new()),
+        TokioClock::new(),
+        config(2, 5),
+        Some(5),
+    )
+    .expect("config");
+    let report = selector
+        .select_with_stats(&wallet(), &chf(), q(10), &tx("t1"))
+        .await;
+    let mut selected = report.result.expect("the second window claim wins").tokens;
+    selected.sort();
+    assert_eq!(selected, vec![tok("a"), tok("b")]);
+    assert_eq!(report.stats.lock_attempts, 4, "{:?}", report.stats);
+    assert_eq!(
+        (report.stats.store_errors, report.stats.other_store_errors),
+        (2, 1),
+        "{:?}",
+        report.stats
+    );
+    let snapshot = snapshotter.snapshot().into_vec();
+    let store_errors = snapshot
+        .iter()
+        .find_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) if key.key().name() == hm::SELECTION_STORE_ERRORS => Some(*n),
+            _ => None,
+        })
+        .unwrap_or(0);
+    assert_eq!(store_errors, 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_seed_replays_a_call() {
     let make = || {
         let mut tokens = MockTokenStore::new();

@@ -204,8 +204,14 @@ pub struct SelectionStats {
     pub conflicts: u64,
     /// Stale verdicts.
     pub stale: u64,
-    /// Store errors: failed fetches, claims, balance reads and releases, and claim
-    /// answers missing verdicts.
+    /// Lock store errors: tokens whose claim failed with a store error (a failed
+    /// window claim counts every token it named, as [`lock_attempts`] does) or got
+    /// no clear verdict. With [`conflicts`] and [`stale`] it partitions the failed
+    /// attempts: each failed token attempt counts in exactly one of the three.
+    ///
+    /// [`lock_attempts`]: SelectionStats::lock_attempts
+    /// [`conflicts`]: SelectionStats::conflicts
+    /// [`stale`]: SelectionStats::stale
     pub store_errors: u64,
     /// Distinct tokens named in claims, over all legs.
     pub distinct_tokens_attempted: u64,
@@ -221,6 +227,9 @@ pub struct SelectionStats {
     pub releases: u64,
     /// Times the blacklist escape hatch cleared the blacklist.
     pub blacklist_clears: u64,
+    /// Store errors outside lock attempts: failed fetches, balance reads and
+    /// releases (not counted in [`store_errors`](SelectionStats::store_errors)).
+    pub other_store_errors: u64,
 }
 
 impl SelectionStats {
@@ -386,6 +395,7 @@ impl Selection {
         };
         match page {
             Err(failure) => {
+                self.stats.other_store_errors += 1;
                 self.record_store_error(failure);
                 if !self.charge_retry() {
                     return self.end_leg(rng);
@@ -420,6 +430,7 @@ impl Selection {
         let verdicts = match verdicts {
             Ok(verdicts) => verdicts,
             Err(failure) => {
+                self.stats.store_errors += u64::try_from(window.len()).unwrap_or(u64::MAX);
                 self.leg.maybe_held.extend(window.into_iter().map(|c| c.id));
                 self.record_store_error(failure);
                 if !self.charge_retry() {
@@ -450,6 +461,7 @@ impl Selection {
             }
         }
         if unanswered > 0 {
+            self.stats.store_errors += u64::try_from(unanswered).unwrap_or(u64::MAX);
             self.record_store_error(StoreFailure::new(format!(
                 "claim answer had no clear verdict for {unanswered} of {} proposed tokens",
                 window.len()
@@ -474,6 +486,7 @@ impl Selection {
         }
         match balance {
             Err(failure) => {
+                self.stats.other_store_errors += 1;
                 self.record_store_error(failure);
                 if !self.charge_retry() {
                     return self.end_leg(rng);
@@ -491,8 +504,8 @@ impl Selection {
         }
     }
 
-    /// Feeds the answer to [`Action::Release`]. A failed release counts as a store
-    /// error (it costs no retry); its tokens stay in [`Selection::held`] and are
+    /// Feeds the answer to [`Action::Release`]. A failed release counts in
+    /// [`SelectionStats::other_store_errors`] (it costs no retry); its tokens stay in [`Selection::held`] and are
     /// named again by the next release.
     pub fn on_released(&mut self, result: Result<(), StoreFailure>, rng: &mut impl Rng) -> Action {
         let (tokens, then) = match &self.phase {
@@ -507,7 +520,7 @@ impl Selection {
                 }
             }
             Err(_) => {
-                self.stats.store_errors += 1;
+                self.stats.other_store_errors += 1;
                 self.unreleased.extend(tokens);
             }
         }
@@ -696,9 +709,9 @@ impl Selection {
         }
     }
 
-    /// Notes a store error; the retry charged next is charged to it.
+    /// Notes a store error (the caller counts it in the stats); the retry charged
+    /// next is charged to it.
     fn record_store_error(&mut self, failure: StoreFailure) {
-        self.stats.store_errors += 1;
         self.leg.store_error_pending = true;
         self.scan.store_error = true;
         self.leg.last_store_error = Some(failure.message);

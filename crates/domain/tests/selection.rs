@@ -279,7 +279,27 @@ fn store_errors_with_contention_are_funds_locked() {
     wallet.fail_fetches = 1;
     let r = run(wallet, 5, tight(), 3);
     assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
-    assert_eq!(r.stats.store_errors, 1);
+    // A failed fetch is no lock attempt: it is not a lock store error.
+    assert_eq!((r.stats.store_errors, r.stats.other_store_errors), (0, 1));
+}
+
+#[test]
+fn a_failed_window_claim_counts_a_lock_store_error_per_token() {
+    // [2, 3] for 5: one window claim of two tokens fails, the retry wins both.
+    let mut wallet = Wallet::of(&[2, 3]);
+    wallet.fail_claims = 1;
+    let r = run(wallet, 5, defaults(), 3);
+    assert_eq!(r.claims, vec![vec![tid(0), tid(1)]; 2], "{}", r.trace);
+    assert_eq!(r.picked().len(), 2, "{}", r.trace);
+    assert_eq!(r.stats.lock_attempts, 4);
+    // Per failed token attempt exactly one of stale, conflict, store error.
+    assert_eq!(
+        (r.stats.store_errors, r.stats.conflicts, r.stats.stale),
+        (2, 0, 0)
+    );
+    assert_eq!(r.stats.other_store_errors, 0);
+    // One retry for the failed claim, whatever its size, one for the rescan.
+    assert_eq!(r.stats.immediate_retries, 2, "{}", r.trace);
 }
 
 #[test]
@@ -589,7 +609,8 @@ fn a_missing_or_contradictory_verdict_is_a_store_error_and_possibly_held() {
         ]),
         &mut rng,
     );
-    assert_eq!(s.stats().store_errors, 1);
+    // Both proposed tokens lack a clear verdict: two lock store errors.
+    assert_eq!(s.stats().store_errors, 2);
     assert_eq!(s.held(), vec![tid(0), tid(1)]);
     // Nothing left in the scan, no contention: the balance is asked.
     assert_eq!(next, Action::CheckBalance);

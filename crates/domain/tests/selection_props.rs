@@ -180,7 +180,7 @@ proptest! {
             prop_assert!(!insufficient, "{}", trace);
         }
         // A store failure is only ever reported when the store failed.
-        if r.stats.store_errors == 0 {
+        if r.stats.store_errors == 0 && r.stats.other_store_errors == 0 {
             let store = matches!(r.outcome, Err(SelectionFailure::Store { .. }));
             prop_assert!(!store, "{}", trace);
         }

@@ -40,11 +40,23 @@ impl ProcessMemo {
         }
     }
 
-    /// Whether this delivery fenced `request` and nobody wrote it since.
+    /// Whether this delivery fenced `request` (loaded accepted and not the head) at
+    /// a version not newer than the loaded one.
+    ///
+    /// Not only "nobody wrote it since": a concurrent delivery of the same request
+    /// may fence it again in between, and demanding the exact version would make
+    /// two deliveries fence each other forever (each re-fencing after the other's
+    /// fence, none releasing). Any later version is as good as our own fence:
+    /// versions only grow, and once our fence applied, every delivery that reads
+    /// the request also reads the queue after it and sees the newer head, so while
+    /// the request is still accepted every write to it after our fence is another
+    /// fence (a supersede or fail would end the accepted state; a mark from a read
+    /// before our fence fails its compare-and-set). So no delivery can mark it
+    /// processing any more, and releasing its slot is safe.
     fn fenced(&self, request: &Request) -> bool {
         self.fenced
             .as_ref()
-            .is_some_and(|(id, version)| *id == request.id && *version == request.version)
+            .is_some_and(|(id, version)| *id == request.id && *version <= request.version)
     }
 }
 

@@ -673,6 +673,37 @@ impl<D: Design> World<D> {
         panic!("delivery #{delivery} never applied {label}");
     }
 
+    /// Advances a delivery by one iteration of its loop: steps it until it attempted
+    /// a write or ended. `None` if it is not active.
+    pub fn iterate(&mut self, delivery: u64) -> Option<StepResult> {
+        for _ in 0..DELIVERY_STEP_LIMIT {
+            match self.step(delivery)? {
+                StepResult::Loaded => {}
+                done => return Some(done),
+            }
+        }
+        None
+    }
+
+    /// Runs two deliveries in lockstep, one loop iteration (loads, then one write)
+    /// each in turn, until both ended; a pair that does not end within the step
+    /// limit is a livelock violation (and both are abandoned to the inbox).
+    pub fn lockstep(&mut self, first: u64, second: u64) {
+        self.trace.push(format!("lockstep #{first} #{second}"));
+        for _ in 0..DELIVERY_STEP_LIMIT {
+            let a = self.iterate(first);
+            let b = self.iterate(second);
+            if a.is_none() && b.is_none() {
+                return;
+            }
+        }
+        self.violations.push(format!(
+            "livelock: deliveries #{first} and #{second} in lockstep did not end"
+        ));
+        self.crash(first);
+        self.crash(second);
+    }
+
     /// Advances a delivery by one step: one load, or one decision with at most one
     /// write, or its end. `None` if it is not active.
     pub fn step(&mut self, delivery: u64) -> Option<StepResult> {
@@ -869,6 +900,9 @@ impl<D: Design> World<D> {
                         let mut after = request.clone();
                         after.version = expected.next();
                         self.check_request_write(&current, &after);
+                        if write.label == "mark" {
+                            self.check_mark(&after);
+                        }
                         self.store.requests.insert(after.id.clone(), after);
                         true
                     }
@@ -989,6 +1023,36 @@ impl<D: Design> World<D> {
                     }
                 }
             }
+        }
+    }
+
+    /// Latest head only, on the mark: a request marked processing is the latest
+    /// head, or it still holds the slot it claimed as the head.
+    ///
+    /// The plain "is the latest head" check of the claim cannot hold here. A mark
+    /// is a compare-and-set of the request only, so a newer head may be stamped
+    /// between the delivery's queue read and its mark (a crash between claim and
+    /// mark, then a resume racing an ingest); the request then keeps its slot and
+    /// builds, as processing requests are never superseded. What the fence
+    /// guarantees is that such a mark never lands after its slot was released for
+    /// supersession. The one exemption is the dead-letter chain, which releases
+    /// before it writes `failed`: a mark may land in between (its build is never
+    /// published, the reload finds no slot and acks) and the chain then fails it.
+    fn check_mark(&mut self, after: &Request) {
+        let Some(row) = &self.store.queue else {
+            return;
+        };
+        let head = row
+            .queue
+            .latest_request_id
+            .as_ref()
+            .is_none_or(|l| after.id >= *l);
+        let holds = self.ghost.get(&after.id).copied().unwrap_or(0) > 0;
+        if !head && !holds && !self.pending_for(&after.id, |m| matches!(m, Msg::DeadLetter(_))) {
+            self.violations.push(format!(
+                "latest head only: {} marked processing while not the head and without a slot",
+                after.id
+            ));
         }
     }
 

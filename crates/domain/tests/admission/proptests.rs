@@ -18,7 +18,9 @@ enum Op {
     Start(usize),
     Step(usize, Option<Fault>),
     Crash(usize),
-    Duplicate(usize),
+    /// Starts a duplicate of a pending or in-flight message; with `true`, runs it
+    /// and the original in lockstep (one loop iteration each in turn) to the end.
+    Duplicate(usize, bool),
     FinishBuild(usize, BuildOutcome),
     DeadLetter(usize),
     Reconcile,
@@ -48,7 +50,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<usize>().prop_map(Op::Start),
         12 => (any::<usize>(), fault()).prop_map(|(i, f)| Op::Step(i, f)),
         1 => any::<usize>().prop_map(Op::Crash),
-        3 => any::<usize>().prop_map(Op::Duplicate),
+        3 => (any::<usize>(), prop::bool::weighted(0.3)).prop_map(|(i, l)| Op::Duplicate(i, l)),
         2 => (any::<usize>(), outcome()).prop_map(|(i, o)| Op::FinishBuild(i, o)),
         1 => any::<usize>().prop_map(Op::DeadLetter),
         1 => Just(Op::Reconcile),
@@ -86,15 +88,26 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
                 w.crash(d);
             }
         }
-        Op::Duplicate(i) => {
+        Op::Duplicate(i, lockstep) => {
             let n = w.inbox.len() + active.len();
             if n > 0 {
                 let i = i % n;
-                let msg = match w.inbox.get(i) {
-                    Some(p) => p.msg.clone(),
-                    None => w.active_msg(active[i - w.inbox.len()]).unwrap(),
+                let (msg, original) = match w.inbox.get(i) {
+                    Some(p) => (p.msg.clone(), None),
+                    None => {
+                        let d = active[i - w.inbox.len()];
+                        (w.active_msg(d).unwrap(), Some(d))
+                    }
                 };
-                w.start(msg);
+                if !lockstep {
+                    w.start(msg);
+                    return;
+                }
+                let original = original.or_else(|| w.start_inbox(i));
+                let duplicate = w.start(msg);
+                if let Some(original) = original {
+                    w.lockstep(original, duplicate);
+                }
             }
         }
         Op::FinishBuild(i, outcome) => {
@@ -157,6 +170,12 @@ fn run_case(
             return (w, Ok(()));
         }
     }
+    // The periodic reconcile pass: an injected leak with the gate never closing
+    // afterwards (max 2 or 3 and few requests) is healed by it, not by the gate.
+    w.inbox.push_back(crate::model::Pending {
+        msg: Msg::Reconcile,
+        attempts: 0,
+    });
     let drained = w.drain();
     (w, drained)
 }
@@ -200,6 +219,7 @@ fn generated_cases_reach_the_guarded_paths() {
         ": retry",
         "injected",
         "reconcile",
+        "lockstep",
     ];
     let mut seen = vec![0usize; needles.len()];
     for _ in 0..400 {

@@ -941,3 +941,48 @@ fn green_a_newer_descendant_builds_incrementally_since_the_green() {
     clean(&w);
     drained(&mut w);
 }
+
+/// Not in the list: two concurrent deliveries of a superseded request that
+/// owns a slot, stepped in lockstep (one loop iteration each in turn). Each fences
+/// after the other's fence; a delivery that required the request to be exactly at
+/// its own fence's version would re-fence forever and never release. Any later
+/// version is as good as its own fence, so the first to reload releases, and the
+/// other supersedes without a slot.
+#[test]
+fn two_deliveries_in_lockstep_fence_once_each_then_release_and_supersede() {
+    let mut w = world(1);
+    let a = w.ingest("a");
+    let d = w.take(Msg::Process(a.clone()));
+    w.run_until_applied(d, "claim");
+    w.crash(d);
+    let b = w.ingest("b");
+    let d1 = w.take(Msg::Process(a.clone()));
+    let d2 = w.start(Msg::Process(a.clone()));
+    let mut writes = Vec::new();
+    for _ in 0..3 {
+        for d in [d1, d2] {
+            if let Some(crate::model::StepResult::Wrote { label, applied }) = w.iterate(d) {
+                writes.push((d, label, applied));
+            }
+        }
+    }
+    assert_eq!(
+        writes,
+        [
+            (d1, "fence", true),
+            (d2, "fence", true),
+            (d1, "release", true),
+            (d2, "supersede", true),
+        ],
+        "{:#?}",
+        w.trace
+    );
+    assert_eq!(w.state(&a), RequestState::Superseded);
+    assert_eq!(w.owners(), Vec::<u64>::new());
+    w.lockstep(d1, d2);
+    assert_eq!(w.applied("fence"), 2);
+    assert_eq!(w.applied("release"), 1);
+    assert!(is_publish(&w.process(&b)));
+    clean(&w);
+    drained(&mut w);
+}

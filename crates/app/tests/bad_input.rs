@@ -367,7 +367,39 @@ fn ids_are_refused_naming_the_value() {
                 "request/q/18446744073709551616",
             ],
             2,
-            &["\"request/q/18446744073709551616\"", "does not fit 64 bits"],
+            &[
+                "\"request/q/18446744073709551616\"",
+                "above 9223372036854775807",
+            ],
+        ),
+        // The stores keep n as a signed 64-bit number: one past it is bad input on
+        // every store, never a backend error.
+        row(
+            "request id one past the signed 64-bit maximum",
+            &[
+                "queue",
+                "process",
+                "--request",
+                "request/q/9223372036854775808",
+            ],
+            2,
+            &[
+                "\"request/q/9223372036854775808\"",
+                "above 9223372036854775807",
+                "expected request/<queue>/<n>",
+            ],
+        ),
+        row(
+            "request id 0",
+            &["queue", "process", "--request", "request/q/0"],
+            2,
+            &["\"request/q/0\"", "n is 0", "from 1"],
+        ),
+        row(
+            "request id with a leading zero",
+            &["queue", "dead-letter", "--request", "request/q/01"],
+            2,
+            &["\"request/q/01\"", "leading zero", "without leading zeros"],
         ),
         row(
             "request id with a sign",

@@ -13,9 +13,10 @@ use crate::ids::{IdError, QueueName, RevisionUri};
 /// Why a request id was refused or two ids could not be compared.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestIdError {
-    /// The text is not `request/<queue>/<n>`.
+    /// The text is not `request/<queue>/<n>` with `n` in its one canonical spelling:
+    /// a decimal number from 1 to [`RequestId::MAX_SEQ`] without leading zeros.
     #[error(
-        "invalid request id {input:?}: {reason}; expected request/<queue>/<n> with n a decimal number"
+        "invalid request id {input:?}: {reason}; expected request/<queue>/<n> with n a decimal number from 1 to 9223372036854775807 without leading zeros"
     )]
     Malformed {
         /// The rejected text.
@@ -49,12 +50,21 @@ pub struct RequestId {
 }
 
 impl RequestId {
+    /// The largest `n` of a request id: the stores keep `n` as a signed 64-bit
+    /// number and allocate it from 1.
+    pub const MAX_SEQ: u64 = i64::MAX.unsigned_abs();
+
     /// The id of the `seq`-th request of `queue`.
     pub fn new(queue: QueueName, seq: u64) -> Self {
         RequestId { queue, seq }
     }
 
     /// Parses `request/<queue>/<n>`; the queue may itself contain `/`.
+    ///
+    /// This is the one gate for request ids from outside: `n` must be a decimal
+    /// number from 1 to [`RequestId::MAX_SEQ`] (stores allocate from 1 and keep a
+    /// signed 64-bit number) in its one canonical spelling, without leading zeros,
+    /// so an id parses only if it prints back as the same text.
     pub fn parse(input: &str) -> Result<Self, RequestIdError> {
         let malformed = |reason| RequestIdError::Malformed {
             input: input.to_owned(),
@@ -69,9 +79,17 @@ impl RequestId {
         if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
             return Err(malformed("n is not a decimal number"));
         }
+        if seq.len() > 1 && seq.starts_with('0') {
+            return Err(malformed("n has a leading zero"));
+        }
         let seq = seq
             .parse::<u64>()
-            .map_err(|_| malformed("n does not fit 64 bits"))?;
+            .ok()
+            .filter(|n| *n <= RequestId::MAX_SEQ)
+            .ok_or_else(|| malformed("n is above 9223372036854775807"))?;
+        if seq == 0 {
+            return Err(malformed("n is 0"));
+        }
         let queue = QueueName::new(queue).map_err(|source| RequestIdError::Queue {
             input: input.to_owned(),
             source,
@@ -306,6 +324,57 @@ mod tests {
         ] {
             let err = RequestId::parse(bad).unwrap_err();
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn accepts_n_from_1_to_the_signed_64_bit_maximum() {
+        assert_eq!(RequestId::MAX_SEQ, 9_223_372_036_854_775_807);
+        for text in [
+            "request/q/1",
+            "request/q/10",
+            "request/q/9223372036854775807",
+        ] {
+            let id = RequestId::parse(text).unwrap();
+            assert_eq!(id.to_string(), text);
+        }
+        assert_eq!(
+            RequestId::parse("request/q/9223372036854775807")
+                .unwrap()
+                .seq(),
+            RequestId::MAX_SEQ
+        );
+    }
+
+    #[test]
+    fn rejects_n_out_of_range_or_not_canonical() {
+        for (bad, reason) in [
+            ("request/q/0", "n is 0"),
+            ("request/q/00", "leading zero"),
+            ("request/q/01", "leading zero"),
+            ("request/q/007", "leading zero"),
+            ("request/q/9223372036854775808", "above 9223372036854775807"),
+            (
+                "request/q/18446744073709551615",
+                "above 9223372036854775807",
+            ),
+            (
+                "request/q/18446744073709551616",
+                "above 9223372036854775807",
+            ),
+        ] {
+            let err = RequestId::parse(bad).unwrap_err();
+            assert!(
+                matches!(&err, RequestIdError::Malformed { input, .. } if input == bad),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(text.contains(&format!("{bad:?}")), "{text}");
+            assert!(text.contains(reason), "{text}");
+            assert!(
+                text.contains("from 1 to 9223372036854775807 without leading zeros"),
+                "{text}"
+            );
         }
     }
 

@@ -238,14 +238,14 @@ impl QueueStore for SqliteBackend {
                 let plan = request.plan.as_ref();
                 let n = tx
                     .prepare_cached(
-                        "UPDATE requests SET uri = ?3, state = ?4, strategy = ?5, base = ?6, version = ?7
-                         WHERE queue = ?1 AND seq = ?2 AND version = ?8",
+                        // The uri is the immutable dedup key: never rewritten.
+                        "UPDATE requests SET state = ?3, strategy = ?4, base = ?5, version = ?6
+                         WHERE queue = ?1 AND seq = ?2 AND version = ?7",
                     )
                     .db()?
                     .execute(params![
                         request.id.queue().as_str(),
                         seq,
-                        request.uri.as_str(),
                         request.state.as_str(),
                         plan.map(|p| p.strategy.as_str()),
                         plan.and_then(|p| p.base.as_ref()).map(RevisionUri::as_str),
@@ -253,7 +253,11 @@ impl QueueStore for SqliteBackend {
                         exp
                     ])
                     .db()?;
-                Ok(if n == 1 { CasOutcome::Applied } else { CasOutcome::Conflict })
+                Ok(if n == 1 {
+                    CasOutcome::Applied
+                } else {
+                    CasOutcome::Conflict
+                })
             })
             .await
     }
@@ -279,5 +283,44 @@ impl QueueStore for SqliteBackend {
                 Ok(out)
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_domain::{QueueName, RequestState, RevisionUri};
+    use holdfast_ports::{CasOutcome, QueueStore};
+
+    use crate::SqliteBackend;
+
+    /// The uri is the dedup key of a request: a compare-and-set that carries another
+    /// uri still applies its state, but never rewrites the stored uri (as on
+    /// Postgres), so a later ingest of the original uri still deduplicates.
+    #[tokio::test]
+    async fn cas_request_never_rewrites_the_uri() {
+        let backend = SqliteBackend::open_in_memory().await.unwrap();
+        let q = QueueName::new("q").unwrap();
+        let original = RevisionUri::new("git:aaa").unwrap();
+        let made = backend.create_request(&q, &original).await.unwrap();
+        let mut next = made.request.clone();
+        next.uri = RevisionUri::new("git:zzz").unwrap();
+        next.state = RequestState::Superseded;
+        next.version = made.request.version.next();
+        let cas = backend
+            .cas_request(made.request.version, &next)
+            .await
+            .unwrap();
+        assert_eq!(cas, CasOutcome::Applied);
+        let stored = backend
+            .load_request(&made.request.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.uri, original);
+        assert_eq!(stored.state, RequestState::Superseded);
+        assert_eq!(stored.version, next.version);
+        let again = backend.create_request(&q, &original).await.unwrap();
+        assert!(!again.created);
+        assert_eq!(again.request.id, made.request.id);
     }
 }

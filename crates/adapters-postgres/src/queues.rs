@@ -58,9 +58,12 @@ const CAS_REQUEST: &str = "
     SET state = $4, strategy = $5, base_uri = $6, version = version + 1
     WHERE queue = $1 AND seq = $2 AND version = $3";
 
+/// The newest `$2` requests, oldest first.
 const LIST_REQUESTS: &str = "
-    SELECT seq, uri, state, strategy, base_uri, version
-    FROM requests WHERE queue = $1 ORDER BY seq LIMIT $2";
+    SELECT seq, uri, state, strategy, base_uri, version FROM (
+        SELECT seq, uri, state, strategy, base_uri, version
+        FROM requests WHERE queue = $1 ORDER BY seq DESC LIMIT $2
+    ) AS newest ORDER BY seq";
 
 fn fault(e: &sqlx::Error) -> QueueStoreError {
     QueueStoreError::Fault(to_fault(e))

@@ -271,8 +271,12 @@ impl QueueStore for SqliteBackend {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.pool
             .read(move |tx| {
+                // The newest `limit` requests, oldest first.
                 let sql = format!(
-                    "SELECT {REQUEST_COLUMNS} FROM requests WHERE queue = ?1 ORDER BY seq LIMIT ?2"
+                    "SELECT {REQUEST_COLUMNS} FROM (
+                         SELECT {REQUEST_COLUMNS} FROM requests
+                         WHERE queue = ?1 ORDER BY seq DESC LIMIT ?2
+                     ) ORDER BY seq"
                 );
                 let mut stmt = tx.prepare_cached(&sql).db()?;
                 let mut rows = stmt.query(params![queue.as_str(), limit]).db()?;

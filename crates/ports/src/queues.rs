@@ -59,7 +59,7 @@ pub trait QueueStore: Send + Sync {
         request: &Request,
     ) -> Result<CasOutcome, QueueStoreError>;
 
-    /// The requests of a queue in sequence order, at most `limit`.
+    /// The newest `limit` requests of a queue (the highest sequence numbers), in sequence order.
     async fn list_requests(
         &self,
         queue: &QueueName,

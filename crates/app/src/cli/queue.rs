@@ -18,7 +18,7 @@ use super::output::{self, Rendered, Report, Table};
 use super::{CliError, Context};
 use crate::admission::{Admission, AdmissionPolicy, NoAncestry};
 
-/// The most requests `queue show` lists.
+/// The most requests `queue show` lists: the newest ones.
 pub const SHOW_LIMIT: usize = 1000;
 
 /// Queue subcommands.
@@ -32,7 +32,7 @@ pub enum QueueCommand {
     Outcome(OutcomeArgs),
     /// Dead-letter a request: release its slot, then mark it failed
     DeadLetter(RequestArgs),
-    /// Show a queue: head, last green, slot owners (flagging owners that are not live), requests
+    /// Show a queue: head, last green, slot owners (flagging owners that are not live), newest requests
     Show(ShowArgs),
 }
 
@@ -390,7 +390,8 @@ pub struct QueueView {
     pub owners: Vec<OwnerView>,
     /// How many owners are not live.
     pub not_live_owners: usize,
-    /// The requests, oldest first (at most [`SHOW_LIMIT`]).
+    /// The newest requests (at most [`SHOW_LIMIT`]) and any older slot owner,
+    /// oldest first.
     pub requests: Vec<RequestView>,
 }
 
@@ -496,5 +497,6 @@ pub async fn show(ctx: &Context, name: &QueueName) -> Result<QueueView, CliError
             requests.push(r);
         }
     }
+    requests.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(queue_view(ctx, &queue, &requests))
 }

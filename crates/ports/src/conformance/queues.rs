@@ -414,7 +414,7 @@ pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
     }
 }
 
-/// `list_requests` lists a queue's requests in sequence order, at most `limit`.
+/// `list_requests` lists the newest `limit` requests of a queue, in sequence order.
 pub async fn list_requests_in_sequence_order(db: &dyn TestDatabase) {
     let s = db.stores();
     for u in ["z", "y", "x", "w"] {
@@ -435,11 +435,21 @@ pub async fn list_requests_in_sequence_order(db: &dyn TestDatabase) {
     assert_eq!(
         got,
         vec![
-            (1, "z".to_owned()),
             (2, "y".to_owned()),
-            (3, "x".to_owned())
-        ]
+            (3, "x".to_owned()),
+            (4, "w".to_owned())
+        ],
+        "the newest 3 of 4, oldest first"
     );
+    let all: Vec<u64> = s
+        .queues
+        .list_requests(&queue("q"), 10)
+        .await
+        .expect("list")
+        .iter()
+        .map(|r| r.id.seq())
+        .collect();
+    assert_eq!(all, [1, 2, 3, 4]);
     assert!(
         s.queues
             .list_requests(&queue("empty"), 10)

@@ -180,8 +180,26 @@ pub struct Ingest {
     pub reply: Reply,
 }
 
-/// Applied writes and decisions beyond which a step is a runaway.
-const MAX_ROUNDS: u32 = 64;
+/// Decisions a step takes without any conflict, with room to spare: the longest
+/// path (prune, claim, mark after loading owners and asking ancestry) takes about
+/// ten.
+const ROUNDS_WITHOUT_CONFLICTS: u32 = 32;
+
+/// Decisions one conflict can cost: the conflicting write, then after the reload
+/// at most new owners to load and a new last green to ask about.
+const ROUNDS_PER_CONFLICT: u32 = 3;
+
+/// Decisions beyond which a step is a runaway, derived from the conflict bound so
+/// that a contended step fails with [`AdmitError::Conflicts`] (what the user can
+/// act on) and never with [`AdmitError::Runaway`] first, whatever `max_conflicts`
+/// the configuration allows. Saturates at `u32::MAX`.
+fn max_rounds(max_conflicts: u32) -> u32 {
+    max_conflicts
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(ROUNDS_PER_CONFLICT))
+        .and_then(|n| n.checked_add(ROUNDS_WITHOUT_CONFLICTS))
+        .unwrap_or(u32::MAX)
+}
 
 /// What a step loads at the start of each round.
 enum Load<'a> {
@@ -378,6 +396,7 @@ impl Admission {
         let mut loaded = Loaded::default();
         let mut conflicts = 0u32;
         let mut rounds = 0u32;
+        let max = max_rounds(self.policy.max_conflicts);
         loop {
             match load {
                 Load::Request(id) => {
@@ -394,13 +413,13 @@ impl Admission {
                     .set(f64::from(owners));
             }
             let write = loop {
-                rounds += 1;
-                if rounds > MAX_ROUNDS {
+                rounds = rounds.saturating_add(1);
+                if rounds > max {
                     return Err(AdmitError::Runaway {
                         step,
                         subject: subject.to_owned(),
                         rounds,
-                        max: MAX_ROUNDS,
+                        max,
                     });
                 }
                 match decide(&loaded) {
@@ -504,5 +523,81 @@ pub fn write_label(write: &Write) -> &'static str {
             RequestWrite::Finish(_) => "finish",
             RequestWrite::Fail => "fail",
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_domain::{RequestState, Version};
+    use holdfast_ports::MockQueueStore;
+
+    use super::*;
+
+    fn queue_name() -> QueueName {
+        QueueName::new("q").expect("queue name")
+    }
+
+    /// A store where request 1 of `q` is the accepted head and every write
+    /// conflicts (another instance always wins).
+    fn contended() -> MockQueueStore {
+        let mut store = MockQueueStore::new();
+        let id = RequestId::new(queue_name(), 1);
+        let request = Request {
+            id: id.clone(),
+            uri: RevisionUri::new("git:a").expect("uri"),
+            state: RequestState::Accepted,
+            plan: None,
+            version: Version::FIRST,
+        };
+        let mut queue = Queue::new(queue_name());
+        queue.latest_request_id = Some(id);
+        store
+            .expect_load_request()
+            .returning(move |_| Ok(Some(request.clone())));
+        store
+            .expect_load_queue()
+            .returning(move |_| Ok(Some(queue.clone())));
+        store
+            .expect_cas_queue()
+            .returning(|_, _| Ok(CasOutcome::Conflict));
+        store
+    }
+
+    #[test]
+    fn the_round_bound_follows_the_conflict_bound_and_saturates() {
+        assert_eq!(max_rounds(1), 38);
+        assert_eq!(max_rounds(32), 131);
+        assert!(max_rounds(1_000) > 1_000 * ROUNDS_PER_CONFLICT);
+        assert_eq!(max_rounds(u32::MAX), u32::MAX);
+        assert_eq!(max_rounds(u32::MAX / 3), u32::MAX);
+    }
+
+    /// With more conflicts allowed than the old fixed bound of 64 rounds, a
+    /// contended step still ends as `Conflicts` naming the configured bound.
+    #[tokio::test]
+    async fn a_contended_step_fails_with_conflicts_not_runaway() {
+        for max_conflicts in [1, 32, 100, 500] {
+            let admission = Admission::new(
+                Arc::new(contended()),
+                Arc::new(NoAncestry),
+                AdmissionPolicy {
+                    max_conflicts,
+                    ..AdmissionPolicy::default()
+                },
+            );
+            let err = admission
+                .process(&RequestId::new(queue_name(), 1))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err,
+                AdmitError::Conflicts {
+                    step: "process",
+                    subject: "request/q/1".to_owned(),
+                    conflicts: max_conflicts + 1,
+                    max: max_conflicts,
+                }
+            );
+        }
     }
 }

@@ -207,6 +207,8 @@ enum Load<'a> {
     Request(&'a RequestId),
     /// A queue alone.
     Queue(&'a QueueName),
+    /// A queue, then every one of its requests.
+    QueueAndRequests(&'a QueueName),
 }
 
 /// Everything a step has loaded so far.
@@ -217,6 +219,21 @@ struct Loaded {
     owners: LoadedRequests,
     ancestry: Option<AncestryFact>,
     memo: ProcessMemo,
+    /// The queue's requests, for [`Load::QueueAndRequests`].
+    requests: Vec<Request>,
+    /// The owners added by applied backfill writes, in order.
+    backfilled: Vec<RequestId>,
+}
+
+/// The result of a backfill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backfill {
+    /// The processing requests this call added to the slot owners (empty when
+    /// every one was an owner already).
+    pub added: Vec<RequestId>,
+    /// The step's reply: [`Reply::Ack`], or [`Reply::DeadLetter`] for a missing
+    /// queue.
+    pub reply: Reply,
 }
 
 /// Build-slot admission over a queue store.
@@ -351,6 +368,34 @@ impl Admission {
         .await
     }
 
+    /// Migrates `queue` from an anonymous in-flight count to owner ids: every
+    /// processing request of the queue joins the slot owners (DESIGN §3). Loads the
+    /// queue and all of its requests in every round (a migration runs once, with
+    /// the old binaries stopped). A missing queue is [`Reply::DeadLetter`].
+    /// Running it again adds nothing.
+    pub async fn backfill(&self, queue: &QueueName) -> Result<Backfill, AdmitError> {
+        let span = tracing::info_span!("admission_backfill", %queue);
+        let mut loaded = Loaded::default();
+        let reply = self
+            .drive_with(
+                "backfill",
+                Load::QueueAndRequests(queue),
+                &mut loaded,
+                |l| match &l.queue {
+                    Some(q) => rules::decide_backfill(q, &l.requests),
+                    None => Decision::Reply(Reply::DeadLetter(DeadLetterReason::QueueMissing(
+                        queue.clone(),
+                    ))),
+                },
+            )
+            .instrument(span)
+            .await?;
+        Ok(Backfill {
+            added: loaded.backfilled,
+            reply,
+        })
+    }
+
     /// The load -> decide -> write loop shared by every step.
     async fn drive(
         &self,
@@ -358,11 +403,23 @@ impl Admission {
         load: Load<'_>,
         decide: impl Fn(&Loaded) -> Decision,
     ) -> Result<Reply, AdmitError> {
+        self.drive_with(step, load, &mut Loaded::default(), decide)
+            .await
+    }
+
+    /// [`Admission::drive`] on a caller's `loaded`, to read what the step recorded.
+    async fn drive_with(
+        &self,
+        step: &'static str,
+        load: Load<'_>,
+        loaded: &mut Loaded,
+        decide: impl Fn(&Loaded) -> Decision,
+    ) -> Result<Reply, AdmitError> {
         let subject = match &load {
             Load::Request(id) => id.to_string(),
-            Load::Queue(name) => name.to_string(),
+            Load::Queue(name) | Load::QueueAndRequests(name) => name.to_string(),
         };
-        let result = self.rounds(step, &subject, &load, decide).await;
+        let result = self.rounds(step, &subject, &load, loaded, decide).await;
         match &result {
             Ok(reply) => {
                 metrics::counter!(m::ADMISSION_REPLIES, "step" => step, "reply" => reply_label(reply))
@@ -386,6 +443,7 @@ impl Admission {
         step: &'static str,
         subject: &str,
         load: &Load<'_>,
+        loaded: &mut Loaded,
         decide: impl Fn(&Loaded) -> Decision,
     ) -> Result<Reply, AdmitError> {
         let store = |source| AdmitError::Store {
@@ -393,7 +451,6 @@ impl Admission {
             subject: subject.to_owned(),
             source,
         };
-        let mut loaded = Loaded::default();
         let mut conflicts = 0u32;
         let mut rounds = 0u32;
         let max = max_rounds(self.policy.max_conflicts);
@@ -405,6 +462,14 @@ impl Admission {
                 }
                 Load::Queue(name) => {
                     loaded.queue = self.queues.load_queue(name).await.map_err(store)?;
+                }
+                Load::QueueAndRequests(name) => {
+                    loaded.queue = self.queues.load_queue(name).await.map_err(store)?;
+                    loaded.requests = self
+                        .queues
+                        .list_requests(name, usize::MAX)
+                        .await
+                        .map_err(store)?;
                 }
             }
             if let Some(queue) = &loaded.queue {
@@ -422,9 +487,9 @@ impl Admission {
                         max,
                     });
                 }
-                match decide(&loaded) {
+                match decide(loaded) {
                     Decision::Reply(reply) => return Ok(reply),
-                    Decision::Need(need) => self.fulfil(need, &mut loaded).await.map_err(store)?,
+                    Decision::Need(need) => self.fulfil(need, loaded).await.map_err(store)?,
                     Decision::Write(write) => break write,
                 }
             };
@@ -450,6 +515,13 @@ impl Admission {
             tracing::debug!(write = label, applied, "admission write");
             if applied {
                 loaded.memo.record_applied(&write);
+                if let Write::Queue {
+                    kind: QueueWrite::Backfill { added },
+                    ..
+                } = &write
+                {
+                    loaded.backfilled.extend(added.iter().cloned());
+                }
             } else {
                 conflicts += 1;
                 if conflicts > self.policy.max_conflicts {

@@ -408,3 +408,61 @@ async fn diagnostics_flag_leaked_locks_and_owners() {
             .contains("NOT LIVE")
     );
 }
+
+/// `queue backfill` migrates a queue admitted under an anonymous count: a
+/// processing request that owns no slot (as the old binaries left it) joins the
+/// owners; a second run adds nothing; a missing queue is bad input (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_backfill_adds_processing_requests_to_the_owners() {
+    let h = Holdfast::sqlite();
+    let ingested = h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-a"]);
+    assert_eq!(ingested["request"]["id"], "request/ci/main/1");
+    h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-b"]);
+    let backend = SqliteBackend::open(&h.url, Default::default())
+        .await
+        .expect("open");
+    let stores = backend.stores();
+    let id = RequestId::parse("request/ci/main/1").expect("id");
+    let mut old = stores
+        .queues
+        .load_request(&id)
+        .await
+        .expect("load")
+        .expect("request");
+    let expected = old.version;
+    old.state = holdfast_domain::RequestState::Processing;
+    old.plan = Some(holdfast_domain::BuildPlan {
+        strategy: holdfast_domain::BuildStrategy::Full,
+        base: None,
+    });
+    old.version = expected.next();
+    assert_eq!(
+        stores
+            .queues
+            .cas_request(expected, &old)
+            .await
+            .expect("cas"),
+        CasOutcome::Applied
+    );
+    drop(stores);
+    drop(backend);
+
+    let before = h.json(&["queue", "show", "--queue", "ci/main"]);
+    assert_eq!(before["owners"], serde_json::json!([]));
+    let backfill = h.json(&["queue", "backfill", "--queue", "ci/main"]);
+    insta::assert_json_snapshot!("queue_backfill", backfill);
+    let after = h.json(&["queue", "show", "--queue", "ci/main"]);
+    assert_eq!(
+        after["owners"],
+        serde_json::json!([{"request": "request/ci/main/1", "state": "processing", "live": true}])
+    );
+    let again = h.json(&["queue", "backfill", "--queue", "ci/main"]);
+    assert_eq!(again["added"], serde_json::json!([]));
+    assert_eq!(again["reply"]["kind"], "ack");
+    assert!(
+        h.ok(&["queue", "backfill", "--queue", "ci/main"])
+            .contains("nothing added")
+    );
+    let missing = h.fails(&["queue", "backfill", "--queue", "nope"], 2);
+    assert!(missing.contains("nope"), "{missing}");
+}

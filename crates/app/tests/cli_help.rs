@@ -23,6 +23,7 @@ const COMMANDS: &[&[&str]] = &[
     &["queue", "process"],
     &["queue", "outcome"],
     &["queue", "dead-letter"],
+    &["queue", "backfill"],
     &["queue", "show"],
     &["demo"],
     &["simulate"],

@@ -1,5 +1,5 @@
-//! `holdfast queue ingest | process | outcome | dead-letter | show`: one step of the
-//! admission service per command, and a view of a queue's slot owners.
+//! `holdfast queue ingest | process | outcome | dead-letter | backfill | show`: one
+//! step of the admission service per command, and a view of a queue's slot owners.
 //!
 //! A step's [`Reply`] decides the exit code: publish and ack succeed (0); a hold
 //! (the gate is closed), a retry or a non-retryable admission error is a refusal
@@ -32,6 +32,12 @@ pub enum QueueCommand {
     Outcome(OutcomeArgs),
     /// Dead-letter a request: release its slot, then mark it failed
     DeadLetter(RequestArgs),
+    /// Migrate a queue from an anonymous-count admission: add every processing request to the slot owners
+    ///
+    /// Run it once per queue with the old binaries stopped: old and new code must
+    /// never gate at once on different representations. Running it again adds
+    /// nothing.
+    Backfill(ShowArgs),
     /// Show a queue: head, last green, slot owners (flagging owners that are not live), newest requests
     Show(ShowArgs),
 }
@@ -87,7 +93,7 @@ pub struct OutcomeArgs {
     pub status: OutcomeStatus,
 }
 
-/// `queue show`.
+/// `queue show` and `queue backfill`.
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// The queue
@@ -333,7 +339,59 @@ pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError>
             let reply = admission.dead_letter(&args.request).await?;
             step(ctx, "dead_letter", &args.request, &reply).await
         }
+        QueueCommand::Backfill(args) => {
+            let backfill = admission.backfill(&args.queue).await?;
+            if let Reply::DeadLetter(_) = backfill.reply {
+                return Err(CliError::NotFound {
+                    what: "queue",
+                    id: args.queue.to_string(),
+                    hint: "a queue exists once a revision is ingested into it",
+                });
+            }
+            let view = BackfillView {
+                queue: args.queue.to_string(),
+                added: backfill.added.iter().map(ToString::to_string).collect(),
+                reply: ReplyView::from(&backfill.reply),
+            };
+            match view.reply {
+                ReplyView::Ack => Ok(Rendered::of(&view)),
+                _ => Err(CliError::Refused {
+                    subject: view.queue.clone(),
+                    reply: Box::new(view.reply.clone()),
+                }),
+            }
+        }
         QueueCommand::Show(args) => show(ctx, &args.queue).await.map(|v| Rendered::of(&v)),
+    }
+}
+
+/// `queue backfill` JSON: `{"queue", "added": ["request/<queue>/<n>"...], "reply":
+/// ReplyView}`; `added` lists the processing requests this run made slot owners.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackfillView {
+    /// The queue.
+    pub queue: String,
+    /// The request ids added to the slot owners, in order.
+    pub added: Vec<String>,
+    /// The step's reply (always an ack when the command succeeds).
+    pub reply: ReplyView,
+}
+
+impl Report for BackfillView {
+    fn human(&self) -> String {
+        if self.added.is_empty() {
+            format!(
+                "queue {}: every processing request owns a slot already; nothing added\n",
+                self.queue
+            )
+        } else {
+            format!(
+                "queue {}: added {} slot owner(s): {}\n",
+                self.queue,
+                self.added.len(),
+                self.added.join(", ")
+            )
+        }
     }
 }
 

@@ -68,9 +68,11 @@ pub struct StrategyFigures {
     /// Settlements (or change mints) that failed in the store.
     pub settle_errors: u64,
     /// Selected tokens whose lock the lease sweep deleted before the transaction
-    /// was confirmed (so they were not spent). Should be zero: a select and its
-    /// settlement take far less than the lease.
+    /// was confirmed (so they were not spent): zero unless a select or its
+    /// settlement outlived the lease.
     pub locks_lost_to_lease: u64,
+    /// Selects that answered only after the (simulated) lease had run out.
+    pub selects_outliving_lease: u64,
     /// Wall time of the request phase, in seconds.
     pub wall_seconds: f64,
 }
@@ -176,6 +178,7 @@ impl StrategyFigures {
             spent_selected: violations.spent_selected,
             settle_errors: violations.settle_errors,
             locks_lost_to_lease: violations.lost_to_lease,
+            selects_outliving_lease: violations.outlived_lease,
             wall_seconds: round3(wall),
         }
     }

@@ -85,6 +85,9 @@ pub struct Violations {
     /// Selected tokens that were no longer held when their transaction was
     /// confirmed (the lease sweep had deleted the lock first), so not spent.
     pub lost_to_lease: u64,
+    /// Selects that answered only after the lease had run out (their first locks
+    /// may have been swept; not judged by the double-claim and spent checks).
+    pub outlived_lease: u64,
 }
 
 /// Everything one strategy run measured.
@@ -261,10 +264,9 @@ impl Replica {
 #[derive(Debug, Clone)]
 struct Holder {
     consumer: TxId,
-    /// Simulated time the holder's select started (its lock is at least this new).
+    /// Simulated time the holder's select started (its lock is at least this new):
+    /// once the lease has run from here, the lock may have been swept.
     since: Timestamp,
-    /// Released only by the lease sweep.
-    lease_only: bool,
 }
 
 #[derive(Default)]
@@ -275,6 +277,7 @@ struct Checker {
     spent_selected: AtomicU64,
     settle_errors: AtomicU64,
     lost_to_lease: AtomicU64,
+    outlived_lease: AtomicU64,
     minted: AtomicU64,
 }
 
@@ -287,6 +290,23 @@ impl Checker {
         now: Timestamp,
         lease: Duration,
     ) {
+        // A select that outlived the lease may have lost its first locks to the
+        // sweep before it answered: the lease did its job and the consumer is no
+        // longer a live holder of them. Counted, not judged.
+        if now.as_millis() >= since.as_millis().saturating_add(millis(lease)) {
+            self.outlived_lease.fetch_add(1, Ordering::Relaxed);
+            let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
+            for t in tokens {
+                holders.insert(
+                    t.clone(),
+                    Holder {
+                        consumer: consumer.clone(),
+                        since,
+                    },
+                );
+            }
+            return;
+        }
         {
             let spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
             for t in tokens {
@@ -299,10 +319,10 @@ impl Checker {
         let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
         for t in tokens {
             if let Some(h) = holders.get(t) {
-                // A lease-only lock may have been swept once it is older than the
-                // lease; its holder's select started no later than the lock.
-                let maybe_swept = h.lease_only
-                    && now.as_millis() >= h.since.as_millis().saturating_add(millis(lease));
+                // Any lock may have been swept once it is older than the lease; its
+                // holder's select started no later than the lock was written.
+                let maybe_swept =
+                    now.as_millis() >= h.since.as_millis().saturating_add(millis(lease));
                 if !maybe_swept && h.consumer != *consumer {
                     self.double_claims.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(token = %t, holder = %h.consumer, %consumer, "a token held by a live consumer was selected again");
@@ -313,7 +333,6 @@ impl Checker {
                 Holder {
                     consumer: consumer.clone(),
                     since,
-                    lease_only: false,
                 },
             );
         }
@@ -333,15 +352,6 @@ impl Checker {
     fn on_spent(&self, tokens: &[TokenId]) {
         let mut spent = self.spent.lock().unwrap_or_else(PoisonError::into_inner);
         spent.extend(tokens.iter().cloned());
-    }
-
-    fn on_lease_only(&self, tokens: &[TokenId]) {
-        let mut holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
-        for t in tokens {
-            if let Some(h) = holders.get_mut(t) {
-                h.lease_only = true;
-            }
-        }
     }
 }
 
@@ -534,9 +544,9 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                         tracing::warn!(error = %e, "could not release");
                     }
                 }
-                RequestMode::Unlock | RequestMode::Hold => {
-                    checker.on_lease_only(&selected.tokens);
-                }
+                // Left to the lease sweep: the holder stays in the checker until its
+                // lease has run out.
+                RequestMode::Unlock | RequestMode::Hold => {}
             }
         }
         Err(SelectError::Store(_) | SelectError::Input(_)) => sample.error = true,
@@ -711,6 +721,7 @@ async fn drive(
             spent_selected: checker.spent_selected.load(Ordering::Relaxed),
             settle_errors: checker.settle_errors.load(Ordering::Relaxed),
             lost_to_lease: checker.lost_to_lease.load(Ordering::Relaxed),
+            outlived_lease: checker.outlived_lease.load(Ordering::Relaxed),
         },
     })
 }

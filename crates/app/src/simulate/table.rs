@@ -60,6 +60,12 @@ fn figure_rows() -> Vec<(&'static str, Getter)> {
         ("invariant violations", |f| {
             Some(to_f64(f.invariant_violations))
         }),
+        ("locks lost to lease", |f| {
+            Some(to_f64(f.locks_lost_to_lease))
+        }),
+        ("selects outliving lease", |f| {
+            Some(to_f64(f.selects_outliving_lease))
+        }),
     ]
 }
 

@@ -3,12 +3,54 @@
 //!
 //! A window claim is one statement (see [`WINDOW`] and [`WINDOW_SKIP_LOCKED`]):
 //! the candidates arrive as two arrays; `spendable` reads which of them are still
-//! spendable (without row locks); `claimed` inserts lock rows with
-//! `ON CONFLICT DO NOTHING`, in `(tx_id, idx)` order so concurrent claimers never
-//! wait on each other in a cycle; the result reports, per candidate, whether it
-//! was won and whether it was still spendable. Not won and not spendable is
-//! *stale*; not won but spendable is *contended* (someone else's lock row, or,
-//! under `skip_locked`, a row another claimer is locking right now).
+//! spendable; `claimed` inserts lock rows with `ON CONFLICT DO NOTHING`, in
+//! `(tx_id, idx)` order so concurrent claimers never wait on each other in a
+//! cycle; the result reports, per candidate, whether it was won and whether it was
+//! still spendable. Not won and not spendable is *stale*; not won but spendable is
+//! *contended* (someone else's lock row, or, under `skip_locked`, a row another
+//! claimer is locking right now).
+//!
+//! # Row locks, and why they cannot deadlock
+//!
+//! Under `insert` and `on_conflict` the `spendable` read (and the single-token
+//! [`CLAIM_INSERT`]) takes `FOR SHARE` on the candidate token rows, in
+//! `(tx_id, idx)` order. Without it a claim could win a token spent under it: the
+//! statement snapshot still shows the token unspent while a settlement that has
+//! already deleted the lock row and marked the token spent is committing; the
+//! claim's insert waits for the deleted lock row, then succeeds. With the share
+//! lock the claim waits for the settlement's row lock on the token instead, and
+//! PostgreSQL re-checks `spent_by IS NULL` on the committed row: the token is
+//! stale. (`skip_locked` needs no share lock: its `FOR UPDATE SKIP LOCKED` walks
+//! past the settling row, and reads the verdict from the snapshot: contended.)
+//!
+//! Who waits on whom (T = a `tokens` row lock, L = a `token_locks` row lock, a
+//! deleted lock row or a lock row being inserted):
+//!
+//! - A claimer takes T share locks in key order, then inserts L rows in key order.
+//!   It inserts L for a token only while holding that token's T (share under
+//!   `insert`/`on_conflict`, `FOR UPDATE` under `skip_locked`); an insert waits
+//!   only for an uncommitted insert or delete of the same key, never for a mere
+//!   row lock.
+//! - Settlement ([`SPEND_LOCK`], then [`SPEND_LOCKED`], one transaction) first
+//!   locks the consumer's T and L rows `FOR UPDATE` in key order, and only then
+//!   deletes exactly those L rows and updates exactly those T rows, so its second
+//!   statement waits for nothing. A claimer therefore never holds T share on a
+//!   token whose L row a settlement has deleted: the settlement held T
+//!   exclusively first. (Deleting the lock rows before locking the tokens would
+//!   deadlock: the claimer, holding T share, waits for the deleted L row while
+//!   the settlement's update waits for the share lock.)
+//! - Release and the sweep delete only L rows, locking them `FOR UPDATE` in key
+//!   order first, and never touch `tokens`; so they never wait for a claimer, and
+//!   ordered L locking keeps them from deadlocking with each other or with a
+//!   settlement of an overlapping consumer.
+//! - `set_spendable` updates one token row and holds nothing else while waiting.
+//!   `add_tokens` inserts new token rows in key order; claimers cannot see them
+//!   until committed and `ON CONFLICT DO NOTHING` on an existing row takes no
+//!   lock.
+//!
+//! Every T wait is in key order and every L wait is either in key order or by a
+//! claimer that holds the same key's T, which the L holder cannot be waiting for;
+//! so no wait cycle forms and PostgreSQL never has to abort one (40P01).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -26,7 +68,7 @@ use crate::rows::{self, get};
 pub const SWEEP_LOCK_KEY: i64 = 0x686f_6c64_6661_7374;
 
 macro_rules! window_sql {
-    ($eligible:literal, $source:literal) => {
+    ($spendable_lock:literal, $eligible:literal, $source:literal) => {
         concat!(
             "WITH candidates AS (
                  SELECT c.tx_id, c.idx FROM UNNEST($1::text[], $2::bigint[]) AS c(tx_id, idx)
@@ -34,7 +76,9 @@ macro_rules! window_sql {
              spendable AS (
                  SELECT t.tx_id, t.idx FROM tokens t
                  JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
-                 WHERE t.spendable AND t.spent_by IS NULL
+                 WHERE t.spendable AND t.spent_by IS NULL",
+            $spendable_lock,
+            "
              ),",
             $eligible,
             "claimed AS (
@@ -55,12 +99,23 @@ macro_rules! window_sql {
     };
 }
 
-/// The window claim of `insert` and `on_conflict`: no row locks on tokens.
-pub const WINDOW: &str = window_sql!("", "spendable");
+/// The window claim of `insert` and `on_conflict`: the still-spendable candidates
+/// are share-locked in key order (re-checked after waiting for a settlement), then
+/// claimed.
+pub const WINDOW: &str = window_sql!(
+    "
+                 ORDER BY t.tx_id, t.idx
+                 FOR SHARE OF t",
+    "",
+    "spendable"
+);
 
 /// The window claim of `skip_locked`: token rows locked `FOR UPDATE SKIP LOCKED`
 /// first; only rows this claimer locked are inserted.
+/// The `spendable` read takes no lock here: it only tells a walked-past row
+/// (contended) from a spent one (stale).
 pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
+    "",
     "eligible AS (
          SELECT t.tx_id, t.idx FROM tokens t
          JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
@@ -71,24 +126,52 @@ pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
     "eligible"
 );
 
-/// The single-token claim of `insert`: a conditional insert; a lost race is a
-/// unique violation.
+/// The single-token claim of `insert`: a conditional insert of a share-locked,
+/// still-spendable token; a lost race is a unique violation.
 const CLAIM_INSERT: &str = "
     INSERT INTO token_locks (tx_id, idx, consumer, created_at)
     SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
     FROM tokens t
-    WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL";
+    WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL
+    FOR SHARE OF t";
 
-const RELEASE_CONSUMER: &str = "DELETE FROM token_locks WHERE consumer = $1";
+/// Releases every lock of consumer `$1`, locking the rows in key order first.
+pub const RELEASE_CONSUMER: &str = "
+    DELETE FROM token_locks l
+    USING (SELECT tx_id, idx FROM token_locks WHERE consumer = $1
+           ORDER BY tx_id, idx FOR UPDATE) v
+    WHERE l.tx_id = v.tx_id AND l.idx = v.idx";
 
 const RELEASE_TOKENS: &str = "
     DELETE FROM token_locks l
-    USING UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
-    WHERE l.consumer = $1 AND l.tx_id = u.tx_id AND l.idx = u.idx";
+    USING (SELECT k.tx_id, k.idx FROM token_locks k
+           JOIN UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
+             ON k.tx_id = u.tx_id AND k.idx = u.idx
+           WHERE k.consumer = $1
+           ORDER BY k.tx_id, k.idx FOR UPDATE OF k) v
+    WHERE l.tx_id = v.tx_id AND l.idx = v.idx";
 
-const SPEND_CONSUMER: &str = "
+/// Settlement, first statement: locks the token rows held by consumer `$1`, and
+/// their lock rows, `FOR UPDATE` in key order; returns the locked keys. Run in the
+/// same transaction as [`SPEND_LOCKED`], before it.
+pub const SPEND_LOCK: &str = "
+    SELECT t.tx_id, t.idx
+    FROM token_locks l
+    JOIN tokens t ON t.tx_id = l.tx_id AND t.idx = l.idx
+    WHERE l.consumer = $1
+    ORDER BY t.tx_id, t.idx
+    FOR UPDATE OF t, l";
+
+/// Settlement, second statement: deletes consumer `$1`'s lock rows of the keys
+/// [`SPEND_LOCK`] locked (`$3`, `$4`) and marks those tokens spent by it at `$2`
+/// milliseconds; returns the spent keys in order. It waits for no lock: the first
+/// statement holds them all.
+pub const SPEND_LOCKED: &str = "
     WITH released AS (
-        DELETE FROM token_locks WHERE consumer = $1 RETURNING tx_id, idx
+        DELETE FROM token_locks l
+        USING UNNEST($3::text[], $4::bigint[]) AS u(tx_id, idx)
+        WHERE l.consumer = $1 AND l.tx_id = u.tx_id AND l.idx = u.idx
+        RETURNING l.tx_id, l.idx
     ),
     spent AS (
         UPDATE tokens t
@@ -100,17 +183,26 @@ const SPEND_CONSUMER: &str = "
     SELECT tx_id, idx FROM spent ORDER BY tx_id, idx";
 
 /// One statement: take leadership for this transaction (released at its end), and
-/// if won delete expired locks and locks of Deleted or Orphan consumers.
+/// if won delete expired locks and locks of Deleted or Orphan consumers, locking
+/// them in key order first.
 const SWEEP: &str = "
     WITH leader AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
-    deleted AS (
-        DELETE FROM token_locks l
-        USING leader
+    doomed AS (
+        SELECT l.tx_id, l.idx,
+               l.created_at < TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond' AS expired
+        FROM token_locks l, leader
         WHERE leader.ok
           AND (l.created_at < TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond'
                OR EXISTS (SELECT 1 FROM tx_statuses s
                           WHERE s.tx_id = l.consumer AND s.status IN ('deleted', 'orphan')))
-        RETURNING l.created_at < TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond' AS expired
+        ORDER BY l.tx_id, l.idx
+        FOR UPDATE OF l
+    ),
+    deleted AS (
+        DELETE FROM token_locks l
+        USING doomed d
+        WHERE l.tx_id = d.tx_id AND l.idx = d.idx
+        RETURNING d.expired
     )
     SELECT (SELECT ok FROM leader),
            COUNT(*) FILTER (WHERE expired),
@@ -289,20 +381,49 @@ impl LockStore for PgBackend {
         consumer: &TxId,
         at: Timestamp,
     ) -> Result<Vec<TokenId>, LockStoreError> {
-        let found = self
+        // One transaction of (at most) four round trips: BEGIN, lock in key order,
+        // delete and mark exactly what was locked, COMMIT. See the module docs for
+        // why the locks come first.
+        let at_ms = millis(at)?;
+        let mut tx = self
+            .note(self.pool().begin().await)
+            .map_err(|e| fault(&e))?;
+        let locked = self
             .note(
-                sqlx::query(SPEND_CONSUMER)
+                sqlx::query(SPEND_LOCK)
                     .bind(consumer.as_str())
-                    .bind(millis(at)?)
-                    .fetch_all(self.pool())
+                    .fetch_all(&mut *tx)
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        found
+        let locked = locked
             .iter()
             .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(LockStoreError::Fault)
+            .map_err(LockStoreError::Fault)?;
+        let spent = if locked.is_empty() {
+            Vec::new()
+        } else {
+            let (txs, idxs) = rows::token_arrays(locked.iter());
+            let found = self
+                .note(
+                    sqlx::query(SPEND_LOCKED)
+                        .bind(consumer.as_str())
+                        .bind(at_ms)
+                        .bind(&txs)
+                        .bind(&idxs)
+                        .fetch_all(&mut *tx)
+                        .await,
+                )
+                .map_err(|e| fault(&e))?;
+            found
+                .iter()
+                .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(LockStoreError::Fault)?
+        };
+        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        Ok(spent)
     }
 
     async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {

@@ -164,16 +164,33 @@ async fn a_row_being_locked_is_contended_under_skip_locked_never_stale() {
         Ok(ClaimVerdict::Contended),
         "single-token path under skip_locked"
     );
-    // Without row locks the same token is simply free: on_conflict wins it.
-    assert_eq!(
-        plain
-            .stores()
-            .locks
-            .claim(&tx("you"), &token_id("k", 0), T0)
-            .await,
-        Ok(ClaimVerdict::Won)
-    );
+    // on_conflict share-locks the row (so a settlement committing under it is seen):
+    // it waits for the other claimer, and wins once that one rolls back.
+    let waiting = {
+        let plain = plain.stores();
+        tokio::spawn(async move { plain.locks.claim(&tx("you"), &token_id("k", 0), T0).await })
+    };
+    let mut observer = db.connection().await;
+    loop {
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'holdfast'
+               AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut observer)
+        .await
+        .expect("pg_stat_activity");
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            !waiting.is_finished(),
+            "on_conflict did not wait for the row lock"
+        );
+        tokio::task::yield_now().await;
+    }
     exec(&mut other, "ROLLBACK").await;
+    assert_eq!(waiting.await.expect("claim task"), Ok(ClaimVerdict::Won));
     assert_eq!(skip.server_errors() + plain.server_errors(), 0);
 }
 

@@ -6,10 +6,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{LockInfo, LockStore, LockStoreError, MAX_WINDOW, StoreFault, SweepReport};
+use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::SqliteBackend;
-use crate::codec::{status_from_sql, time_from_sql, time_to_sql, token_from_sql, tx_from_sql};
+use crate::codec::{
+    corrupt, status_from_sql, time_from_sql, time_to_sql, token_from_sql, tx_from_sql,
+};
 use crate::pool::Db;
 
 /// Claims each token in order inside the caller's IMMEDIATE transaction: stale when
@@ -67,8 +70,57 @@ struct LockRow {
     status: Option<TxStatus>,
 }
 
-/// Every lock with its consumer's status, read and validated.
-fn all_locks(tx: &Transaction<'_>) -> Result<Vec<LockRow>, StoreFault> {
+/// How a stored value is shown when naming a row: text as is, numbers as numbers,
+/// anything else by type.
+fn shown(value: &Value) -> String {
+    match value {
+        Value::Text(text) => text.clone(),
+        Value::Integer(n) => n.to_string(),
+        Value::Real(x) => x.to_string(),
+        Value::Null => "NULL".to_owned(),
+        Value::Blob(bytes) => format!("<{}-byte blob>", bytes.len()),
+    }
+}
+
+fn text(row: &str, column: &str, value: Value) -> Result<String, StoreFault> {
+    match value {
+        Value::Text(text) => Ok(text),
+        other => Err(corrupt(
+            row,
+            format!("{column} is {}; expected text", shown(&other)),
+        )),
+    }
+}
+
+/// Decodes one lock row (`tx`, `output`, `consumer`, `created_at`, the consumer's
+/// status or NULL); a [`StoreFault::Corrupt`] naming the row if any part is invalid.
+fn decode_lock(values: [Value; 5]) -> Result<LockRow, StoreFault> {
+    let [txid, output, consumer, created_at, status] = values;
+    let row = format!("locks row {}:{}", shown(&txid), shown(&output));
+    let txid = text(&row, "tx", txid)?;
+    let Value::Integer(output) = output else {
+        return Err(corrupt(
+            &row,
+            format!("output is {}; expected an integer", shown(&output)),
+        ));
+    };
+    let created_at = text(&row, "created_at", created_at)?;
+    let status = match status {
+        Value::Null => None,
+        other => Some(text(&row, "tx_statuses.status", other)?),
+    };
+    Ok(LockRow {
+        token: token_from_sql(&row, txid, output)?,
+        consumer: tx_from_sql(&row, text(&row, "consumer", consumer)?)?,
+        created_at: time_from_sql(&row, &created_at)?,
+        status: status.map(|s| status_from_sql(&row, &s)).transpose()?,
+    })
+}
+
+/// Every lock with its consumer's status, each row decoded on its own: the outer
+/// error is a failed read, an inner one a row that cannot be decoded (so the sweep
+/// can pass over it while the listing reports it).
+fn all_locks(tx: &Transaction<'_>) -> Result<Vec<Result<LockRow, StoreFault>>, StoreFault> {
     let mut stmt = tx
         .prepare_cached(
             "SELECT l.tx, l.output, l.consumer, l.created_at, s.status
@@ -78,18 +130,14 @@ fn all_locks(tx: &Transaction<'_>) -> Result<Vec<LockRow>, StoreFault> {
     let mut rows = stmt.query([]).db()?;
     let mut out = Vec::new();
     while let Some(r) = rows.next().db()? {
-        let txid: String = r.get(0).db()?;
-        let output: i64 = r.get(1).db()?;
-        let consumer: String = r.get(2).db()?;
-        let created_at: String = r.get(3).db()?;
-        let status: Option<String> = r.get(4).db()?;
-        let row = format!("locks row {txid}:{output}");
-        out.push(LockRow {
-            token: token_from_sql(&row, txid, output)?,
-            consumer: tx_from_sql(&row, consumer)?,
-            created_at: time_from_sql(&row, &created_at)?,
-            status: status.map(|s| status_from_sql(&row, &s)).transpose()?,
-        });
+        let values = [
+            r.get::<_, Value>(0).db()?,
+            r.get::<_, Value>(1).db()?,
+            r.get::<_, Value>(2).db()?,
+            r.get::<_, Value>(3).db()?,
+            r.get::<_, Value>(4).db()?,
+        ];
+        out.push(decode_lock(values));
     }
     Ok(out)
 }
@@ -217,6 +265,9 @@ impl LockStore for SqliteBackend {
             .write(move |tx| {
                 // Decided in Rust rather than by comparing text in SQL, so rows whose
                 // time was written in another accepted layout are judged correctly.
+                // A row that cannot be decoded is passed over (and reported), never
+                // deleted: one corrupt row must not stop every later sweep, and what
+                // cannot be read cannot be judged expired.
                 let mut report = SweepReport {
                     leader: true,
                     ..SweepReport::default()
@@ -225,6 +276,13 @@ impl LockStore for SqliteBackend {
                     .prepare_cached("DELETE FROM locks WHERE tx = ?1 AND output = ?2")
                     .db()?;
                 for lock in all_locks(tx)? {
+                    let lock = match lock {
+                        Ok(lock) => lock,
+                        Err(fault) => {
+                            tracing::warn!(%fault, "lease sweep skips a lock row it cannot read");
+                            continue;
+                        }
+                    };
                     let expired = lock.created_at < cutoff;
                     let dead = matches!(lock.status, Some(TxStatus::Deleted | TxStatus::Orphan));
                     if !(expired || dead) {
@@ -247,15 +305,19 @@ impl LockStore for SqliteBackend {
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
         self.pool
             .read(|tx| {
-                let mut locks: Vec<LockInfo> = all_locks(tx)?
+                // Diagnostics do not hide corruption: the first undecodable row
+                // fails the listing.
+                let mut locks = all_locks(tx)?
                     .into_iter()
-                    .map(|l| LockInfo {
-                        token: l.token,
-                        consumer: l.consumer,
-                        created_at: l.created_at,
-                        consumer_status: l.status,
+                    .map(|l| {
+                        l.map(|l| LockInfo {
+                            token: l.token,
+                            consumer: l.consumer,
+                            created_at: l.created_at,
+                            consumer_status: l.status,
+                        })
                     })
-                    .collect();
+                    .collect::<Result<Vec<_>, _>>()?;
                 locks.sort_by(|a, b| (a.created_at, &a.token).cmp(&(b.created_at, &b.token)));
                 Ok(locks)
             })

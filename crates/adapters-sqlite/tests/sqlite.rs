@@ -149,6 +149,77 @@ async fn stored_timestamps_in_other_layouts_are_read_and_junk_is_refused() {
     }
 }
 
+#[tokio::test]
+async fn a_sweep_passes_over_corrupt_lock_rows_and_still_deletes_the_expired_valid_ones() {
+    let file = TempDb::new();
+    let s = file.open().await.stores();
+    let ids: Vec<TokenId> = ["old-a", "junk-time", "old-c", "blob-time", "fresh"]
+        .iter()
+        .map(|tx| TokenId::new(TxId::new(*tx).expect("tx"), 0))
+        .collect();
+    let batch: Vec<NewToken> = ids.iter().map(|id| token(id.tx.as_str(), 0, 1)).collect();
+    s.tokens.add_tokens(&batch).await.expect("add");
+    let later = Timestamp(T0.0 + 3_600_000);
+    for id in &ids {
+        let when = if id.tx.as_str() == "fresh" { later } else { T0 };
+        let consumer = TxId::new(format!("holder-{}", id.tx.as_str())).expect("tx");
+        assert_eq!(
+            s.locks.claim(&consumer, id, when).await,
+            Ok(ClaimVerdict::Won)
+        );
+    }
+    let conn = raw(&file);
+    conn.execute(
+        "UPDATE locks SET created_at = 'last tuesday' WHERE tx = 'junk-time'",
+        [],
+    )
+    .expect("corrupt a time");
+    conn.execute(
+        "UPDATE locks SET created_at = x'00ff' WHERE tx = 'blob-time'",
+        [],
+    )
+    .expect("corrupt a type");
+
+    // Diagnostics still report the corruption, naming the row.
+    match s.locks.list_locks().await {
+        Err(LockStoreError::Fault(StoreFault::Corrupt(msg))) => {
+            assert!(
+                msg.contains("locks row junk-time:0") || msg.contains("locks row blob-time:0"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected a Corrupt fault, got {other:?}"),
+    }
+    // The sweep deletes the two expired valid locks and passes over the rest.
+    let report = s
+        .locks
+        .sweep(later, Duration::from_secs(60))
+        .await
+        .expect("a corrupt row does not stop the sweep");
+    assert!(report.leader);
+    assert_eq!((report.expired, report.released_by_status), (2, 0));
+    let left: Vec<String> = conn
+        .prepare("SELECT tx FROM locks ORDER BY tx")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(
+        left,
+        ["blob-time", "fresh", "junk-time"],
+        "unreadable rows are never deleted; the fresh lock stays"
+    );
+    // The next sweep is not stuck either.
+    assert_eq!(
+        s.locks
+            .sweep(later, Duration::from_secs(60))
+            .await
+            .map(|r| r.expired),
+        Ok(0)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_write_lock_is_busy_after_the_timeout_and_readers_still_read() {
     let file = TempDb::new();

@@ -9,27 +9,37 @@
 //!   pause tokio time).
 //! - Stubborn legs, random backoff, the blacklist and the fast fail come from the
 //!   engine; the selector only performs.
-//! - **Cancellation-safe.** A guard holds what the call holds or may hold
-//!   ([`Selection::held`]) across every await. If the future is dropped (cancelled
-//!   during a backoff, a claim, anything), the guard spawns a release of exactly
-//!   those tokens on the current tokio runtime. Outside a runtime nothing can be
-//!   spawned; the lease sweep is then the backstop.
+//! - **Cancellation-safe.** Every store call runs as its own tokio task, so a
+//!   dropped select cannot abandon a call half-way: the call finishes (or fails) on
+//!   its own. A guard holds what the select holds or may hold
+//!   ([`Selection::held`], which includes the tokens of a claim in flight) and the
+//!   in-flight call's handle across every await, until the select returns its
+//!   answer (the selected tokens too: a caller that never got them cannot settle
+//!   them). If the future is dropped (cancelled during a backoff, a claim, the
+//!   final release, anything), the guard spawns a cleanup that first waits for the
+//!   in-flight call to finish (a claim may commit after the drop) and then releases
+//!   exactly those tokens, by consumer and tokens, never the consumer's other
+//!   locks. Outside a runtime nothing can be spawned; the lease sweep is then the
+//!   backstop.
 //! - **Replayable.** Every call runs with its own RNG seeded from a per-call seed,
 //!   drawn from the selector's RNG (seeded from the configuration, or from the OS).
 //!   The seed is in the call's span and in [`SelectReport::seed`];
 //!   [`TokenSelector::select_seeded`] replays a call.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use holdfast_domain::{
     Action, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
-    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure, TokenId,
-    TokenType, TxId, WalletId,
+    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
+    Timestamp, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{CandidateQuery, Clock, LockStore, Stores, TokenStore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::metrics::{self as m, SelectOutcomeLabel};
@@ -232,6 +242,7 @@ impl TokenSelector {
             locks: self.locks.clone(),
             consumer: request.consumer.clone(),
             held: Vec::new(),
+            in_flight: None,
         };
         let mut action = selection.start(&mut rng);
         let outcome = loop {
@@ -244,28 +255,41 @@ impl TokenSelector {
                         after: fetch.after,
                         limit: fetch.limit,
                     };
-                    let page = self.tokens.candidates(&query).await.map_err(failure);
+                    let tokens = self.tokens.clone();
+                    let page = guard
+                        .perform(async move { tokens.candidates(&query).await.map_err(failure) })
+                        .await;
                     selection.on_candidates(page, &mut rng)
                 }
                 Action::Claim(tokens) => {
-                    let verdicts = self.claim(&request.consumer, &tokens).await;
+                    let call = claim(
+                        self.locks.clone(),
+                        request.consumer.clone(),
+                        tokens,
+                        self.clock.now(),
+                    );
+                    let verdicts = guard.perform(call).await;
                     selection.on_claim(verdicts, &mut rng)
                 }
                 Action::CheckBalance => {
-                    let balance = self
-                        .tokens
-                        .balance(&request.wallet, &request.token_type)
-                        .await
-                        .map_err(failure);
+                    let tokens = self.tokens.clone();
+                    let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
+                    let balance = guard
+                        .perform(async move {
+                            tokens.balance(&wallet, &token_type).await.map_err(failure)
+                        })
+                        .await;
                     selection.on_balance(balance, &mut rng)
                 }
                 Action::Release(tokens) => {
-                    let released = self
-                        .locks
-                        .release_tokens(&request.consumer, &tokens)
+                    let released = guard
+                        .perform(release(
+                            self.locks.clone(),
+                            request.consumer.clone(),
+                            tokens,
+                        ))
                         .await
-                        .map(drop)
-                        .map_err(failure);
+                        .map(drop);
                     selection.on_released(released, &mut rng)
                 }
                 Action::Backoff(delay) => {
@@ -277,72 +301,120 @@ impl TokenSelector {
             };
         };
         // What is still held beyond the answer: tokens whose release failed. One
-        // more attempt; the lease sweep is the backstop.
+        // more attempt; the lease sweep is the backstop. The guard keeps covering
+        // the selected tokens too until the answer is returned: dropped during this
+        // release, the call must not leave them locked for a caller that never got
+        // them.
+        guard.held = selection.held();
         let keep: Vec<TokenId> = match &outcome {
             Ok(selected) => selected.tokens.clone(),
             Err(_) => Vec::new(),
         };
-        let leftover: Vec<TokenId> = selection
-            .held()
-            .into_iter()
+        let leftover: Vec<TokenId> = guard
+            .held
+            .iter()
             .filter(|t| !keep.contains(t))
+            .cloned()
             .collect();
-        guard.held = leftover.clone();
         if !leftover.is_empty() {
-            match self
-                .locks
-                .release_tokens(&request.consumer, &leftover)
-                .await
-            {
-                Ok(_) => {}
-                Err(e) => tracing::warn!(
-                    tokens = leftover.len(),
+            let count = leftover.len();
+            let call = release(self.locks.clone(), request.consumer.clone(), leftover);
+            if let Err(e) = guard.perform(call).await {
+                tracing::warn!(
+                    tokens = count,
                     error = %e,
                     "could not release this call's leftover locks; the lease sweep will"
-                ),
+                );
             }
         }
         guard.held.clear();
         let stats = selection.stats().clone();
         (outcome.map_err(SelectError::from), stats)
     }
+}
 
-    async fn claim(
-        &self,
-        consumer: &TxId,
-        tokens: &[TokenId],
-    ) -> Result<Vec<(TokenId, ClaimVerdict)>, StoreFailure> {
-        let at = self.clock.now();
-        match tokens {
-            [single] => self
-                .locks
-                .claim(consumer, single, at)
-                .await
-                .map(|verdict| vec![(single.clone(), verdict)])
-                .map_err(failure),
-            many => self
-                .locks
-                .claim_window(consumer, many, at)
-                .await
-                .map_err(failure),
-        }
+/// Claims `tokens` for `consumer`: one token through [`LockStore::claim`], several
+/// through [`LockStore::claim_window`].
+async fn claim(
+    locks: Arc<dyn LockStore>,
+    consumer: TxId,
+    tokens: Vec<TokenId>,
+    at: Timestamp,
+) -> Result<Vec<(TokenId, ClaimVerdict)>, StoreFailure> {
+    match tokens.as_slice() {
+        [single] => locks
+            .claim(&consumer, single, at)
+            .await
+            .map(|verdict| vec![(single.clone(), verdict)])
+            .map_err(failure),
+        many => locks
+            .claim_window(&consumer, many, at)
+            .await
+            .map_err(failure),
     }
+}
+
+/// Releases `tokens` held by `consumer` (only these).
+async fn release(
+    locks: Arc<dyn LockStore>,
+    consumer: TxId,
+    tokens: Vec<TokenId>,
+) -> Result<u64, StoreFailure> {
+    locks
+        .release_tokens(&consumer, &tokens)
+        .await
+        .map_err(failure)
 }
 
 fn failure(e: impl std::fmt::Display) -> StoreFailure {
     StoreFailure::new(e.to_string())
 }
 
-/// Releases what a select call holds if the call is dropped before it finished.
+/// Covers what a select call holds or may hold, and its store call in flight, for
+/// as long as the call runs; releases them if the call is dropped before it
+/// answered.
 struct HeldGuard {
     locks: Arc<dyn LockStore>,
     consumer: TxId,
+    /// The tokens this call holds or may hold, including those of the claim in
+    /// flight.
     held: Vec<TokenId>,
+    /// The store call in flight, run as its own task.
+    in_flight: Option<JoinHandle<()>>,
+}
+
+impl HeldGuard {
+    /// Runs one store call as its own task and waits for its answer. If the select
+    /// is dropped meanwhile, the task runs on, and the cleanup waits for it before
+    /// releasing. A task that ends without an answer (it panicked, or the runtime
+    /// is shutting down) is a store failure.
+    async fn perform<T: Send + 'static>(
+        &mut self,
+        call: impl Future<Output = Result<T, StoreFailure>> + Send + 'static,
+    ) -> Result<T, StoreFailure> {
+        let (answer_tx, answer_rx) = oneshot::channel();
+        let task = async move {
+            // The receiver is gone only when the select was dropped; the cleanup
+            // then waits for this task instead.
+            let _ = answer_tx.send(call.await);
+        };
+        self.in_flight = Some(tokio::spawn(task.in_current_span()));
+        let answer = answer_rx.await.unwrap_or_else(|_| {
+            Err(StoreFailure::new(
+                "the store call ended without an answer (it panicked or was cancelled)",
+            ))
+        });
+        self.in_flight = None;
+        answer
+    }
 }
 
 impl Drop for HeldGuard {
     fn drop(&mut self) {
+        let in_flight = self.in_flight.take();
         if self.held.is_empty() {
+            // Nothing held, and a call in flight holds nothing either: a claim
+            // in flight has its tokens in `held`.
             return;
         }
         let tokens = std::mem::take(&mut self.held);
@@ -352,6 +424,10 @@ impl Drop for HeldGuard {
             Ok(runtime) => {
                 tracing::debug!(%consumer, tokens = tokens.len(), "select cancelled; releasing its locks");
                 runtime.spawn(async move {
+                    // A claim in flight may still commit: release after it ended.
+                    if let Some(call) = in_flight {
+                        let _ = call.await;
+                    }
                     match locks.release_tokens(&consumer, &tokens).await {
                         Ok(released) => {
                             metrics::counter!(m::LOCKS_RELEASED, "reason" => "cancelled")

@@ -1,10 +1,13 @@
-//! The token selector against mocked ports: cancellation, release scope, FundsLocked
-//! after the last leg, and the metrics of failed attempts.
+//! The token selector against mocked ports and an in-memory lock table:
+//! cancellation (during a claim answered after the drop, a backoff, the final
+//! release), release scope, FundsLocked after the last leg, and the metrics of
+//! failed attempts.
 
 mod common;
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,7 +21,7 @@ use holdfast_ports::{
     StoreFault, SweepReport,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 
 fn wallet() -> WalletId {
     WalletId::new("alice").expect("wallet")
@@ -37,29 +40,119 @@ fn config(legs: u32, immediate: u32) -> SelectionConfig {
     }
 }
 
-/// A lock store whose claims of `gate` never answer (a claim in flight when the
-/// caller gives up); everything else goes to the mock. Entering the gate and every
-/// release are reported on channels.
-struct GatedLocks {
-    inner: MockLockStore,
-    gate: TokenId,
-    entered: mpsc::UnboundedSender<()>,
-    released: mpsc::UnboundedSender<(TxId, Vec<TokenId>)>,
+/// What [`FakeLocks`] saw, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    /// A claim of this token reached its gate and waits there.
+    ClaimGated(TokenId),
+    /// A release of these tokens reached its gate and waits there.
+    ReleaseGated(Vec<TokenId>),
+    /// A release ended (applied, or failed without effect).
+    Released {
+        consumer: TxId,
+        tokens: Vec<TokenId>,
+        ok: bool,
+    },
+}
+
+/// An in-memory lock table with injectable faults and gates: a claim of
+/// `claim_gate`'s token, or the release numbered `release_gate` (from 0), waits
+/// for its `Notify` before it takes effect (a store answer that arrives after the
+/// caller gave up); the first `commit_then_fail` claims lock and then report an
+/// error; the first `fail_releases` releases fail without effect.
+#[derive(Default)]
+struct FakeLocks {
+    table: Arc<StdMutex<BTreeMap<TokenId, TxId>>>,
+    claim_gate: Option<(TokenId, Arc<Notify>)>,
+    release_gate: Option<(usize, Arc<Notify>)>,
+    commit_then_fail: AtomicUsize,
+    fail_releases: AtomicUsize,
+    releases: AtomicUsize,
+    events: Option<mpsc::UnboundedSender<Event>>,
+}
+
+impl FakeLocks {
+    fn with_events() -> (Self, mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        (
+            FakeLocks {
+                events: Some(events),
+                ..FakeLocks::default()
+            },
+            rx,
+        )
+    }
+
+    fn emit(&self, event: Event) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+
+    fn table(&self) -> BTreeMap<TokenId, TxId> {
+        self.table.lock().expect("table").clone()
+    }
+
+    fn hold(&self, token: TokenId, consumer: TxId) {
+        self.table.lock().expect("table").insert(token, consumer);
+    }
+}
+
+/// Claims `token` for `consumer` in `table`.
+fn claim_in(
+    table: &StdMutex<BTreeMap<TokenId, TxId>>,
+    consumer: &TxId,
+    token: &TokenId,
+) -> ClaimVerdict {
+    let mut table = table.lock().expect("table");
+    match table.get(token) {
+        Some(holder) if holder == consumer => ClaimVerdict::Won,
+        Some(_) => ClaimVerdict::Contended,
+        None => {
+            table.insert(token.clone(), consumer.clone());
+            ClaimVerdict::Won
+        }
+    }
+}
+
+/// Takes one from a fault budget; false once it is spent.
+fn take_one(budget: &AtomicUsize) -> bool {
+    budget
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn fault() -> LockStoreError {
+    LockStoreError::Fault(StoreFault::Busy("injected".into()))
 }
 
 #[async_trait]
-impl LockStore for GatedLocks {
+impl LockStore for FakeLocks {
     async fn claim(
         &self,
         consumer: &TxId,
         token: &TokenId,
-        at: Timestamp,
+        _at: Timestamp,
     ) -> Result<ClaimVerdict, LockStoreError> {
-        if *token == self.gate {
-            let _ = self.entered.send(());
-            std::future::pending::<()>().await;
+        let verdict = match &self.claim_gate {
+            Some((gated, notify)) if gated == token => {
+                // Like a blocking database call (or a statement on the server),
+                // the commit goes on even if the caller stops waiting for it.
+                self.emit(Event::ClaimGated(token.clone()));
+                let (table, notify) = (self.table.clone(), notify.clone());
+                let (consumer, token) = (consumer.clone(), token.clone());
+                let commit = tokio::spawn(async move {
+                    notify.notified().await;
+                    claim_in(&table, &consumer, &token)
+                });
+                commit.await.map_err(|_| fault())?
+            }
+            _ => claim_in(&self.table, consumer, token),
+        };
+        if take_one(&self.commit_then_fail) {
+            return Err(fault());
         }
-        self.inner.claim(consumer, token, at).await
+        Ok(verdict)
     }
     async fn claim_window(
         &self,
@@ -67,82 +160,244 @@ impl LockStore for GatedLocks {
         tokens: &[TokenId],
         at: Timestamp,
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        self.inner.claim_window(consumer, tokens, at).await
+        let mut out = Vec::new();
+        for token in tokens {
+            out.push((token.clone(), self.claim(consumer, token, at).await?));
+        }
+        Ok(out)
     }
     async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
-        self.inner.release_consumer(consumer).await
+        panic!("a select must never release everything of {consumer}");
     }
     async fn release_tokens(
         &self,
         consumer: &TxId,
         tokens: &[TokenId],
     ) -> Result<u64, LockStoreError> {
-        let _ = self.released.send((consumer.clone(), tokens.to_vec()));
-        Ok(u64::try_from(tokens.len()).unwrap_or(0))
+        let number = self.releases.fetch_add(1, Ordering::SeqCst);
+        if let Some((gated, notify)) = &self.release_gate {
+            if *gated == number {
+                self.emit(Event::ReleaseGated(tokens.to_vec()));
+                notify.notified().await;
+            }
+        }
+        let fail = take_one(&self.fail_releases);
+        let mut released = 0;
+        if !fail {
+            let mut table = self.table.lock().expect("table");
+            for token in tokens {
+                if table.get(token) == Some(consumer) {
+                    table.remove(token);
+                    released += 1;
+                }
+            }
+        }
+        self.emit(Event::Released {
+            consumer: consumer.clone(),
+            tokens: tokens.to_vec(),
+            ok: !fail,
+        });
+        if fail { Err(fault()) } else { Ok(released) }
     }
     async fn spend_consumer(
         &self,
-        consumer: &TxId,
-        at: Timestamp,
+        _consumer: &TxId,
+        _at: Timestamp,
     ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.spend_consumer(consumer, at).await
+        Ok(Vec::new())
     }
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
-        self.inner.sweep(now, lease).await
+    async fn sweep(
+        &self,
+        _now: Timestamp,
+        _lease: Duration,
+    ) -> Result<SweepReport, LockStoreError> {
+        Ok(SweepReport::default())
     }
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
-        self.inner.list_locks().await
+        Ok(Vec::new())
     }
     fn round_trips(&self) -> u64 {
         0
     }
 }
 
+/// A selector over `tokens` and the shared fake lock table.
+fn selector_on(
+    tokens: MockTokenStore,
+    locks: Arc<FakeLocks>,
+    config: SelectionConfig,
+) -> Arc<TokenSelector> {
+    let mut s = stores(tokens, MockLockStore::new(), MockTxStatusStore::new());
+    s.locks = locks;
+    Arc::new(TokenSelector::new(s, TokioClock::new(), config, Some(7)).expect("config"))
+}
+
+/// Spawns a select of 10 for `consumer`.
+fn spawn_select(
+    selector: &Arc<TokenSelector>,
+    consumer: &TxId,
+) -> tokio::task::JoinHandle<Result<holdfast_domain::Selected, SelectError>> {
+    let selector = selector.clone();
+    let consumer = consumer.clone();
+    tokio::spawn(async move { selector.select(&wallet(), &chf(), q(10), &consumer).await })
+}
+
+/// The next event. Time is paused, so the deadline passes as soon as every task
+/// waits: a missing event fails the test instead of hanging it.
+async fn next_event(events: &mut mpsc::UnboundedReceiver<Event>) -> Option<Event> {
+    tokio::time::timeout(Duration::from_secs(3600), events.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The next release that ended (skipping gates being reached), tokens sorted.
+async fn next_release(events: &mut mpsc::UnboundedReceiver<Event>) -> (TxId, Vec<TokenId>, bool) {
+    loop {
+        match next_event(events).await.expect("a release") {
+            Event::Released {
+                consumer,
+                mut tokens,
+                ok,
+            } => {
+                tokens.sort();
+                return (consumer, tokens, ok);
+            }
+            Event::ClaimGated(_) | Event::ReleaseGated(_) => {}
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_cancelled_select_releases_exactly_the_tokens_it_holds() {
+async fn a_claim_that_commits_after_the_select_was_dropped_is_released_once_it_ends() {
     // amount 10 from [a=4, b=8] with single-token claims: a is won, then the claim
-    // of b hangs; dropping the call must release a and b (b may have committed),
-    // by consumer and tokens, and never everything of the consumer.
+    // of b waits at its gate. The select is dropped; only then does the claim of b
+    // commit. The cleanup must release a and b after that commit (released before
+    // it, b would stay locked until the lease), by tokens, never by consumer.
     let mut tokens = MockTokenStore::new();
     tokens
         .expect_candidates()
         .returning(|_| Ok(vec![cand("a", 4), cand("b", 8)]));
-    let mut inner = MockLockStore::new();
-    inner
-        .expect_claim()
-        .returning(|_, _, _| Ok(ClaimVerdict::Won));
-    inner.expect_release_consumer().never();
-    let (entered_tx, mut entered) = mpsc::unbounded_channel();
-    let (released_tx, mut released) = mpsc::unbounded_channel();
-    let locks = GatedLocks {
-        inner,
-        gate: tok("b"),
-        entered: entered_tx,
-        released: released_tx,
-    };
-    let mut s = stores(tokens, MockLockStore::new(), MockTxStatusStore::new());
-    s.locks = Arc::new(locks);
+    let gate = Arc::new(Notify::new());
+    let (locks, mut events) = FakeLocks::with_events();
+    let locks = Arc::new(FakeLocks {
+        claim_gate: Some((tok("b"), gate.clone())),
+        ..locks
+    });
     let cfg = SelectionConfig {
         batch_window: 1,
         ..config(3, 5)
     };
-    let selector =
-        Arc::new(TokenSelector::new(s, TokioClock::new(), cfg, Some(7)).expect("config"));
+    let selector = selector_on(tokens, locks.clone(), cfg);
     let consumer = tx("t1");
-    let call = {
-        let selector = selector.clone();
-        let consumer = consumer.clone();
-        tokio::spawn(async move { selector.select(&wallet(), &chf(), q(10), &consumer).await })
-    };
-    entered.recv().await.expect("the claim of b started");
+    let call = spawn_select(&selector, &consumer);
+    assert_eq!(
+        next_event(&mut events).await,
+        Some(Event::ClaimGated(tok("b")))
+    );
     call.abort();
     assert!(call.await.expect_err("aborted").is_cancelled());
-    let (who, what) = released.recv().await.expect("a release after cancellation");
-    assert_eq!(who, consumer);
-    let mut what = what;
-    what.sort();
-    assert_eq!(what, vec![tok("a"), tok("b")]);
-    assert!(released.try_recv().is_err(), "exactly one release");
+    assert_eq!(locks.table().len(), 1, "only a so far: {:?}", locks.table());
+    // The store answers after the drop: b is committed now.
+    gate.notify_one();
+    let released = next_release(&mut events).await;
+    assert_eq!(released, (consumer, vec![tok("a"), tok("b")], true));
+    assert!(locks.table().is_empty(), "{:?}", locks.table());
+    assert!(events.try_recv().is_err(), "exactly one release");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_select_cancelled_during_its_backoff_releases_what_it_still_holds() {
+    // [a=4, b=8] for 10, b held by another transaction: a is won, b contended
+    // through the leg. The leg's release of a fails, so the call still holds a
+    // while it backs off (a retry interval of an hour; this seed draws a backoff
+    // far above the 1 ms timeout). Dropped there, it releases a, and only a.
+    let mut tokens = MockTokenStore::new();
+    tokens
+        .expect_candidates()
+        .returning(|_| Ok(vec![cand("a", 4), cand("b", 8)]));
+    let (locks, mut events) = FakeLocks::with_events();
+    let locks = Arc::new(FakeLocks {
+        fail_releases: AtomicUsize::new(1),
+        ..locks
+    });
+    locks.hold(tok("b"), tx("other"));
+    let cfg = SelectionConfig {
+        retry_interval: Duration::from_secs(3600),
+        ..config(3, 1)
+    };
+    let selector = selector_on(tokens, locks.clone(), cfg);
+    let consumer = tx("t1");
+    let (alice, chf) = (wallet(), chf());
+    let select = selector.select(&alice, &chf, q(10), &consumer);
+    // Store calls answer at once (paused time advances only when every task
+    // waits), so the timeout fires in the backoff and drops the select there.
+    let timed_out = tokio::time::timeout(Duration::from_millis(1), select).await;
+    assert!(timed_out.is_err(), "the select ended: {timed_out:?}");
+    assert_eq!(
+        next_release(&mut events).await,
+        (consumer.clone(), vec![tok("a")], false),
+        "the leg's own release failed"
+    );
+    // The guard's cleanup runs.
+    assert_eq!(
+        next_release(&mut events).await,
+        (consumer, vec![tok("a")], true)
+    );
+    assert_eq!(
+        locks.table(),
+        BTreeMap::from([(tok("b"), tx("other"))]),
+        "only this call's lock is gone"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_select_cancelled_during_its_final_release_keeps_nothing_locked() {
+    // [a=10, b=10] for 10, single-token claims. The first claim commits but
+    // reports an error (possibly held); the second wins. The engine's release of
+    // the first fails, so after Done(Ok) the selector releases it once more:
+    // dropped during that release, the call must release the selected token too
+    // (the caller never got it).
+    let mut tokens = MockTokenStore::new();
+    tokens
+        .expect_candidates()
+        .returning(|_| Ok(vec![cand("a", 10), cand("b", 10)]));
+    let gate = Arc::new(Notify::new());
+    let (locks, mut events) = FakeLocks::with_events();
+    let locks = Arc::new(FakeLocks {
+        // The first claim (of a or b: equal amounts are shuffled) commits and
+        // errors. Release 0 (the engine's) fails; release 1 (the final one) waits.
+        commit_then_fail: AtomicUsize::new(1),
+        fail_releases: AtomicUsize::new(1),
+        release_gate: Some((1, gate.clone())),
+        ..locks
+    });
+    let cfg = SelectionConfig {
+        batch_window: 1,
+        ..config(3, 5)
+    };
+    let selector = selector_on(tokens, locks.clone(), cfg);
+    let consumer = tx("t1");
+    let call = spawn_select(&selector, &consumer);
+    let (who, failed, ok) = next_release(&mut events).await;
+    assert_eq!((&who, ok), (&consumer, false), "{failed:?}");
+    let gated = match next_event(&mut events).await {
+        Some(Event::ReleaseGated(tokens)) => tokens,
+        other => panic!("expected the final release at its gate, got {other:?}"),
+    };
+    assert_eq!(gated, failed, "the final release retries the failed one");
+    assert_eq!(locks.table().len(), 2, "{:?}", locks.table());
+    call.abort();
+    assert!(call.await.expect_err("aborted").is_cancelled());
+    gate.notify_one();
+    assert_eq!(
+        next_release(&mut events).await,
+        (consumer.clone(), failed, true)
+    );
+    let (who, cleanup, ok) = next_release(&mut events).await;
+    assert_eq!((who, ok), (consumer, true));
+    assert_eq!(cleanup, vec![tok("a"), tok("b")]);
+    assert!(locks.table().is_empty(), "{:?}", locks.table());
 }
 
 #[tokio::test(start_paused = true)]

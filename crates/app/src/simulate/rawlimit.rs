@@ -82,15 +82,22 @@ async fn drive(
     let first = backends
         .first()
         .ok_or_else(|| SimulateError::internal("a workload has at least one replica"))?;
-    let tokens = runner::genesis(workload, settings.seed)?;
     let seeding = Progress::new(
-        Some(u64::try_from(tokens.len()).unwrap_or(u64::MAX)),
+        Some(workload.token_count()),
         "raw limit: seeding",
         settings.progress,
     );
-    runner::seed_wallets(first.stores().tokens.as_ref(), &tokens, &seeding).await?;
+    let mut ids = Vec::new();
+    runner::seed_wallets(
+        first.stores().tokens.as_ref(),
+        workload,
+        settings.seed,
+        &seeding,
+        Some(&mut ids),
+    )
+    .await?;
     seeding.finish();
-    let ids: Arc<Vec<_>> = Arc::new(tokens.into_iter().map(|t| t.id).collect());
+    let ids = Arc::new(ids);
     if ids.is_empty() {
         return Err(SimulateError::internal(
             "the raw limit needs at least one token",

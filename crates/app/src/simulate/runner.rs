@@ -134,24 +134,54 @@ pub fn mix(seed: u64, salt: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The seeded wallets of a workload: every token with its drawn amount.
-pub fn genesis(workload: &Workload, seed: u64) -> Result<Vec<NewToken>, SimulateError> {
-    let mut rng = StdRng::seed_from_u64(mix(seed, 1));
-    let mut out = Vec::new();
-    for (b, block) in workload.tokens.iter().enumerate() {
-        let tx = TxId::new(format!("genesis-{b}")).map_err(SimulateError::internal)?;
-        for i in 0..block.count {
-            let index = u32::try_from(i).map_err(SimulateError::internal)?;
-            out.push(NewToken {
-                id: TokenId::new(tx.clone(), index),
-                wallet: block.wallet.clone(),
-                token_type: block.token_type.clone(),
-                quantity: block.amount.draw(&mut rng),
-                spendable: true,
-            });
+/// The seeded wallets of a workload, generated batch by batch (so seeding a 1M
+/// token wallet never holds it in memory): every token with its drawn amount, the
+/// same for every strategy of a run.
+#[derive(Debug)]
+pub struct Genesis<'a> {
+    workload: &'a Workload,
+    rng: StdRng,
+    block: usize,
+    next: u64,
+}
+
+impl<'a> Genesis<'a> {
+    /// The wallets of `workload` for the run's `seed`.
+    pub fn new(workload: &'a Workload, seed: u64) -> Self {
+        Genesis {
+            workload,
+            rng: StdRng::seed_from_u64(mix(seed, 1)),
+            block: 0,
+            next: 0,
         }
     }
-    Ok(out)
+
+    /// The next at most `n` tokens; empty when every block is done.
+    pub fn batch(&mut self, n: usize) -> Result<Vec<NewToken>, SimulateError> {
+        let mut out = Vec::with_capacity(n.min(SEED_BATCH));
+        while out.len() < n {
+            let Some(block) = self.workload.tokens.get(self.block) else {
+                break;
+            };
+            if self.next >= block.count {
+                self.block += 1;
+                self.next = 0;
+                continue;
+            }
+            let tx =
+                TxId::new(format!("genesis-{}", self.block)).map_err(SimulateError::internal)?;
+            let index = u32::try_from(self.next).map_err(SimulateError::internal)?;
+            out.push(NewToken {
+                id: TokenId::new(tx, index),
+                wallet: block.wallet.clone(),
+                token_type: block.token_type.clone(),
+                quantity: block.amount.draw(&mut self.rng),
+                spendable: true,
+            });
+            self.next += 1;
+        }
+        Ok(out)
+    }
 }
 
 /// The request plan: every block's requests with drawn amounts, shuffled.
@@ -176,17 +206,33 @@ pub fn plan(workload: &Workload, seed: u64) -> Vec<PlannedRequest> {
     out
 }
 
-/// Adds `tokens` through `store` in batches of [`SEED_BATCH`].
+/// Adds the workload's wallets through `store` in batches of [`SEED_BATCH`];
+/// `ids`, if given, collects every token id. Returns how many tokens were added.
 pub async fn seed_wallets(
     store: &dyn TokenStore,
-    tokens: &[NewToken],
+    workload: &Workload,
+    seed: u64,
     progress: &Progress,
-) -> Result<(), SimulateError> {
-    for batch in tokens.chunks(SEED_BATCH) {
-        store.add_tokens(batch).await.map_err(SimulateError::Seed)?;
-        progress.inc(u64::try_from(batch.len()).unwrap_or(u64::MAX));
+    mut ids: Option<&mut Vec<TokenId>>,
+) -> Result<u64, SimulateError> {
+    let mut genesis = Genesis::new(workload, seed);
+    let mut added = 0u64;
+    loop {
+        let batch = genesis.batch(SEED_BATCH)?;
+        if batch.is_empty() {
+            return Ok(added);
+        }
+        store
+            .add_tokens(&batch)
+            .await
+            .map_err(SimulateError::Seed)?;
+        let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        added += n;
+        progress.inc(n);
+        if let Some(ids) = ids.as_deref_mut() {
+            ids.extend(batch.into_iter().map(|t| t.id));
+        }
     }
-    Ok(())
 }
 
 /// A progress bar on stderr that appears only once its phase has run for a second.
@@ -627,16 +673,20 @@ async fn drive(
     let first = replicas
         .first()
         .ok_or_else(|| SimulateError::internal("a workload has at least one replica"))?;
-    let tokens = genesis(workload, settings.seed)?;
     let seeding = Progress::new(
-        Some(u64::try_from(tokens.len()).unwrap_or(u64::MAX)),
+        Some(workload.token_count()),
         &format!("{}: seeding", strategy.name()),
         settings.progress,
     );
-    seed_wallets(first.stores.tokens.as_ref(), &tokens, &seeding).await?;
+    let population = seed_wallets(
+        first.stores.tokens.as_ref(),
+        workload,
+        settings.seed,
+        &seeding,
+        None,
+    )
+    .await?;
     seeding.finish();
-    let population = u64::try_from(tokens.len()).unwrap_or(u64::MAX);
-    drop(tokens);
 
     let lease = settings.lease;
     let sweep_config = LeaseConfig {

@@ -14,7 +14,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::panic::AssertUnwindSafe;
 use std::process::{Child, ChildStdout, Command, ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,6 +24,7 @@ use holdfast_domain::{
 use holdfast_ports::{
     CandidateQuery, LockStoreError, NewToken, StatusStoreError, StoreFault, TokenStoreError,
 };
+use libtest_mimic::{Arguments, Trial};
 use rusqlite::Connection;
 
 use common::TempDb;
@@ -37,87 +37,35 @@ const TOKENS: u32 = 1000;
 /// Child processes killed per run of the kill test.
 const KILL_ROUNDS: usize = 8;
 
-type Test = fn();
-
-const TESTS: &[(&str, Test)] = &[
-    (
-        "another_process_holding_the_write_lock_is_a_typed_busy_fault",
-        another_process_holding_the_write_lock_is_a_typed_busy_fault,
-    ),
-    (
-        "sigkill_mid_claim_release_or_spend_leaves_all_or_nothing",
-        sigkill_mid_claim_release_or_spend_leaves_all_or_nothing,
-    ),
-];
-
 fn main() -> ExitCode {
     if let Ok(role) = std::env::var(CHILD_ENV) {
         return child::run(&role);
     }
-    // The libtest arguments cargo test and cargo nextest pass: filters, --exact,
-    // --list (with --format terse), --ignored (none here), and flags ignored here.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let exact = args.iter().any(|a| a == "--exact");
-    if args.iter().any(|a| a == "--ignored") {
-        return ExitCode::SUCCESS;
+    // libtest-mimic implements the libtest command line that cargo test and cargo
+    // nextest drive (filters, --exact, --list --format terse, --ignored, ...). The
+    // tests run one after another, as under the hand-written runner this replaced,
+    // unless --test-threads says otherwise: each already keeps child processes busy.
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
     }
-    let mut filters: Vec<&String> = Vec::new();
-    let mut words = args.iter();
-    while let Some(arg) = words.next() {
-        if matches!(
-            arg.as_str(),
-            "--format" | "--test-threads" | "--color" | "--skip"
-        ) {
-            words.next();
-        } else if !arg.starts_with('-') {
-            filters.push(arg);
-        }
-    }
-    let selected: Vec<&(&str, Test)> = TESTS
-        .iter()
-        .filter(|(name, _)| {
-            filters.is_empty()
-                || filters.iter().any(|f| {
-                    if exact {
-                        *name == f.as_str()
-                    } else {
-                        name.contains(f.as_str())
-                    }
-                })
-        })
-        .collect();
-    if args.iter().any(|a| a == "--list") {
-        for (name, _) in &selected {
-            println!("{name}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
-    println!("\nrunning {} tests", selected.len());
-    let mut failed = Vec::new();
-    for (name, test) in &selected {
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(test));
-        println!(
-            "test {name} ... {}",
-            if outcome.is_ok() { "ok" } else { "FAILED" }
-        );
-        if outcome.is_err() {
-            failed.push(*name);
-        }
-    }
-    println!(
-        "\ntest result: {}. {} passed; {} failed",
-        if failed.is_empty() { "ok" } else { "FAILED" },
-        selected.len() - failed.len(),
-        failed.len()
-    );
-    if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        for name in failed {
-            println!("failed: {name}");
-        }
-        ExitCode::FAILURE
-    }
+    let trials = vec![
+        Trial::test(
+            "another_process_holding_the_write_lock_is_a_typed_busy_fault",
+            || {
+                another_process_holding_the_write_lock_is_a_typed_busy_fault();
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "sigkill_mid_claim_release_or_spend_leaves_all_or_nothing",
+            || {
+                sigkill_mid_claim_release_or_spend_leaves_all_or_nothing();
+                Ok(())
+            },
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
 }
 
 fn runtime() -> tokio::runtime::Runtime {

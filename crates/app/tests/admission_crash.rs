@@ -48,7 +48,6 @@ mod pg_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write as _};
 use std::os::unix::process::ExitStatusExt;
-use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::sync::Arc;
@@ -66,6 +65,7 @@ use holdfast_domain::{
     RevisionUri, Version, Write,
 };
 use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use libtest_mimic::{Arguments, Trial};
 use sqlx::{Connection, PgConnection};
 use tokio::runtime::Runtime;
 
@@ -79,87 +79,35 @@ const LOST_REPLY: &str = "reply lost after the write was applied (injected)";
 /// Drain rounds before the test calls the queue wedged.
 const DRAIN_ROUNDS: usize = 8;
 
-type Test = fn();
-
-const TESTS: &[(&str, Test)] = &[
-    (
-        "every_failpoint_on_sqlite_redelivery_drains_with_the_invariants",
-        every_failpoint_on_sqlite_redelivery_drains_with_the_invariants,
-    ),
-    (
-        "every_failpoint_on_postgres_redelivery_drains_with_the_invariants",
-        every_failpoint_on_postgres_redelivery_drains_with_the_invariants,
-    ),
-];
-
 fn main() -> ExitCode {
     if std::env::var_os(CHILD_ENV).is_some() {
         return child::run();
     }
-    // The libtest arguments cargo test and cargo nextest pass: filters, --exact,
-    // --list (with --format terse), --ignored (none here), and flags ignored here.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let exact = args.iter().any(|a| a == "--exact");
-    if args.iter().any(|a| a == "--ignored") {
-        return ExitCode::SUCCESS;
+    // libtest-mimic implements the libtest command line that cargo test and cargo
+    // nextest drive (filters, --exact, --list --format terse, --ignored, ...). The
+    // tests run one after another, as under the hand-written runner this replaced,
+    // unless --test-threads says otherwise: each already keeps child processes busy.
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
     }
-    let mut filters: Vec<&String> = Vec::new();
-    let mut words = args.iter();
-    while let Some(arg) = words.next() {
-        if matches!(
-            arg.as_str(),
-            "--format" | "--test-threads" | "--color" | "--skip"
-        ) {
-            words.next();
-        } else if !arg.starts_with('-') {
-            filters.push(arg);
-        }
-    }
-    let selected: Vec<&(&str, Test)> = TESTS
-        .iter()
-        .filter(|(name, _)| {
-            filters.is_empty()
-                || filters.iter().any(|f| {
-                    if exact {
-                        *name == f.as_str()
-                    } else {
-                        name.contains(f.as_str())
-                    }
-                })
-        })
-        .collect();
-    if args.iter().any(|a| a == "--list") {
-        for (name, _) in &selected {
-            println!("{name}: test");
-        }
-        return ExitCode::SUCCESS;
-    }
-    println!("\nrunning {} tests", selected.len());
-    let mut failed = Vec::new();
-    for (name, test) in &selected {
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(test));
-        println!(
-            "test {name} ... {}",
-            if outcome.is_ok() { "ok" } else { "FAILED" }
-        );
-        if outcome.is_err() {
-            failed.push(*name);
-        }
-    }
-    println!(
-        "\ntest result: {}. {} passed; {} failed",
-        if failed.is_empty() { "ok" } else { "FAILED" },
-        selected.len() - failed.len(),
-        failed.len()
-    );
-    if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        for name in failed {
-            println!("failed: {name}");
-        }
-        ExitCode::FAILURE
-    }
+    let trials = vec![
+        Trial::test(
+            "every_failpoint_on_sqlite_redelivery_drains_with_the_invariants",
+            || {
+                every_failpoint_on_sqlite_redelivery_drains_with_the_invariants();
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "every_failpoint_on_postgres_redelivery_drains_with_the_invariants",
+            || {
+                every_failpoint_on_postgres_redelivery_drains_with_the_invariants();
+                Ok(())
+            },
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
 }
 
 fn runtime() -> Runtime {

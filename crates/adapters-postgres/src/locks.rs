@@ -57,7 +57,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
-use holdfast_ports::{LockInfo, LockStore, LockStoreError, MAX_WINDOW, StoreFault, SweepReport};
+use holdfast_ports::{LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, check_window};
 
 use crate::backend::{PgBackend, millis, timestamp, to_fault};
 use crate::error::sqlstate;
@@ -313,12 +313,7 @@ impl LockStore for PgBackend {
         tokens: &[TokenId],
         at: Timestamp,
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        if tokens.len() > MAX_WINDOW {
-            return Err(LockStoreError::WindowTooLarge {
-                len: tokens.len(),
-                max: MAX_WINDOW,
-            });
-        }
+        check_window(tokens)?;
         if tokens.is_empty() {
             return Ok(Vec::new());
         }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 pub use clock::{Clock, MockClock};
 pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError};
-pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport};
+pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport, check_window};
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};
 pub use tokens::{CandidateQuery, MockTokenStore, NewToken, TokenStore};

@@ -10,6 +10,20 @@ use crate::error::LockStoreError;
 /// The most tokens one window claim may name.
 pub const MAX_WINDOW: usize = 256;
 
+/// Checks the size of a window before any claim of it is attempted, so every
+/// adapter refuses the same windows: more than [`MAX_WINDOW`] tokens is
+/// [`LockStoreError::WindowTooLarge`] naming the length and the limit. An empty
+/// window is valid (it claims nothing), and a token named twice counts twice.
+pub fn check_window(tokens: &[TokenId]) -> Result<(), LockStoreError> {
+    if tokens.len() > MAX_WINDOW {
+        return Err(LockStoreError::WindowTooLarge {
+            len: tokens.len(),
+            max: MAX_WINDOW,
+        });
+    }
+    Ok(())
+}
+
 /// A lock as listed for diagnostics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
@@ -49,7 +63,8 @@ pub trait LockStore: Send + Sync {
     ) -> Result<ClaimVerdict, LockStoreError>;
 
     /// Claims up to [`MAX_WINDOW`] tokens in one round trip, atomically, with a
-    /// verdict per token in the order given. On error, nothing of the call is claimed
+    /// verdict per token in the order given (a longer window is refused as
+    /// [`check_window`] says, before anything is claimed). On error, nothing of the call is claimed
     /// unless the error is an ambiguous commit (the caller should treat the window as
     /// possibly held and release it by consumer and tokens).
     async fn claim_window(
@@ -89,4 +104,31 @@ pub trait LockStore: Send + Sync {
 
     /// Database round trips made so far by this adapter instance, across all its ports.
     fn round_trips(&self) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_domain::{TokenId, TxId};
+
+    use super::{LockStoreError, MAX_WINDOW, check_window};
+
+    fn window(len: usize) -> Vec<TokenId> {
+        let tx = TxId::new("t").expect("tx id");
+        (0..len)
+            .map(|i| TokenId::new(tx.clone(), u32::try_from(i).expect("small index")))
+            .collect()
+    }
+
+    #[test]
+    fn windows_up_to_the_limit_pass_and_longer_ones_name_length_and_limit() {
+        assert_eq!(check_window(&[]), Ok(()));
+        assert_eq!(check_window(&window(MAX_WINDOW)), Ok(()));
+        assert_eq!(
+            check_window(&window(MAX_WINDOW + 1)),
+            Err(LockStoreError::WindowTooLarge {
+                len: MAX_WINDOW + 1,
+                max: MAX_WINDOW,
+            })
+        );
+    }
 }

@@ -59,6 +59,7 @@ use holdfast::admission::{reply_label, write_label};
 use holdfast::backend::{Backend, BackendOptions};
 use holdfast::failpoint;
 use holdfast::{Admission, AdmissionPolicy, NoAncestry};
+use holdfast_domain::admission::invariants::{Violation, stored_violations};
 use holdfast_domain::admission::{QueueWrite, RequestWrite};
 use holdfast_domain::{
     AdmissionConfig, BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState,
@@ -501,13 +502,32 @@ struct Allow {
 }
 
 /// The invariants of one state. Returns the violations.
-fn state_violations(state: &State, leaked: &BTreeSet<RequestId>, allow: Allow) -> Vec<String> {
-    let mut bad = Vec::new();
-    let owners = state.owners();
-    let max = usize::try_from(MAX_CONCURRENT).expect("small");
-    if owners.len() > max {
-        bad.push(format!("{} owners {owners:?}; at most {max}", owners.len()));
-    }
+///
+/// The stored-state rules are the domain's ([`stored_violations`]), less what this
+/// check allows: the terminal owners written by [`Event::LeakSlot`] until they are
+/// pruned, and the interrupted message's request processing without a slot.
+fn state_violations(
+    state: &State,
+    name: &QueueName,
+    leaked: &BTreeSet<RequestId>,
+    allow: Allow,
+) -> Vec<String> {
+    let queue = state
+        .queue
+        .clone()
+        .unwrap_or_else(|| Queue::new(name.clone()));
+    let mut bad: Vec<String> = stored_violations(&queue, state.requests.values(), MAX_CONCURRENT)
+        .into_iter()
+        .filter(|v| match v {
+            Violation::TerminalOwner { owner, .. } => !leaked.contains(owner),
+            Violation::ProcessingWithoutSlot { request } => {
+                allow.interrupted.as_ref() != Some(request)
+            }
+            Violation::TooManyOwners { .. } | Violation::OwnerMissing { .. } => true,
+        })
+        .map(|v| v.to_string())
+        .collect();
+    let owners = &queue.owners;
     if state.owner_rows != state.distinct_owner_rows
         || state.owner_rows != i64::try_from(owners.len()).expect("small")
     {
@@ -518,24 +538,7 @@ fn state_violations(state: &State, leaked: &BTreeSet<RequestId>, allow: Allow) -
             owners.len()
         ));
     }
-    for id in &owners {
-        match state.state_of(id) {
-            None => bad.push(format!("owner {id} is not a stored request")),
-            Some(s) if s.is_terminal() && !leaked.contains(id) => {
-                bad.push(format!(
-                    "owner {id} is {s:?}: terminal requests own no slot"
-                ));
-            }
-            Some(_) => {}
-        }
-    }
     for r in state.requests.values() {
-        if r.state == RequestState::Processing
-            && !owners.contains(&r.id)
-            && allow.interrupted.as_ref() != Some(&r.id)
-        {
-            bad.push(format!("{} is processing without a slot", r.id));
-        }
         if r.state == RequestState::Processing && r.plan.is_none() {
             bad.push(format!("{} is processing without a build plan", r.id));
         }
@@ -596,7 +599,12 @@ fn check(
 ) {
     let target = target.map(|k| request(&observer.queue, k));
     let mut bad = step_violations(before, after, target.as_ref());
-    bad.extend(state_violations(after, &observer.leaked, allow));
+    bad.extend(state_violations(
+        after,
+        &observer.queue,
+        &observer.leaked,
+        allow,
+    ));
     assert!(
         bad.is_empty(),
         "{context}: invariants violated:\n  {}\nbefore: {before:#?}\nafter: {after:#?}",

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use clap::{Args, Subcommand, ValueEnum};
+use holdfast_domain::admission::invariants::owner_violation;
 use holdfast_domain::admission::{DeadLetterReason, RetryReason};
 use holdfast_domain::{
     BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState, RevisionUri,
@@ -517,7 +518,7 @@ pub fn queue_view(ctx: &Context, queue: &Queue, requests: &[Request]) -> QueueVi
             OwnerView {
                 request: id.to_string(),
                 state: state.map(RequestState::as_str),
-                live: state.is_some_and(|s| !s.is_terminal()),
+                live: owner_violation(id, state).is_none(),
             }
         })
         .collect();

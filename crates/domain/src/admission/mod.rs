@@ -35,6 +35,7 @@
 #![allow(clippy::result_large_err)]
 
 mod ingest;
+pub mod invariants;
 mod outcome;
 mod process;
 mod reconcile;

@@ -130,13 +130,7 @@ impl PgBackend {
 
     /// The four ports, all backed by this instance.
     pub fn stores(&self) -> Stores {
-        let me = Arc::new(self.clone());
-        Stores {
-            tokens: me.clone(),
-            locks: me.clone(),
-            statuses: me.clone(),
-            queues: me,
-        }
+        Stores::shared(Arc::new(self.clone()))
     }
 
     /// The configured lock strategy.

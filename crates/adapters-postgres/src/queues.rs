@@ -10,7 +10,7 @@ use holdfast_domain::{
     RevisionUri, Version,
 };
 use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgQueryResult, PgRow};
 
 use crate::backend::{PgBackend, to_fault};
 use crate::rows::{self, get};
@@ -77,6 +77,16 @@ fn version(column: &str, stored: i64) -> Result<Version, StoreFault> {
     u64::try_from(stored)
         .map(Version)
         .map_err(|_| StoreFault::Corrupt(format!("{column} {stored} is negative")))
+}
+
+/// A compare-and-set update matched its row at the expected version (applied) or
+/// did not (conflict: the version moved, or there is no such row).
+fn cas_outcome(done: &PgQueryResult) -> CasOutcome {
+    if done.rows_affected() > 0 {
+        CasOutcome::Applied
+    } else {
+        CasOutcome::Conflict
+    }
 }
 
 /// A version for binding; one past `i64::MAX` cannot be stored, so cannot match.
@@ -228,11 +238,7 @@ impl QueueStore for PgBackend {
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        Ok(if done.rows_affected() > 0 {
-            CasOutcome::Applied
-        } else {
-            CasOutcome::Conflict
-        })
+        Ok(cas_outcome(&done))
     }
 
     async fn cas_request(
@@ -258,11 +264,7 @@ impl QueueStore for PgBackend {
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        Ok(if done.rows_affected() > 0 {
-            CasOutcome::Applied
-        } else {
-            CasOutcome::Conflict
-        })
+        Ok(cas_outcome(&done))
     }
 
     async fn list_requests(

@@ -90,13 +90,7 @@ impl SqliteBackend {
 
     /// The ports of this instance, as the app wires them.
     pub fn stores(&self) -> Stores {
-        let me = Arc::new(self.clone());
-        Stores {
-            tokens: me.clone(),
-            locks: me.clone(),
-            statuses: me.clone(),
-            queues: me,
-        }
+        Stores::shared(Arc::new(self.clone()))
     }
 
     /// Where this instance's database lives.

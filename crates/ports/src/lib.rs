@@ -43,6 +43,22 @@ pub struct Stores {
     pub queues: Arc<dyn QueueStore>,
 }
 
+impl Stores {
+    /// The four ports of one object that implements them all (an adapter's
+    /// backend): every field is a clone of the same `Arc`.
+    pub fn shared<B>(backend: Arc<B>) -> Self
+    where
+        B: TokenStore + LockStore + TxStatusStore + QueueStore + 'static,
+    {
+        Stores {
+            tokens: backend.clone(),
+            locks: backend.clone(),
+            statuses: backend.clone(),
+            queues: backend,
+        }
+    }
+}
+
 impl std::fmt::Debug for Stores {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stores").finish_non_exhaustive()

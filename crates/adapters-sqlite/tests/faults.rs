@@ -576,9 +576,37 @@ fn sigkill_mid_claim_release_or_spend_leaves_all_or_nothing() {
                 .filter(|t| !model.locks.contains_key(t) && !model.spent.contains_key(t))
                 .collect();
             assert_eq!(candidates, free, "round {round}: candidates");
-            // A later claim succeeds.
+            // A later claim succeeds. By now the children may have locked or spent
+            // every token; then the probe first frees one lock the ordinary way (a
+            // dead child's lock, released by its consumer), keeping the model exact.
             let probe = tx(&format!("probe-{round}"));
-            let target = free.first().expect("a free token remains").clone();
+            let target = match free.first() {
+                Some(token) => token.clone(),
+                None => {
+                    let Some((token, holder)) = model
+                        .locks
+                        .iter()
+                        .next()
+                        .map(|(t, c)| (t.clone(), c.clone()))
+                    else {
+                        // Every token is spent: a claim is refused as stale.
+                        let spent = token_id(0);
+                        assert_eq!(
+                            s.locks.claim(&probe, &spent, T0).await.expect("claim"),
+                            ClaimVerdict::Stale
+                        );
+                        return;
+                    };
+                    let released = s
+                        .locks
+                        .release_tokens(&tx(&holder), std::slice::from_ref(&token))
+                        .await
+                        .expect("release a dead child's lock");
+                    assert_eq!(released, 1, "round {round}: release {token}");
+                    model.locks.remove(&token);
+                    token
+                }
+            };
             assert_eq!(
                 s.locks
                     .claim(&probe, &target, T0)

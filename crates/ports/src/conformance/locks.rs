@@ -308,12 +308,11 @@ pub async fn window_claim_is_one_round_trip(db: &dyn TestDatabase) {
     assert_eq!(s.locks.round_trips() - before, 1, "a single claim");
 }
 
-/// Releasing by consumer frees all of that consumer's locks and nobody else's; it is
-/// idempotent.
-pub async fn release_consumer_frees_exactly_its_locks(db: &dyn TestDatabase) {
-    let s = db.stores();
+/// Three tokens of wallet `w`: consumer `a` holds `t:0` and `t:1` (one window),
+/// consumer `b` holds `t:2`.
+async fn two_holders(s: &Stores) -> (TxId, TxId) {
     add(
-        &s,
+        s,
         &[
             chf("w", "t", 0, 1),
             chf("w", "t", 1, 2),
@@ -330,6 +329,14 @@ pub async fn release_consumer_frees_exactly_its_locks(db: &dyn TestDatabase) {
         .claim(&b, &token_id("t", 2), T0)
         .await
         .expect("claim");
+    (a, b)
+}
+
+/// Releasing by consumer frees all of that consumer's locks and nobody else's; it is
+/// idempotent.
+pub async fn release_consumer_frees_exactly_its_locks(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let (a, b) = two_holders(&s).await;
     assert_eq!(s.locks.release_consumer(&a).await, Ok(2));
     assert_eq!(s.locks.release_consumer(&a).await, Ok(0), "idempotent");
     assert_eq!(s.locks.release_consumer(&tx("nobody")).await, Ok(0));
@@ -342,24 +349,7 @@ pub async fn release_consumer_frees_exactly_its_locks(db: &dyn TestDatabase) {
 /// `release_tokens` frees only the named tokens, and only those the consumer holds.
 pub async fn release_tokens_frees_only_named_tokens_of_consumer(db: &dyn TestDatabase) {
     let s = db.stores();
-    add(
-        &s,
-        &[
-            chf("w", "t", 0, 1),
-            chf("w", "t", 1, 2),
-            chf("w", "t", 2, 3),
-        ],
-    )
-    .await;
-    let (a, b) = (tx("a"), tx("b"));
-    s.locks
-        .claim_window(&a, &[token_id("t", 0), token_id("t", 1)], T0)
-        .await
-        .expect("claim");
-    s.locks
-        .claim(&b, &token_id("t", 2), T0)
-        .await
-        .expect("claim");
+    let (a, b) = two_holders(&s).await;
     let named = [token_id("t", 0), token_id("t", 2), token_id("missing", 0)];
     assert_eq!(s.locks.release_tokens(&a, &named).await, Ok(1));
     assert_eq!(

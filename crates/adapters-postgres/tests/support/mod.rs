@@ -27,7 +27,10 @@ fn tally(line: &str) {
         .create(true)
         .open(path)
     {
-        let _ = writeln!(file, "{line}");
+        // One write per line: with O_APPEND a single small write is atomic, while
+        // `writeln!` may issue the text and the newline separately and interleave
+        // with another test process's line.
+        let _ = file.write_all(format!("{line}\n").as_bytes());
     }
 }
 

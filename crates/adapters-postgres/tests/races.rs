@@ -132,6 +132,20 @@ async fn state_of(observer: &mut PgConnection, tx_id: &str) -> (Vec<String>, Opt
     (holders, spent_by)
 }
 
+/// Tokens `x-<case>` and `free-<case>` in wallet `w`, with `x` claimed by
+/// consumer `a-<case>`: returns (x, free, a).
+async fn x_claimed_by_a(s: &Stores, case: &str) -> (String, String, String) {
+    let (x, free) = (format!("x-{case}"), format!("free-{case}"));
+    add(s, &[chf("w", &x, 0, 1), chf("w", &free, 0, 1)]).await;
+    let a = format!("a-{case}");
+    assert_eq!(
+        s.locks.claim(&tx(&a), &token_id(&x, 0), T0).await,
+        Ok(ClaimVerdict::Won),
+        "{case}: A claims x"
+    );
+    (x, free, a)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_racing_a_settlement_never_wins_the_spent_token() {
     let Some(db) = TestDb::create("races::a_claim_racing_a_settlement_never_wins").await else {
@@ -144,14 +158,7 @@ async fn a_claim_racing_a_settlement_never_wins_the_spent_token() {
         for path in [Path::Single, Path::Window] {
             for phase in [Phase::Locked, Phase::Spent] {
                 let case = format!("{strategy}-{path:?}-{phase:?}").to_lowercase();
-                let (x, free) = (format!("x-{case}"), format!("free-{case}"));
-                add(&s, &[chf("w", &x, 0, 1), chf("w", &free, 0, 1)]).await;
-                let a = format!("a-{case}");
-                assert_eq!(
-                    s.locks.claim(&tx(&a), &token_id(&x, 0), T0).await,
-                    Ok(ClaimVerdict::Won),
-                    "{case}: A claims x"
-                );
+                let (x, free, a) = x_claimed_by_a(&s, &case).await;
 
                 // A settles in a transaction left open.
                 let mut settler = db.connection().await;
@@ -229,14 +236,7 @@ async fn a_claim_racing_a_release_wins_once_it_commits() {
         let s = backend.stores();
         for path in [Path::Single, Path::Window] {
             let case = format!("{strategy}-{path:?}").to_lowercase();
-            let (x, free) = (format!("x-{case}"), format!("free-{case}"));
-            add(&s, &[chf("w", &x, 0, 1), chf("w", &free, 0, 1)]).await;
-            let a = format!("a-{case}");
-            assert_eq!(
-                s.locks.claim(&tx(&a), &token_id(&x, 0), T0).await,
-                Ok(ClaimVerdict::Won),
-                "{case}: A claims x"
-            );
+            let (x, free, a) = x_claimed_by_a(&s, &case).await;
             let mut releaser = db.connection().await;
             run(&mut releaser, "BEGIN").await;
             let released = sqlx::query(RELEASE_CONSUMER)

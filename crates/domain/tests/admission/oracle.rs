@@ -147,63 +147,47 @@ fn oracle_detects_the_wedge_of_scenario_2() {
     insta::assert_snapshot!("oracle_s02", w.violations.join("\n"));
 }
 
-#[test]
-fn oracle_detects_the_double_release_of_scenario_17() {
-    let mut w = World::new(
+/// The old anonymous-count design with two slots, as scenarios 17-19 need.
+fn anonymous_count_at_max_2() -> World<AnonymousCount> {
+    World::new(
         AnonymousCount,
         AdmissionConfig {
             max_concurrent: 2,
             ..AdmissionConfig::default()
         },
-    );
-    let (a, _b) = s17_script(&mut w);
+    )
+}
+
+/// The harness flagged `a` releasing a slot it does not hold.
+fn assert_double_release(w: &World<AnonymousCount>, a: &RequestId) {
     assert!(
         has(
-            &w,
+            w,
             &format!("{a} released a slot {a} does not hold (double release)")
         ),
         "{:#?}",
         w.violations
     );
+}
+
+#[test]
+fn oracle_detects_the_double_release_of_scenario_17() {
+    let mut w = anonymous_count_at_max_2();
+    let (a, _b) = s17_script(&mut w);
+    assert_double_release(&w, &a);
     insta::assert_snapshot!("oracle_s17", w.violations.join("\n"));
 }
 
 #[test]
 fn oracle_detects_the_double_release_of_scenario_18() {
-    let mut w = World::new(
-        AnonymousCount,
-        AdmissionConfig {
-            max_concurrent: 2,
-            ..AdmissionConfig::default()
-        },
-    );
+    let mut w = anonymous_count_at_max_2();
     let (a, _b) = s18_script(&mut w);
-    assert!(
-        has(
-            &w,
-            &format!("{a} released a slot {a} does not hold (double release)")
-        ),
-        "{:#?}",
-        w.violations
-    );
+    assert_double_release(&w, &a);
 }
 
 #[test]
 fn oracle_detects_the_double_release_of_scenario_19() {
-    let mut w = World::new(
-        AnonymousCount,
-        AdmissionConfig {
-            max_concurrent: 2,
-            ..AdmissionConfig::default()
-        },
-    );
+    let mut w = anonymous_count_at_max_2();
     let (a, _b) = s19_script(&mut w);
-    assert!(
-        has(
-            &w,
-            &format!("{a} released a slot {a} does not hold (double release)")
-        ),
-        "{:#?}",
-        w.violations
-    );
+    assert_double_release(&w, &a);
 }

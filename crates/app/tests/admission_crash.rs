@@ -589,6 +589,20 @@ fn step_violations(before: &State, after: &State, target: Option<&RequestId>) ->
 }
 
 /// Checks a step and the state after it; panics naming `context` on a violation.
+/// Snapshots the stored state after a step, checks every invariant against the
+/// snapshot taken before it, and makes it the new `before`.
+fn advance(
+    rt: &Runtime,
+    observer: &mut Observer,
+    before: &mut State,
+    target: Option<u64>,
+    context: &str,
+) {
+    let after = rt.block_on(observer.snapshot());
+    check(observer, before, &after, target, Allow::default(), context);
+    *before = after;
+}
+
 fn check(
     observer: &mut Observer,
     before: &State,
@@ -694,19 +708,13 @@ fn run(rt: &Runtime, url: &str, raw: Raw, queue: QueueName, point: Option<&str>)
         match word {
             "event" => {
                 let i: usize = rest.parse().expect("event index");
-                let after = rt.block_on(observer.snapshot());
                 if let Some(prev) = current {
                     let event = SCENARIO[prev];
-                    check(
-                        &mut observer,
-                        &before,
-                        &after,
-                        event.target(),
-                        Allow::default(),
-                        &context(&format!("after event {prev} {event:?}")),
-                    );
+                    let what = context(&format!("after event {prev} {event:?}"));
+                    advance(rt, &mut observer, &mut before, event.target(), &what);
+                } else {
+                    before = rt.block_on(observer.snapshot());
                 }
-                before = after;
                 current = Some(i);
                 writeln!(stdin, "go").expect("tell the child to go on");
                 stdin.flush().expect("flush");
@@ -723,18 +731,10 @@ fn run(rt: &Runtime, url: &str, raw: Raw, queue: QueueName, point: Option<&str>)
             }
             "error" => panic!("{}", context(&format!("the child failed: {rest}"))),
             "done" => {
-                let after = rt.block_on(observer.snapshot());
                 let last = current.expect("at least one event");
                 let event = SCENARIO[last];
-                check(
-                    &mut observer,
-                    &before,
-                    &after,
-                    event.target(),
-                    Allow::default(),
-                    &context(&format!("after event {last} {event:?}")),
-                );
-                before = after;
+                let what = context(&format!("after event {last} {event:?}"));
+                advance(rt, &mut observer, &mut before, event.target(), &what);
             }
             "passed" => passed.push(rest.to_owned()),
             "end" => break Some(()),
@@ -798,17 +798,9 @@ fn recover(rt: &Runtime, observer: &mut Observer, before: State, at: usize, cont
         if let Event::LeakSlot(k) = event {
             observer.leaked.insert(request(&observer.queue, *k));
         }
-        let after = rt.block_on(observer.snapshot());
         let what = if i == at { "redelivered" } else { "replayed" };
-        check(
-            observer,
-            &before,
-            &after,
-            event.target(),
-            Allow::default(),
-            &format!("{context} {what} event {i} {event:?}"),
-        );
-        before = after;
+        let what = format!("{context} {what} event {i} {event:?}");
+        advance(rt, observer, &mut before, event.target(), &what);
     }
     drain(rt, observer, before, context);
 }
@@ -834,16 +826,8 @@ fn drain(rt: &Runtime, observer: &mut Observer, mut before: State, context: &str
                 let reply = rt
                     .block_on(admission.process(&r.id))
                     .unwrap_or_else(|e| panic!("{context} drain: process {}: {e}", r.id));
-                let after = rt.block_on(observer.snapshot());
-                check(
-                    observer,
-                    &before,
-                    &after,
-                    Some(k),
-                    Allow::default(),
-                    &format!("{context} drain: process {}", r.id),
-                );
-                before = after;
+                let what = format!("{context} drain: process {}", r.id);
+                advance(rt, observer, &mut before, Some(k), &what);
                 Some(reply)
             } else {
                 None
@@ -853,16 +837,8 @@ fn drain(rt: &Runtime, observer: &mut Observer, mut before: State, context: &str
             if admitted {
                 rt.block_on(admission.outcome(&r.id, BuildOutcome::Succeeded))
                     .unwrap_or_else(|e| panic!("{context} drain: outcome {}: {e}", r.id));
-                let after = rt.block_on(observer.snapshot());
-                check(
-                    observer,
-                    &before,
-                    &after,
-                    Some(k),
-                    Allow::default(),
-                    &format!("{context} drain: outcome {}", r.id),
-                );
-                before = after;
+                let what = format!("{context} drain: outcome {}", r.id);
+                advance(rt, observer, &mut before, Some(k), &what);
             }
         }
     }

@@ -41,8 +41,6 @@ mod tokens;
 
 pub use backend::PgBackend;
 pub use error::{ConnectError, redact_url};
-pub use locks::{
-    RELEASE_CONSUMER, SPEND_LOCK, SPEND_LOCKED, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED,
-};
+pub use locks::{RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED};
 pub use options::{LockStrategy, OptionsError, PgOptions, UnknownStrategy};
 pub use schema::MIGRATIONS;

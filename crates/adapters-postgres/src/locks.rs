@@ -31,15 +31,18 @@
 //!   `insert`/`on_conflict`, `FOR UPDATE` under `skip_locked`); an insert waits
 //!   only for an uncommitted insert or delete of the same key, never for a mere
 //!   row lock.
-//! - Settlement ([`SPEND_LOCK`], then [`SPEND_LOCKED`], one transaction) first
-//!   locks the consumer's T and L rows `FOR UPDATE` in key order, and only then
-//!   deletes exactly those L rows and updates exactly those T rows, so its second
-//!   statement waits for nothing. A claimer therefore never holds T share on a
-//!   token whose L row a settlement has deleted: the settlement held T
-//!   exclusively first. (Deleting the lock rows before locking the tokens would
+//! - Settlement as confirmed ([`SPEND`], the `holdfast_spend` function: one
+//!   round trip, one transaction) first locks the T rows of every token the
+//!   consumer selected, then the consumer's L rows, `FOR UPDATE` in key order, and
+//!   only then deletes those L rows and updates those T rows, so its writes wait
+//!   for nothing. Every L row of a consumer has its selection row (both are
+//!   written by the claim statement), so a claimer never holds T share on a token
+//!   whose L row a settlement deletes: the settlement held T exclusively first. (Deleting the lock rows before locking the tokens would
 //!   deadlock: the claimer, holding T share, waits for the deleted L row while
 //!   the settlement's update waits for the share lock.)
-//! - Release and the sweep delete only L rows, locking them `FOR UPDATE` in key
+//! - Selection rows are keyed by consumer and token: a claimer inserts only its
+//!   own, and only settlement and release of that consumer delete them.
+//! - Release and the sweep delete only L rows (and release its own selection rows), locking them `FOR UPDATE` in key
 //!   order first, and never touch `tokens`; so they never wait for a claimer, and
 //!   ordered L locking keeps them from deadlocking with each other or with a
 //!   settlement of an overlapping consumer.
@@ -90,6 +93,11 @@ macro_rules! window_sql {
                  ORDER BY s.tx_id, s.idx
                  ON CONFLICT (tx_id, idx) DO NOTHING
                  RETURNING tx_id, idx
+             ),
+             recorded AS (
+                 INSERT INTO selections (consumer, tx_id, idx)
+                 SELECT $3, tx_id, idx FROM claimed
+                 ON CONFLICT DO NOTHING
              )
              SELECT c.tx_id, c.idx, cl.tx_id IS NOT NULL AS won, s.tx_id IS NOT NULL AS still_spendable
              FROM candidates c
@@ -127,60 +135,91 @@ pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
 );
 
 /// The single-token claim of `insert`: a conditional insert of a share-locked,
-/// still-spendable token; a lost race is a unique violation.
+/// still-spendable token, recorded as selected; a lost race is a unique
+/// violation. Returns 1 when won, 0 when stale.
 const CLAIM_INSERT: &str = "
-    INSERT INTO token_locks (tx_id, idx, consumer, created_at)
-    SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
-    FROM tokens t
-    WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL
-    FOR SHARE OF t";
-
-/// Releases every lock of consumer `$1`, locking the rows in key order first.
-pub const RELEASE_CONSUMER: &str = "
-    DELETE FROM token_locks l
-    USING (SELECT tx_id, idx FROM token_locks WHERE consumer = $1
-           ORDER BY tx_id, idx FOR UPDATE) v
-    WHERE l.tx_id = v.tx_id AND l.idx = v.idx";
-
-const RELEASE_TOKENS: &str = "
-    DELETE FROM token_locks l
-    USING (SELECT k.tx_id, k.idx FROM token_locks k
-           JOIN UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
-             ON k.tx_id = u.tx_id AND k.idx = u.idx
-           WHERE k.consumer = $1
-           ORDER BY k.tx_id, k.idx FOR UPDATE OF k) v
-    WHERE l.tx_id = v.tx_id AND l.idx = v.idx";
-
-/// Settlement, first statement: locks the token rows held by consumer `$1`, and
-/// their lock rows, `FOR UPDATE` in key order; returns the locked keys. Run in the
-/// same transaction as [`SPEND_LOCKED`], before it.
-pub const SPEND_LOCK: &str = "
-    SELECT t.tx_id, t.idx
-    FROM token_locks l
-    JOIN tokens t ON t.tx_id = l.tx_id AND t.idx = l.idx
-    WHERE l.consumer = $1
-    ORDER BY t.tx_id, t.idx
-    FOR UPDATE OF t, l";
-
-/// Settlement, second statement: deletes consumer `$1`'s lock rows of the keys
-/// [`SPEND_LOCK`] locked (`$3`, `$4`) and marks those tokens spent by it at `$2`
-/// milliseconds; returns the spent keys in order. It waits for no lock: the first
-/// statement holds them all.
-pub const SPEND_LOCKED: &str = "
-    WITH released AS (
-        DELETE FROM token_locks l
-        USING UNNEST($3::text[], $4::bigint[]) AS u(tx_id, idx)
-        WHERE l.consumer = $1 AND l.tx_id = u.tx_id AND l.idx = u.idx
-        RETURNING l.tx_id, l.idx
+    WITH claimed AS (
+        INSERT INTO token_locks (tx_id, idx, consumer, created_at)
+        SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+        FROM tokens t
+        WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL
+        FOR SHARE OF t
+        RETURNING tx_id, idx
     ),
-    spent AS (
-        UPDATE tokens t
-        SET spent_by = $1, spent_at = TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond'
-        FROM released r
-        WHERE t.tx_id = r.tx_id AND t.idx = r.idx AND t.spent_by IS NULL
-        RETURNING t.tx_id, t.idx
+    recorded AS (
+        INSERT INTO selections (consumer, tx_id, idx)
+        SELECT $3, tx_id, idx FROM claimed
+        ON CONFLICT DO NOTHING
     )
-    SELECT tx_id, idx FROM spent ORDER BY tx_id, idx";
+    SELECT COUNT(*) FROM claimed";
+
+/// Settles consumer `$1` as deleted in one statement: records the status (when
+/// `$3`, at `$2` milliseconds), releases its locks (locking them in key order
+/// first) and forgets its selections. Returns the locks released.
+pub const RELEASE_CONSUMER: &str = "
+    WITH recorded AS (
+        INSERT INTO tx_statuses (tx_id, status, recorded_at)
+        SELECT $1, 'deleted', TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond'
+        WHERE $3
+        ON CONFLICT (tx_id) DO UPDATE
+        SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at
+    ),
+    forgotten AS (
+        DELETE FROM selections WHERE consumer = $1
+    ),
+    released AS (
+        DELETE FROM token_locks l
+        USING (SELECT tx_id, idx FROM token_locks WHERE consumer = $1
+               ORDER BY tx_id, idx FOR UPDATE) v
+        WHERE l.tx_id = v.tx_id AND l.idx = v.idx
+        RETURNING 1
+    )
+    SELECT COUNT(*) FROM released";
+
+/// Releases the tokens `($2, $3)` that consumer `$1` holds (locking them in key
+/// order first) and forgets them as its selections. Returns the locks released.
+const RELEASE_TOKENS: &str = "
+    WITH forgotten AS (
+        DELETE FROM selections s
+        USING UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
+        WHERE s.consumer = $1 AND s.tx_id = u.tx_id AND s.idx = u.idx
+    ),
+    released AS (
+        DELETE FROM token_locks l
+        USING (SELECT k.tx_id, k.idx FROM token_locks k
+               JOIN UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
+                 ON k.tx_id = u.tx_id AND k.idx = u.idx
+               WHERE k.consumer = $1
+               ORDER BY k.tx_id, k.idx FOR UPDATE OF k) v
+        WHERE l.tx_id = v.tx_id AND l.idx = v.idx
+        RETURNING 1
+    )
+    SELECT COUNT(*) FROM released";
+
+/// Re-stamps the locks consumer `$1` holds among `($2, $3)` with `$4` milliseconds
+/// (locking them in key order first); returns the re-stamped keys.
+const RENEW: &str = "
+    UPDATE token_locks l
+    SET created_at = TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+    FROM (SELECT k.tx_id, k.idx FROM token_locks k
+          JOIN UNNEST($2::text[], $3::bigint[]) AS u(tx_id, idx)
+            ON k.tx_id = u.tx_id AND k.idx = u.idx
+          WHERE k.consumer = $1
+          ORDER BY k.tx_id, k.idx FOR UPDATE OF k) v
+    WHERE l.tx_id = v.tx_id AND l.idx = v.idx
+    RETURNING l.tx_id, l.idx";
+
+/// Settlement as confirmed: one call of the `holdfast_spend` function (migration
+/// 2), one round trip. Rows are `(tx_id, idx, spender)`: the spent tokens with the
+/// consumer as spender, or one token another transaction spent (nothing changed).
+pub const SPEND: &str = "SELECT spent_tx, spent_idx, spender FROM holdfast_spend($1, $2, $3)";
+
+/// The consumers with selections, and their recorded statuses.
+const UNSETTLED: &str = "
+    SELECT s.consumer, st.status
+    FROM (SELECT DISTINCT consumer FROM selections) s
+    LEFT JOIN tx_statuses st ON st.tx_id = s.consumer
+    ORDER BY s.consumer";
 
 /// One statement: take leadership for this transaction (released at its end), and
 /// if won delete expired locks and locks of Deleted or Orphan consumers, locking
@@ -220,6 +259,13 @@ const UNIQUE_VIOLATION: &str = "23505";
 
 fn fault(e: &sqlx::Error) -> LockStoreError {
     LockStoreError::Fault(to_fault(e))
+}
+
+/// A stored status name as a [`TxStatus`]; an unknown name is corrupt data.
+fn status_named(name: &str) -> Result<TxStatus, StoreFault> {
+    TxStatus::from_name(name).ok_or_else(|| {
+        StoreFault::Corrupt(format!("tx_statuses.status {name:?} is not a known status"))
+    })
 }
 
 fn count(n: i64) -> u64 {
@@ -271,16 +317,16 @@ impl PgBackend {
         at: Timestamp,
     ) -> Result<ClaimVerdict, LockStoreError> {
         let result = self.note(
-            sqlx::query(CLAIM_INSERT)
+            sqlx::query_scalar::<_, i64>(CLAIM_INSERT)
                 .bind(token.tx.as_str())
                 .bind(i64::from(token.index))
                 .bind(consumer.as_str())
                 .bind(millis(at)?)
-                .execute(self.pool())
+                .fetch_one(self.pool())
                 .await,
         );
         match result {
-            Ok(done) if done.rows_affected() > 0 => Ok(ClaimVerdict::Won),
+            Ok(won) if won > 0 => Ok(ClaimVerdict::Won),
             Ok(_) => Ok(ClaimVerdict::Stale),
             Err(e) if sqlstate(&e).as_deref() == Some(UNIQUE_VIOLATION) => {
                 Ok(ClaimVerdict::Contended)
@@ -337,16 +383,23 @@ impl LockStore for PgBackend {
             .collect())
     }
 
-    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
-        let done = self
+    async fn release_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+        record_status: bool,
+    ) -> Result<u64, LockStoreError> {
+        let released = self
             .note(
-                sqlx::query(RELEASE_CONSUMER)
+                sqlx::query_scalar::<_, i64>(RELEASE_CONSUMER)
                     .bind(consumer.as_str())
-                    .execute(self.pool())
+                    .bind(millis(at)?)
+                    .bind(record_status)
+                    .fetch_one(self.pool())
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        Ok(done.rows_affected())
+        Ok(count(released))
     }
 
     async fn release_tokens(
@@ -358,67 +411,97 @@ impl LockStore for PgBackend {
             return Ok(0);
         }
         let (txs, idxs) = rows::token_arrays(tokens.iter());
-        let done = self
+        let released = self
             .note(
-                sqlx::query(RELEASE_TOKENS)
+                sqlx::query_scalar::<_, i64>(RELEASE_TOKENS)
                     .bind(consumer.as_str())
                     .bind(&txs)
                     .bind(&idxs)
-                    .execute(self.pool())
+                    .fetch_one(self.pool())
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        Ok(done.rows_affected())
+        Ok(count(released))
+    }
+
+    async fn renew(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (txs, idxs) = rows::token_arrays(tokens.iter());
+        let found = self
+            .note(
+                sqlx::query(RENEW)
+                    .bind(consumer.as_str())
+                    .bind(&txs)
+                    .bind(&idxs)
+                    .bind(millis(at)?)
+                    .fetch_all(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let mut held = found
+            .iter()
+            .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(LockStoreError::Fault)?;
+        held.sort();
+        Ok(held)
     }
 
     async fn spend_consumer(
         &self,
         consumer: &TxId,
         at: Timestamp,
+        record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
-        // One transaction of (at most) four round trips: BEGIN, lock in key order,
-        // delete and mark exactly what was locked, COMMIT. See the module docs for
-        // why the locks come first.
-        let at_ms = millis(at)?;
-        let mut tx = self
-            .note(self.pool().begin().await)
-            .map_err(|e| fault(&e))?;
-        let locked = self
+        let found = self
             .note(
-                sqlx::query(SPEND_LOCK)
+                sqlx::query(SPEND)
                     .bind(consumer.as_str())
-                    .fetch_all(&mut *tx)
+                    .bind(millis(at)?)
+                    .bind(record_status)
+                    .fetch_all(self.pool())
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        let locked = locked
-            .iter()
-            .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(LockStoreError::Fault)?;
-        let spent = if locked.is_empty() {
-            Vec::new()
-        } else {
-            let (txs, idxs) = rows::token_arrays(locked.iter());
-            let found = self
-                .note(
-                    sqlx::query(SPEND_LOCKED)
-                        .bind(consumer.as_str())
-                        .bind(at_ms)
-                        .bind(&txs)
-                        .bind(&idxs)
-                        .fetch_all(&mut *tx)
-                        .await,
-                )
-                .map_err(|e| fault(&e))?;
-            found
-                .iter()
-                .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(LockStoreError::Fault)?
-        };
-        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        let mut spent = Vec::with_capacity(found.len());
+        for row in &found {
+            let token = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+            let spender = rows::id("tokens.spent_by", get(row, 2)?, TxId::new)?;
+            if spender != *consumer {
+                return Err(LockStoreError::DoubleSpend {
+                    token,
+                    spent_by: spender,
+                });
+            }
+            spent.push(token);
+        }
+        spent.sort();
         Ok(spent)
+    }
+
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        let found = self
+            .note(sqlx::query(UNSETTLED).fetch_all(self.pool()).await)
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(|row| {
+                let consumer = rows::id("selections.consumer", get(row, 0)?, TxId::new)?;
+                let status: Option<String> = get(row, 1)?;
+                Ok((
+                    consumer,
+                    status.map(|name| status_named(&name)).transpose()?,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreFault>>()
+            .map_err(LockStoreError::Fault)
     }
 
     async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
@@ -455,15 +538,7 @@ impl LockStore for PgBackend {
                     token: rows::token_id(get(row, 0)?, get(row, 1)?)?,
                     consumer: rows::id("token_locks.consumer", get(row, 2)?, TxId::new)?,
                     created_at: timestamp(get(row, 3)?)?,
-                    consumer_status: status
-                        .map(|name| {
-                            TxStatus::from_name(&name).ok_or_else(|| {
-                                StoreFault::Corrupt(format!(
-                                    "tx_statuses.status {name:?} is not a known status"
-                                ))
-                            })
-                        })
-                        .transpose()?,
+                    consumer_status: status.map(|name| status_named(&name)).transpose()?,
                 })
             })
             .collect::<Result<Vec<_>, StoreFault>>()

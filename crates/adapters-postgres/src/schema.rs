@@ -8,8 +8,14 @@ use sqlx::SqlSafeStr;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 
 /// The migrations, as `(version, description, sql)`.
-pub const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "schema", include_str!("../migrations/0001_schema.sql"))];
+pub const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "schema", include_str!("../migrations/0001_schema.sql")),
+    (
+        2,
+        "selections",
+        include_str!("../migrations/0002_selections.sql"),
+    ),
+];
 
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,
 /// so replicas starting at once apply each version exactly once.

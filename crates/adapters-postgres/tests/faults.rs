@@ -242,7 +242,7 @@ impl Release {
         match self {
             Release::Consumer => s
                 .locks
-                .release_consumer(consumer)
+                .release_consumer(consumer, T0, true)
                 .await
                 .map(|n| usize::try_from(n).expect("count")),
             Release::Tokens => s
@@ -252,7 +252,7 @@ impl Release {
                 .map(|n| usize::try_from(n).expect("count")),
             Release::Spend => s
                 .locks
-                .spend_consumer(consumer, at(1))
+                .spend_consumer(consumer, at(1), true)
                 .await
                 .map(|t| t.len()),
         }
@@ -342,7 +342,10 @@ fn a_release_killed_mid_statement_is_unavailable_all_or_nothing_and_the_pool_rec
                 verdicts.iter().all(|(_, v)| *v == want),
                 "{release:?}: {verdicts:?}"
             );
-            s.locks.release_consumer(&next).await.expect("release");
+            s.locks
+                .release_consumer(&next, T0, true)
+                .await
+                .expect("release");
         }
         let candidates = s
             .tokens
@@ -512,7 +515,7 @@ fn the_server_going_away_mid_run_is_unavailable_and_the_pool_recovers_without_th
         hold_row(&mut blocker, "gone").await;
         let call = {
             let (s, victim) = (s.clone(), victim.clone());
-            tokio::spawn(async move { s.locks.release_consumer(&victim).await })
+            tokio::spawn(async move { s.locks.release_consumer(&victim, T0, true).await })
         };
         let _ = waiting_pid(&mut observer).await;
         proxy.cut().await;
@@ -538,7 +541,7 @@ fn the_server_going_away_mid_run_is_unavailable_and_the_pool_recovers_without_th
         // 2. While it is away, every call is a typed Unavailable fault once the
         //    configured connect (acquire) timeout passes; none hangs.
         for attempt in 0..2 {
-            match s.locks.release_consumer(&victim).await {
+            match s.locks.release_consumer(&victim, T0, true).await {
                 Err(err @ LockStoreError::Fault(StoreFault::Unavailable(_))) => {
                     errors.push(shown(&err));
                 }
@@ -558,7 +561,7 @@ fn the_server_going_away_mid_run_is_unavailable_and_the_pool_recovers_without_th
         //    release completes what the interrupted one did or did not do.
         proxy.restore().await;
         s.locks
-            .release_consumer(&victim)
+            .release_consumer(&victim, T0, true)
             .await
             .expect("release after the server came back");
         assert_eq!(held_and_spent(&mut observer, "gone", &victim).await, (0, 0));
@@ -578,7 +581,7 @@ fn the_server_going_away_mid_run_is_unavailable_and_the_pool_recovers_without_th
         //    (typed), the one after works.
         proxy.cut().await;
         proxy.restore().await;
-        match s.locks.release_consumer(&next).await {
+        match s.locks.release_consumer(&next, T0, true).await {
             Ok(_) => {}
             Err(err @ LockStoreError::Fault(StoreFault::Unavailable(_))) => {
                 errors.push(shown(&err));
@@ -586,7 +589,7 @@ fn the_server_going_away_mid_run_is_unavailable_and_the_pool_recovers_without_th
             Err(other) => panic!("first call on a dead pooled connection: {other:?}"),
         }
         s.locks
-            .release_consumer(&next)
+            .release_consumer(&next, T0, true)
             .await
             .expect("the call after recovers");
         assert_eq!(held_and_spent(&mut observer, "gone", &next).await, (0, 0));

@@ -406,7 +406,7 @@ async fn sixteen_selects_on_a_pool_of_two_finish() {
                     .iter()
                     .filter(|(_, v)| *v == ClaimVerdict::Won)
                     .count();
-                s.locks.release_consumer(&me).await?;
+                s.locks.release_consumer(&me, T0, true).await?;
             }
             Ok::<usize, Box<dyn std::error::Error + Send + Sync>>(held)
         }));

@@ -12,9 +12,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use holdfast_adapters_postgres::{
-    LockStrategy, PgBackend, RELEASE_CONSUMER, SPEND_LOCK, SPEND_LOCKED,
-};
+use holdfast_adapters_postgres::{LockStrategy, PgBackend, RELEASE_CONSUMER, SPEND};
 use holdfast_domain::{ClaimVerdict, TokenId, TxId};
 use holdfast_ports::conformance::support::{T0, add, at, chf, token_id, tx};
 use holdfast_ports::{LockStoreError, Stores};
@@ -35,10 +33,11 @@ enum Path {
 /// What the settling transaction has done when the claim starts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
-    /// Only [`SPEND_LOCK`]: the token rows are locked, nothing is deleted yet.
+    /// Only [`SELECTED_ROWS_FOR_UPDATE`] (the first step of the settlement): the
+    /// token rows are locked, nothing is deleted yet.
     Locked,
-    /// [`SPEND_LOCK`] and [`SPEND_LOCKED`]: lock row deleted, token marked spent,
-    /// not committed.
+    /// The whole settlement ([`SPEND`]): lock row deleted, token marked spent, not
+    /// committed.
     Spent,
 }
 
@@ -67,29 +66,38 @@ async fn run(conn: &mut PgConnection, sql: &'static str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// Settlement's two statements for `consumer` on `conn`, as the adapter sends them,
-/// inside the transaction the caller opened.
+/// The first step of the settlement function: the token rows `consumer` selected,
+/// locked `FOR UPDATE` in key order.
+const SELECTED_ROWS_FOR_UPDATE: &str = "
+    SELECT t.tx_id, t.idx FROM selections s
+    JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
+    WHERE s.consumer = $1
+    ORDER BY t.tx_id, t.idx
+    FOR UPDATE OF t";
+
+/// The settlement's first step for `consumer` on `conn`, inside the transaction
+/// the caller opened.
 async fn spend_lock(conn: &mut PgConnection, consumer: &str) -> Vec<(String, i64)> {
-    sqlx::query(SPEND_LOCK)
+    sqlx::query(SELECTED_ROWS_FOR_UPDATE)
         .bind(consumer)
         .fetch_all(&mut *conn)
         .await
-        .expect("SPEND_LOCK")
+        .expect("lock the selected rows")
         .iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect()
 }
 
+/// The whole settlement of `consumer` as the adapter sends it, inside the
+/// transaction the caller opened.
 async fn spend_locked(conn: &mut PgConnection, consumer: &str, locked: &[(String, i64)]) {
-    let (txs, idxs): (Vec<String>, Vec<i64>) = locked.iter().cloned().unzip();
-    let spent = sqlx::query(SPEND_LOCKED)
+    let spent = sqlx::query(SPEND)
         .bind(consumer)
         .bind(1_i64)
-        .bind(&txs)
-        .bind(&idxs)
+        .bind(true)
         .fetch_all(&mut *conn)
         .await
-        .expect("SPEND_LOCKED");
+        .expect("SPEND");
     assert_eq!(spent.len(), locked.len(), "everything locked is spent");
 }
 
@@ -239,12 +247,14 @@ async fn a_claim_racing_a_release_wins_once_it_commits() {
             let (x, free, a) = x_claimed_by_a(&s, &case).await;
             let mut releaser = db.connection().await;
             run(&mut releaser, "BEGIN").await;
-            let released = sqlx::query(RELEASE_CONSUMER)
+            let released: i64 = sqlx::query_scalar(RELEASE_CONSUMER)
                 .bind(&a)
-                .execute(&mut releaser)
+                .bind(1_i64)
+                .bind(true)
+                .fetch_one(&mut releaser)
                 .await
                 .expect("RELEASE_CONSUMER");
-            assert_eq!(released.rows_affected(), 1, "{case}");
+            assert_eq!(released, 1, "{case}");
 
             let errors_before = backend.server_errors();
             let b = format!("b-{case}");
@@ -333,7 +343,7 @@ async fn storm_worker(
             Finish::ReleaseConsumer => {
                 let n = s
                     .locks
-                    .release_consumer(&consumer)
+                    .release_consumer(&consumer, T0, true)
                     .await
                     .unwrap_or_else(|e| panic!("{consumer}: release failed: {e}"));
                 assert_eq!(n, u64::try_from(won.len()).expect("small"), "{consumer}");
@@ -350,7 +360,7 @@ async fn storm_worker(
             Finish::Spend => {
                 let spent: BTreeSet<TokenId> = s
                     .locks
-                    .spend_consumer(&consumer, at(2))
+                    .spend_consumer(&consumer, at(2), true)
                     .await
                     .unwrap_or_else(|e| panic!("{consumer}: spend failed: {e}"))
                     .into_iter()

@@ -14,10 +14,12 @@ use crate::codec::{
     corrupt, status_from_sql, time_from_sql, time_to_sql, token_from_sql, tx_from_sql,
 };
 use crate::pool::Db;
+use crate::statuses::record_in;
 
 /// Claims each token in order inside the caller's IMMEDIATE transaction: stale when
 /// the token is missing, spent or not spendable; otherwise the lock insert decides
-/// won (row written) or contended (a row exists, whoever holds it).
+/// won (row written, and the token recorded as selected by `consumer`) or
+/// contended (a row exists, whoever holds it).
 fn claim_in(
     tx: &Transaction<'_>,
     consumer: &TxId,
@@ -33,6 +35,12 @@ fn claim_in(
         .prepare_cached(
             "INSERT INTO locks (tx, output, consumer, created_at) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (tx, output) DO NOTHING",
+        )
+        .db()?;
+    let mut select = tx
+        .prepare_cached(
+            "INSERT INTO selections (consumer, tx, output) VALUES (?1, ?2, ?3)
+             ON CONFLICT DO NOTHING",
         )
         .db()?;
     let mut out = Vec::with_capacity(tokens.len());
@@ -53,6 +61,9 @@ fn claim_in(
                 ])
                 .db()?;
             if n == 1 {
+                select
+                    .execute(params![consumer.as_str(), token.tx.as_str(), token.index])
+                    .db()?;
                 ClaimVerdict::Won
             } else {
                 ClaimVerdict::Contended
@@ -61,6 +72,51 @@ fn claim_in(
         out.push((token.clone(), verdict));
     }
     Ok(out)
+}
+
+/// Releases every lock of `consumer` and forgets its selections; returns the locks
+/// released.
+fn forget_consumer(tx: &Transaction<'_>, consumer: &TxId) -> Result<u64, StoreFault> {
+    let n = tx
+        .prepare_cached("DELETE FROM locks WHERE consumer = ?1")
+        .db()?
+        .execute([consumer.as_str()])
+        .db()?;
+    tx.prepare_cached("DELETE FROM selections WHERE consumer = ?1")
+        .db()?
+        .execute([consumer.as_str()])
+        .db()?;
+    Ok(u64::try_from(n).unwrap_or(u64::MAX))
+}
+
+/// The first token (in key order) that `consumer` selected and another transaction
+/// has spent, with its spender.
+fn spent_by_another(
+    tx: &Transaction<'_>,
+    consumer: &TxId,
+) -> Result<Option<(TokenId, TxId)>, StoreFault> {
+    let found: Option<(String, i64, String)> = tx
+        .prepare_cached(
+            "SELECT t.tx, t.output, t.spent_by FROM selections AS s
+             JOIN tokens AS t ON t.tx = s.tx AND t.output = s.output
+             WHERE s.consumer = ?1 AND t.spent_by IS NOT NULL AND t.spent_by <> ?1
+             ORDER BY t.tx, t.output LIMIT 1",
+        )
+        .db()?
+        .query_row([consumer.as_str()], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .db()?;
+    found
+        .map(|(txid, output, spent_by)| {
+            let row = format!("tokens row {txid}:{output}");
+            Ok((
+                token_from_sql(&row, txid, output)?,
+                tx_from_sql(&row, spent_by)?,
+            ))
+        })
+        .transpose()
 }
 
 struct LockRow {
@@ -176,16 +232,83 @@ impl LockStore for SqliteBackend {
             .await
     }
 
-    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
+    async fn release_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+        record_status: bool,
+    ) -> Result<u64, LockStoreError> {
+        let recorded_at = time_to_sql(at)?;
         let consumer = consumer.clone();
         self.pool
             .write(move |tx| {
-                let n = tx
-                    .prepare_cached("DELETE FROM locks WHERE consumer = ?1")
-                    .db()?
-                    .execute([consumer.as_str()])
+                if record_status {
+                    record_in(tx, &consumer, TxStatus::Deleted, &recorded_at)?;
+                }
+                Ok(forget_consumer(tx, &consumer)?)
+            })
+            .await
+    }
+
+    async fn renew(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stamped_at = time_to_sql(at)?;
+        let (consumer, tokens) = (consumer.clone(), tokens.to_vec());
+        self.pool
+            .write(move |tx| {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "UPDATE locks SET created_at = ?4
+                         WHERE tx = ?1 AND output = ?2 AND consumer = ?3",
+                    )
                     .db()?;
-                Ok(u64::try_from(n).unwrap_or(u64::MAX))
+                let mut held = Vec::new();
+                for t in tokens.iter().collect::<BTreeSet<_>>() {
+                    let n = stmt
+                        .execute(params![
+                            t.tx.as_str(),
+                            t.index,
+                            consumer.as_str(),
+                            stamped_at
+                        ])
+                        .db()?;
+                    if n == 1 {
+                        held.push(t.clone());
+                    }
+                }
+                Ok(held)
+            })
+            .await
+    }
+
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.pool
+            .read(|tx| {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT s.consumer, st.status
+                         FROM (SELECT DISTINCT consumer FROM selections) AS s
+                         LEFT JOIN tx_statuses AS st ON st.tx = s.consumer
+                         ORDER BY s.consumer",
+                    )
+                    .db()?;
+                let mut rows = stmt.query([]).db()?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next().db()? {
+                    let consumer: String = r.get(0).db()?;
+                    let status: Option<String> = r.get(1).db()?;
+                    let row = format!("selections of {consumer}");
+                    let status = status.map(|s| status_from_sql(&row, &s)).transpose()?;
+                    out.push((tx_from_sql(&row, consumer)?, status));
+                }
+                Ok(out)
             })
             .await
     }
@@ -206,11 +329,16 @@ impl LockStore for SqliteBackend {
                         "DELETE FROM locks WHERE tx = ?1 AND output = ?2 AND consumer = ?3",
                     )
                     .db()?;
+                let mut forget = tx
+                    .prepare_cached(
+                        "DELETE FROM selections WHERE tx = ?1 AND output = ?2 AND consumer = ?3",
+                    )
+                    .db()?;
                 let mut released = 0u64;
                 for t in tokens.iter().collect::<BTreeSet<_>>() {
-                    let n = stmt
-                        .execute(params![t.tx.as_str(), t.index, consumer.as_str()])
-                        .db()?;
+                    let key = params![t.tx.as_str(), t.index, consumer.as_str()];
+                    let n = stmt.execute(key).db()?;
+                    forget.execute(key).db()?;
                     released += u64::try_from(n).unwrap_or(0);
                 }
                 Ok(released)
@@ -222,18 +350,27 @@ impl LockStore for SqliteBackend {
         &self,
         consumer: &TxId,
         at: Timestamp,
+        record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         let spent_at = time_to_sql(at)?;
         let consumer = consumer.clone();
         self.pool
             .write(move |tx| {
+                if let Some((token, spent_by)) = spent_by_another(tx, &consumer)? {
+                    // Returning an error rolls the transaction back: nothing changes.
+                    return Err(LockStoreError::DoubleSpend { token, spent_by });
+                }
+                if record_status {
+                    record_in(tx, &consumer, TxStatus::Confirmed, &spent_at)?;
+                }
                 let mut spent = Vec::new();
                 {
                     let mut stmt = tx
                         .prepare_cached(
                             "UPDATE tokens SET spent_by = ?1, spent_at = ?2
                              WHERE spent_by IS NULL
-                               AND (tx, output) IN (SELECT tx, output FROM locks WHERE consumer = ?1)
+                               AND (tx, output) IN
+                                   (SELECT tx, output FROM selections WHERE consumer = ?1)
                              RETURNING tx, output",
                         )
                         .db()?;
@@ -241,13 +378,14 @@ impl LockStore for SqliteBackend {
                     while let Some(r) = rows.next().db()? {
                         let txid: String = r.get(0).db()?;
                         let output: i64 = r.get(1).db()?;
-                        spent.push(token_from_sql(&format!("tokens row {txid}:{output}"), txid, output)?);
+                        spent.push(token_from_sql(
+                            &format!("tokens row {txid}:{output}"),
+                            txid,
+                            output,
+                        )?);
                     }
                 }
-                tx.prepare_cached("DELETE FROM locks WHERE consumer = ?1")
-                    .db()?
-                    .execute([consumer.as_str()])
-                    .db()?;
+                forget_consumer(tx, &consumer)?;
                 spent.sort();
                 Ok(spent)
             })

@@ -24,14 +24,21 @@ pub struct Migration {
 }
 
 /// Every migration, oldest first.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "tokens_locks_statuses_queues",
-    sql: include_str!("../migrations/0001_initial.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "tokens_locks_statuses_queues",
+        sql: include_str!("../migrations/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "selections",
+        sql: include_str!("../migrations/0002_selections.sql"),
+    },
+];
 
 /// The schema version this code creates and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS holdfast_schema (
     version    INTEGER NOT NULL PRIMARY KEY,

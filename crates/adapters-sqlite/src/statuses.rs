@@ -2,12 +2,31 @@
 
 use async_trait::async_trait;
 use holdfast_domain::{Timestamp, TxId, TxStatus};
-use holdfast_ports::{StatusStoreError, TxStatusStore};
-use rusqlite::{OptionalExtension, params};
+use holdfast_ports::{StatusStoreError, StoreFault, TxStatusStore};
+use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::SqliteBackend;
 use crate::codec::{status_from_sql, time_to_sql};
 use crate::pool::Db;
+
+/// Records `status` for `tx` inside the caller's transaction, replacing any earlier
+/// status (settlement records it in the same transaction as its spend or release).
+pub(crate) fn record_in(
+    t: &Transaction<'_>,
+    tx: &TxId,
+    status: TxStatus,
+    recorded_at: &str,
+) -> Result<(), StoreFault> {
+    t.prepare_cached(
+        "INSERT INTO tx_statuses (tx, status, recorded_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (tx) DO UPDATE SET status = excluded.status,
+                                         recorded_at = excluded.recorded_at",
+    )
+    .db()?
+    .execute(params![tx.as_str(), status.as_str(), recorded_at])
+    .db()?;
+    Ok(())
+}
 
 #[async_trait]
 impl TxStatusStore for SqliteBackend {
@@ -20,17 +39,7 @@ impl TxStatusStore for SqliteBackend {
         let recorded_at = time_to_sql(at)?;
         let txid = tx.clone();
         self.pool
-            .write(move |t| {
-                t.prepare_cached(
-                    "INSERT INTO tx_statuses (tx, status, recorded_at) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (tx) DO UPDATE SET status = excluded.status,
-                                                     recorded_at = excluded.recorded_at",
-                )
-                .db()?
-                .execute(params![txid.as_str(), status.as_str(), recorded_at])
-                .db()?;
-                Ok(())
-            })
+            .write(move |t| Ok(record_in(t, &txid, status, &recorded_at)?))
             .await
     }
 

@@ -170,11 +170,11 @@ fn another_process_holding_the_write_lock_is_a_typed_busy_fault() {
             Err(LockStoreError::Fault(StoreFault::Busy(_)))
         ));
         assert!(matches!(
-            s.locks.release_consumer(&me).await,
+            s.locks.release_consumer(&me, T0, true).await,
             Err(LockStoreError::Fault(StoreFault::Busy(_)))
         ));
         assert!(matches!(
-            s.locks.spend_consumer(&me, T0).await,
+            s.locks.spend_consumer(&me, T0, true).await,
             Err(LockStoreError::Fault(StoreFault::Busy(_)))
         ));
         assert!(matches!(
@@ -614,7 +614,13 @@ fn sigkill_mid_claim_release_or_spend_leaves_all_or_nothing() {
                     .expect("claim after the kill"),
                 ClaimVerdict::Won
             );
-            assert_eq!(s.locks.release_consumer(&probe).await.expect("release"), 1);
+            assert_eq!(
+                s.locks
+                    .release_consumer(&probe, T0, true)
+                    .await
+                    .expect("release"),
+                1
+            );
         });
     }
     println!(
@@ -711,7 +717,7 @@ mod child {
                         say(&format!("release {victim}"));
                         let n = s
                             .locks
-                            .release_consumer(&tx(&victim))
+                            .release_consumer(&tx(&victim), T0, true)
                             .await
                             .expect("release");
                         say(&format!("released {victim} {n}"));
@@ -719,7 +725,7 @@ mod child {
                         say(&format!("spend {victim}"));
                         let spent = s
                             .locks
-                            .spend_consumer(&tx(&victim), T0)
+                            .spend_consumer(&tx(&victim), T0, true)
                             .await
                             .expect("spend");
                         let numbers: Vec<String> = spent

@@ -91,7 +91,7 @@ async fn worker(s: Stores, task: usize, held: Held, barrier: Arc<Barrier>) -> (u
         if round % 2 == 0 {
             let n = s
                 .locks
-                .release_consumer(&me)
+                .release_consumer(&me, holdfast_domain::Timestamp::from_millis(0), true)
                 .await
                 .unwrap_or_else(|e| panic!("{me}: release: {e}"));
             assert_eq!(n, u64::try_from(mine.len()).unwrap_or(u64::MAX));

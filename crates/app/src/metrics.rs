@@ -40,6 +40,10 @@ pub const TOKENS_SPENT: &str = "holdfast_tokens_spent_total";
 pub const SETTLEMENT_STATUSES: &str = "holdfast_settlement_statuses_total";
 /// Failed attempts to record a settlement status.
 pub const SETTLEMENT_PERSIST_FAILURES: &str = "holdfast_settlement_persist_failures_total";
+/// Confirmed settlements refused because a selected token was already spent.
+pub const SETTLEMENT_DOUBLE_SPENDS: &str = "holdfast_settlement_double_spends_total";
+/// Locks a select found taken by the lease sweep before it answered.
+pub const SELECT_LOCKS_LOST: &str = "holdfast_select_locks_lost_total";
 /// Lease sweep ticks.
 pub const SWEEP_RUNS: &str = "holdfast_sweep_runs_total";
 /// Locks deleted by the lease sweep.
@@ -191,6 +195,20 @@ pub static METRICS: &[MetricDef] = &[
         kind: MetricKind::Counter,
         unit: "attempts",
         help: "Failed attempts to record a settlement status.",
+        labels: &[],
+    },
+    MetricDef {
+        name: SETTLEMENT_DOUBLE_SPENDS,
+        kind: MetricKind::Counter,
+        unit: "settlements",
+        help: "Confirmed settlements refused because another confirmed transaction had already spent one of the selected tokens (nothing changed).",
+        labels: &[],
+    },
+    MetricDef {
+        name: SELECT_LOCKS_LOST,
+        kind: MetricKind::Counter,
+        unit: "locks",
+        help: "Locks a select that outlived half the lease found taken by the lease sweep when it re-checked them before answering (the select went on without them).",
         labels: &[],
     },
     MetricDef {

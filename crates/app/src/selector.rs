@@ -30,6 +30,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, needs_renewal};
 use holdfast_domain::{
     Action, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
     SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
@@ -116,6 +117,7 @@ pub struct TokenSelector {
     locks: Arc<dyn LockStore>,
     clock: Arc<dyn Clock>,
     config: SelectionConfig,
+    lease: Duration,
     seeds: Mutex<StdRng>,
 }
 
@@ -146,8 +148,19 @@ impl TokenSelector {
             locks: stores.locks,
             clock,
             config,
+            lease: DEFAULT_LEASE_EXPIRY,
             seeds: Mutex::new(seeds),
         })
+    }
+
+    /// Sets the lease of the locks (default [`DEFAULT_LEASE_EXPIRY`]; use the lease
+    /// sweep's `lease_expiry`). A select still running after half of it re-checks
+    /// and re-stamps its locks before answering, so it never returns a token whose
+    /// lock the sweep took: lost tokens are given back and selected again.
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// The selection settings.
@@ -233,10 +246,6 @@ impl TokenSelector {
         request: &SelectRequest,
         seed: u64,
     ) -> (Result<Selected, SelectError>, SelectionStats) {
-        let mut selection = match Selection::new(request.clone(), self.config.clone()) {
-            Ok(selection) => selection,
-            Err(e) => return (Err(SelectError::Input(e)), SelectionStats::default()),
-        };
         let mut rng = StdRng::seed_from_u64(seed);
         let mut guard = HeldGuard {
             locks: self.locks.clone(),
@@ -244,7 +253,84 @@ impl TokenSelector {
             held: Vec::new(),
             in_flight: None,
         };
-        let mut action = selection.start(&mut rng);
+        let mut total = SelectionStats::default();
+        let mut pass = 0u32;
+        let outcome = loop {
+            pass += 1;
+            let started = self.clock.now();
+            let (outcome, stats) = match self.pass(request, &mut rng, &mut guard).await {
+                Ok(done) => done,
+                Err(e) => break Err(SelectError::Input(e)),
+            };
+            total.absorb(&stats);
+            let Ok(selected) = outcome else {
+                break outcome.map_err(SelectError::from);
+            };
+            let now = self.clock.now();
+            if stats.claims == 0 || !needs_renewal(started, now, self.lease) {
+                break Ok(selected);
+            }
+            // Half the lease has passed since this pass's first claim could have
+            // been made: re-check (and re-stamp) every lock before answering.
+            total.renewals += 1;
+            let call = renew(
+                self.locks.clone(),
+                request.consumer.clone(),
+                selected.tokens.clone(),
+                now,
+            );
+            let lost: Vec<TokenId> = match guard.perform(call).await {
+                Ok(held) => selected
+                    .tokens
+                    .iter()
+                    .filter(|t| !held.contains(t))
+                    .cloned()
+                    .collect(),
+                // Unknown: treat every token as possibly lost.
+                Err(_) => selected.tokens.clone(),
+            };
+            if lost.is_empty() {
+                break Ok(selected);
+            }
+            total.locks_lost += u64::try_from(lost.len()).unwrap_or(u64::MAX);
+            metrics::counter!(m::SELECT_LOCKS_LOST)
+                .increment(u64::try_from(lost.len()).unwrap_or(u64::MAX));
+            tracing::warn!(
+                lost = lost.len(),
+                pass,
+                "the lease sweep took locks of this select; selecting again"
+            );
+            // Give everything of this pass back (the lost tokens' selections too)
+            // and select again from a fresh read.
+            total.releases += 1;
+            let call = release(
+                self.locks.clone(),
+                request.consumer.clone(),
+                selected.tokens.clone(),
+            );
+            if let Err(e) = guard.perform(call).await {
+                tracing::warn!(error = %e, "could not give back a pass's tokens; the lease sweep will");
+            }
+            guard.held.clear();
+            if pass > self.config.max_retries {
+                break Err(SelectError::FundsLocked);
+            }
+        };
+        guard.held.clear();
+        (outcome, total)
+    }
+
+    /// One pass of the engine, from a fresh read to its answer. On return the guard
+    /// covers exactly the selected tokens (none after a failure).
+    async fn pass(
+        &self,
+        request: &SelectRequest,
+        rng: &mut StdRng,
+        guard: &mut HeldGuard,
+    ) -> Result<(Result<Selected, SelectionFailure>, SelectionStats), SelectionError> {
+        let mut selection = Selection::new(request.clone(), self.config.clone())?;
+        let rng = &mut *rng;
+        let mut action = selection.start(rng);
         let outcome = loop {
             guard.held = selection.held();
             action = match action {
@@ -259,7 +345,7 @@ impl TokenSelector {
                     let page = guard
                         .perform(async move { tokens.candidates(&query).await.map_err(failure) })
                         .await;
-                    selection.on_candidates(page, &mut rng)
+                    selection.on_candidates(page, rng)
                 }
                 Action::Claim(tokens) => {
                     let call = claim(
@@ -269,7 +355,7 @@ impl TokenSelector {
                         self.clock.now(),
                     );
                     let verdicts = guard.perform(call).await;
-                    selection.on_claim(verdicts, &mut rng)
+                    selection.on_claim(verdicts, rng)
                 }
                 Action::CheckBalance => {
                     let tokens = self.tokens.clone();
@@ -279,7 +365,7 @@ impl TokenSelector {
                             tokens.balance(&wallet, &token_type).await.map_err(failure)
                         })
                         .await;
-                    selection.on_balance(balance, &mut rng)
+                    selection.on_balance(balance, rng)
                 }
                 Action::Release(tokens) => {
                     let released = guard
@@ -290,12 +376,12 @@ impl TokenSelector {
                         ))
                         .await
                         .map(drop);
-                    selection.on_released(released, &mut rng)
+                    selection.on_released(released, rng)
                 }
                 Action::Backoff(delay) => {
                     tracing::debug!(leg = selection.leg(), ?delay, "funds locked; backing off");
                     tokio::time::sleep(delay).await;
-                    selection.on_backoff_elapsed(&mut rng)
+                    selection.on_backoff_elapsed(rng)
                 }
                 Action::Done(outcome) => break outcome,
             };
@@ -327,9 +413,8 @@ impl TokenSelector {
                 );
             }
         }
-        guard.held.clear();
-        let stats = selection.stats().clone();
-        (outcome.map_err(SelectError::from), stats)
+        guard.held = keep;
+        Ok((outcome, selection.stats().clone()))
     }
 }
 
@@ -352,6 +437,16 @@ async fn claim(
             .await
             .map_err(failure),
     }
+}
+
+/// Re-stamps the locks `consumer` holds among `tokens`; returns those still held.
+async fn renew(
+    locks: Arc<dyn LockStore>,
+    consumer: TxId,
+    tokens: Vec<TokenId>,
+    at: Timestamp,
+) -> Result<Vec<TokenId>, StoreFailure> {
+    locks.renew(&consumer, &tokens, at).await.map_err(failure)
 }
 
 /// Releases `tokens` held by `consumer` (only these).

@@ -2,17 +2,21 @@
 //! when a transaction's status is reported, and once at start-up to every consumer
 //! that still holds locks.
 //!
-//! - Confirmed: record the status, then [`LockStore::spend_consumer`] (the held
-//!   tokens are marked spent by it and their locks released, in one step).
-//! - Deleted / Invalid: record Deleted, then [`LockStore::release_consumer`].
+//! - Confirmed: [`LockStore::spend_consumer`] records the status, marks every token
+//!   the transaction selected spent by it (also tokens whose lock the lease sweep
+//!   removed) and releases its locks, in one transaction. A selected token that
+//!   another confirmed transaction already spent is [`SettleError::DoubleSpend`]:
+//!   nothing changes, not even the status.
+//! - Deleted / Invalid: [`LockStore::release_consumer`] records Deleted and
+//!   releases every lock of the transaction, in one transaction.
 //! - Pending and Orphan are recorded and keep the locks (the sweep releases Orphan).
 //! - Busy, Unknown and unrecognised codes change nothing: not recorded, not released.
-//! - Recording a releasing status is retried per [`PersistPolicy`] (tokio time);
-//!   when the retries are exhausted the locks are released anyway, exactly once.
-//!   Dropping the future during a retry backoff releases nothing (the listener was
-//!   cancelled): [`Settlement::recover`] and the lease sweep are the backstops.
+//! - A releasing settlement is retried per [`PersistPolicy`] (tokio time); when the
+//!   retries are exhausted the locks are released (or spent) once more without
+//!   recording the status, exactly once. Dropping the future during a retry backoff
+//!   releases nothing (the listener was cancelled): [`Settlement::recover`] and the
+//!   lease sweep are the backstops.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use holdfast_domain::lease::settlement_action;
@@ -29,6 +33,20 @@ use crate::metrics as m;
 /// Why settling failed. Settling is idempotent: the caller may simply retry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettleError {
+    /// The transaction selected a token that another confirmed transaction has
+    /// already spent (its lease expired and the token was selected again). Nothing
+    /// was changed; the transaction's inputs are invalid on the ledger.
+    #[error(
+        "double spend: {tx} selected token {token}, which {spent_by} has already spent; nothing was settled"
+    )]
+    DoubleSpend {
+        /// The transaction being settled.
+        tx: TxId,
+        /// The token spent twice.
+        token: TokenId,
+        /// The transaction that spent it first.
+        spent_by: TxId,
+    },
     /// Releasing or spending the consumer's locks failed.
     #[error("settling {tx}: lock store: {source}")]
     Locks {
@@ -37,9 +55,9 @@ pub enum SettleError {
         /// The store error.
         source: LockStoreError,
     },
-    /// The recovery pass could not list the locks.
-    #[error("recovery: listing locks: {source}")]
-    ListLocks {
+    /// The recovery pass could not list the unsettled transactions.
+    #[error("recovery: listing unsettled transactions: {source}")]
+    ListUnsettled {
         /// The store error.
         source: LockStoreError,
     },
@@ -74,7 +92,7 @@ pub struct Settled {
 /// What the start-up recovery pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
-    /// Consumers holding locks.
+    /// Consumers with selections not settled yet.
     pub consumers: u64,
     /// Of them, those with a releasing status whose locks were released.
     pub settled: u64,
@@ -164,84 +182,100 @@ impl Settlement {
             return Ok(settled);
         }
         let mut attempt = 0u32;
-        let action = loop {
+        loop {
             attempt += 1;
-            let result = match self
-                .statuses
-                .record_status(tx, to_record, self.clock.now())
-                .await
-            {
+            let result = match self.apply(tx, to_record, true, &mut settled).await {
                 Ok(()) => {
                     settled.recorded = Some(to_record);
                     PersistResult::Persisted
                 }
+                Err(double @ SettleError::DoubleSpend { .. }) => {
+                    metrics::counter!(m::SETTLEMENT_DOUBLE_SPENDS).increment(1);
+                    tracing::error!(error = %double, "settlement refused");
+                    return Err(double);
+                }
                 Err(e) => {
                     metrics::counter!(m::SETTLEMENT_PERSIST_FAILURES).increment(1);
-                    tracing::warn!(attempt, error = %e, "could not record the status");
+                    tracing::warn!(attempt, error = %e, "could not settle");
                     PersistResult::Failed
                 }
             };
             match self.policy.after_attempt(&status, attempt, result) {
-                PersistStep::Done(action) => break action,
+                PersistStep::Done(action) => {
+                    settled.persist_attempts = attempt;
+                    settled.action = action;
+                    if action == LockAction::ReleaseAll && result == PersistResult::Failed {
+                        // Final either way: release (or spend) once more, without
+                        // the status, rather than leak the locks until the lease.
+                        self.apply(tx, to_record, false, &mut settled).await?;
+                    }
+                    return Ok(settled);
+                }
                 PersistStep::RetryAfter(delay) => tokio::time::sleep(delay).await,
             }
-        };
-        settled.persist_attempts = attempt;
-        settled.action = action;
-        if action == LockAction::ReleaseAll {
-            self.release(tx, to_record, &mut settled, "confirmed", "deleted")
-                .await?;
         }
-        Ok(settled)
     }
 
-    async fn release(
+    /// Applies a releasing `status` to `tx` in one store transaction: spends its
+    /// selected tokens (Confirmed) or releases its locks (Deleted), recording the
+    /// status with it when `record` says so.
+    async fn apply(
         &self,
         tx: &TxId,
         status: TxStatus,
+        record: bool,
         settled: &mut Settled,
-        spent_reason: &'static str,
-        released_reason: &'static str,
     ) -> Result<(), SettleError> {
-        let locks_error = |source| SettleError::Locks {
-            tx: tx.clone(),
-            source,
+        let locks_error = |source| match source {
+            LockStoreError::DoubleSpend { token, spent_by } => SettleError::DoubleSpend {
+                tx: tx.clone(),
+                token,
+                spent_by,
+            },
+            source => SettleError::Locks {
+                tx: tx.clone(),
+                source,
+            },
         };
+        let reason = if record { status.as_str() } else { "recovery" };
         if status == TxStatus::Confirmed {
             let spent = self
                 .locks
-                .spend_consumer(tx, self.clock.now())
+                .spend_consumer(tx, self.clock.now(), record)
                 .await
                 .map_err(locks_error)?;
             let n = u64::try_from(spent.len()).unwrap_or(u64::MAX);
             metrics::counter!(m::TOKENS_SPENT).increment(n);
-            metrics::counter!(m::LOCKS_RELEASED, "reason" => spent_reason).increment(n);
-            tracing::info!(spent = n, "confirmed: held tokens spent and released");
+            metrics::counter!(m::LOCKS_RELEASED, "reason" => reason).increment(n);
+            tracing::info!(
+                spent = n,
+                "confirmed: selected tokens spent, locks released"
+            );
             settled.spent = spent;
         } else {
-            let released = self.locks.release_consumer(tx).await.map_err(locks_error)?;
-            metrics::counter!(m::LOCKS_RELEASED, "reason" => released_reason).increment(released);
+            let released = self
+                .locks
+                .release_consumer(tx, self.clock.now(), record)
+                .await
+                .map_err(locks_error)?;
+            metrics::counter!(m::LOCKS_RELEASED, "reason" => reason).increment(released);
             tracing::info!(released, "deleted: locks released");
             settled.released = released;
         }
         Ok(())
     }
 
-    /// The start-up recovery pass: for every consumer that still holds locks and
+    /// The start-up recovery pass: for every consumer with unsettled selections
     /// whose recorded status releases them (Confirmed, Deleted), applies the same
     /// rule as [`Settlement::on_status`] (spend, or release). Idempotent.
     pub async fn recover(&self) -> Result<Recovery, SettleError> {
         let span = tracing::info_span!("settlement_recover");
         async {
-            let locks = self
+            let consumers = self
                 .locks
-                .list_locks()
+                .unsettled()
                 .await
-                .map_err(|source| SettleError::ListLocks { source })?;
-            let mut consumers: BTreeMap<TxId, Option<TxStatus>> = BTreeMap::new();
-            for lock in locks {
-                consumers.insert(lock.consumer, lock.consumer_status);
-            }
+                .map_err(|source| SettleError::ListUnsettled { source })?;
             let mut report = Recovery {
                 consumers: u64::try_from(consumers.len()).unwrap_or(u64::MAX),
                 ..Recovery::default()
@@ -259,8 +293,7 @@ impl Settlement {
                     released: 0,
                     spent: Vec::new(),
                 };
-                self.release(&tx, status, &mut settled, "recovery", "recovery")
-                    .await?;
+                self.apply(&tx, status, false, &mut settled).await?;
                 report.settled += 1;
                 report.released += settled.released;
                 report.spent += u64::try_from(settled.spent.len()).unwrap_or(u64::MAX);

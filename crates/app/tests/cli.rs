@@ -7,7 +7,9 @@ mod cli_support;
 
 use std::time::Duration;
 
-use cli_support::{Holdfast, json_error, queue_happy_path, token_happy_path};
+use cli_support::{
+    Holdfast, json_error, nothing_lost_after_the_sweep, queue_happy_path, token_happy_path,
+};
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
     Precision, Quantity, QueueName, RequestId, Timestamp, TokenId, TokenType, TxId, TxStatus,
@@ -51,6 +53,11 @@ fn token_commands_happy_path_and_json_shapes() {
 }
 
 #[test]
+fn a_confirmed_spend_survives_the_lease_sweep_and_a_double_spend_is_refused() {
+    nothing_lost_after_the_sweep(&Holdfast::sqlite());
+}
+
+#[test]
 fn queue_commands_happy_path_and_json_shapes() {
     let h = Holdfast::sqlite();
     for (step, output) in queue_happy_path(&h) {
@@ -76,7 +83,7 @@ fn human_output_is_tables_and_sentences() {
     let migrated = h.ok(&["migrate"]);
     assert!(
         migrated.starts_with("sqlite database sqlite://")
-            && migrated.ends_with("is at schema version 1\n"),
+            && migrated.ends_with("is at schema version 2\n"),
         "{migrated}"
     );
 }

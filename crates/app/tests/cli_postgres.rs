@@ -8,7 +8,7 @@ mod pg_support;
 
 mod cli_support;
 
-use cli_support::{Holdfast, queue_happy_path, token_happy_path};
+use cli_support::{Holdfast, nothing_lost_after_the_sweep, queue_happy_path, token_happy_path};
 use pg_support::TestDb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,6 +36,17 @@ async fn token_commands_on_postgres() {
     })
     .await
     .expect("the happy path panicked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_spend_survives_the_lease_sweep_on_postgres() {
+    let Some(db) = TestDb::create("cli_postgres::nothing_lost").await else {
+        return;
+    };
+    let h = Holdfast::at(&db.url);
+    tokio::task::spawn_blocking(move || nothing_lost_after_the_sweep(&h))
+        .await
+        .expect("the sequence panicked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

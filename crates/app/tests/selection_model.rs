@@ -148,10 +148,28 @@ impl LockStore for InFlight {
         self.track(async move { s.claim_window(&c, &t, at).await })
             .await
     }
-    async fn release_consumer(&self, c: &TxId) -> Result<u64, LockStoreError> {
+    async fn release_consumer(
+        &self,
+        c: &TxId,
+        at: Timestamp,
+        record: bool,
+    ) -> Result<u64, LockStoreError> {
         let (s, c) = (self.locks.clone(), c.clone());
-        self.track(async move { s.release_consumer(&c).await })
+        self.track(async move { s.release_consumer(&c, at, record).await })
             .await
+    }
+    async fn renew(
+        &self,
+        c: &TxId,
+        t: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        let (s, c, t) = (self.locks.clone(), c.clone(), t.to_vec());
+        self.track(async move { s.renew(&c, &t, at).await }).await
+    }
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        let s = self.locks.clone();
+        self.track(async move { s.unsettled().await }).await
     }
     async fn release_tokens(&self, c: &TxId, t: &[TokenId]) -> Result<u64, LockStoreError> {
         let (s, c, t) = (self.locks.clone(), c.clone(), t.to_vec());
@@ -162,9 +180,10 @@ impl LockStore for InFlight {
         &self,
         c: &TxId,
         at: Timestamp,
+        record: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         let (s, c) = (self.locks.clone(), c.clone());
-        self.track(async move { s.spend_consumer(&c, at).await })
+        self.track(async move { s.spend_consumer(&c, at, record).await })
             .await
     }
     async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {

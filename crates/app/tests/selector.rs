@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use common::{TokioClock, cand, q, stores, tok, tx};
 use holdfast::{SelectError, TokenSelector, metrics as hm};
 use holdfast_domain::{
-    ClaimVerdict, SelectionConfig, Timestamp, TokenId, TokenType, TxId, WalletId,
+    ClaimVerdict, SelectionConfig, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
     LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore,
@@ -166,8 +166,24 @@ impl LockStore for FakeLocks {
         }
         Ok(out)
     }
-    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
+    async fn release_consumer(
+        &self,
+        consumer: &TxId,
+        _at: Timestamp,
+        _record: bool,
+    ) -> Result<u64, LockStoreError> {
         panic!("a select must never release everything of {consumer}");
+    }
+    async fn renew(
+        &self,
+        _consumer: &TxId,
+        tokens: &[TokenId],
+        _at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        Ok(tokens.to_vec())
+    }
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        Ok(Vec::new())
     }
     async fn release_tokens(
         &self,
@@ -203,6 +219,7 @@ impl LockStore for FakeLocks {
         &self,
         _consumer: &TxId,
         _at: Timestamp,
+        _record: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         Ok(Vec::new())
     }

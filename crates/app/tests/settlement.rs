@@ -5,13 +5,10 @@ mod common;
 use std::time::Duration;
 
 use common::{TokioClock, stores, tok, tx};
-use holdfast::{LeaseSweeper, Settlement};
-use holdfast_domain::{
-    LeaseConfig, LockAction, PersistPolicy, SettlementStatus, Timestamp, TxStatus,
-};
+use holdfast::{LeaseSweeper, SettleError, Settlement};
+use holdfast_domain::{LeaseConfig, LockAction, PersistPolicy, SettlementStatus, TxStatus};
 use holdfast_ports::{
-    LockInfo, LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore, StatusStoreError,
-    StoreFault, SweepReport,
+    LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore, StoreFault, SweepReport,
 };
 use tokio::sync::mpsc;
 
@@ -24,10 +21,6 @@ fn settlement(locks: MockLockStore, statuses: MockTxStatusStore) -> Settlement {
             initial_backoff: Duration::from_secs(1),
         },
     )
-}
-
-fn down() -> StatusStoreError {
-    StatusStoreError::Fault(StoreFault::Unavailable("down".into()))
 }
 
 #[tokio::test]
@@ -64,37 +57,33 @@ async fn pending_and_orphan_are_recorded_and_keep_the_locks() {
     }
 }
 
+fn busy() -> LockStoreError {
+    LockStoreError::Fault(StoreFault::Busy("busy".into()))
+}
+
 #[tokio::test]
-async fn confirmed_records_then_spends_and_invalid_records_deleted_then_releases() {
-    let mut statuses = MockTxStatusStore::new();
-    statuses
-        .expect_record_status()
-        .withf(|t, s, _| *t == tx("t1") && *s == TxStatus::Confirmed)
-        .times(1)
-        .returning(|_, _, _| Ok(()));
-    statuses
-        .expect_record_status()
-        .withf(|t, s, _| *t == tx("t2") && *s == TxStatus::Deleted)
-        .times(1)
-        .returning(|_, _, _| Ok(()));
+async fn confirmed_spends_and_invalid_releases_each_recording_its_status_in_the_same_call() {
+    // The status store is never called: the status is recorded by the lock store,
+    // in the transaction that spends or releases.
     let mut locks = MockLockStore::new();
     locks
         .expect_spend_consumer()
-        .withf(|t, _| *t == tx("t1"))
+        .withf(|t, _, record| *t == tx("t1") && *record)
         .times(1)
-        .returning(|_, _| Ok(vec![tok("a"), tok("b")]));
+        .returning(|_, _, _| Ok(vec![tok("a"), tok("b")]));
     locks
         .expect_release_consumer()
-        .withf(|t| *t == tx("t2"))
+        .withf(|t, _, record| *t == tx("t2") && *record)
         .times(1)
-        .returning(|_| Ok(3));
-    let s = settlement(locks, statuses);
+        .returning(|_, _, _| Ok(3));
+    let s = settlement(locks, MockTxStatusStore::new());
     let confirmed = s
         .on_status(&tx("t1"), SettlementStatus::from_code("confirmed"))
         .await
         .expect("ok");
     assert_eq!(confirmed.spent, vec![tok("a"), tok("b")]);
     assert_eq!(confirmed.recorded, Some(TxStatus::Confirmed));
+    assert_eq!(confirmed.persist_attempts, 1);
     let invalid = s
         .on_status(&tx("t2"), SettlementStatus::Invalid)
         .await
@@ -103,25 +92,57 @@ async fn confirmed_records_then_spends_and_invalid_records_deleted_then_releases
     assert_eq!(invalid.recorded, Some(TxStatus::Deleted));
 }
 
+#[tokio::test]
+async fn a_double_spend_is_a_typed_error_naming_token_and_spender_and_is_not_retried() {
+    let mut locks = MockLockStore::new();
+    locks.expect_spend_consumer().times(1).returning(|_, _, _| {
+        Err(LockStoreError::DoubleSpend {
+            token: tok("a"),
+            spent_by: tx("t1"),
+        })
+    });
+    let s = settlement(locks, MockTxStatusStore::new());
+    let err = s
+        .on_status(&tx("t2"), SettlementStatus::Known(TxStatus::Confirmed))
+        .await
+        .expect_err("double spend");
+    assert_eq!(
+        err,
+        SettleError::DoubleSpend {
+            tx: tx("t2"),
+            token: tok("a"),
+            spent_by: tx("t1"),
+        }
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("t1") && message.contains(&tok("a").to_string()),
+        "{message}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_terminal_status_whose_persistence_is_exhausted_releases_exactly_once() {
-    let mut statuses = MockTxStatusStore::new();
-    statuses
-        .expect_record_status()
-        .times(3)
-        .returning(|_, _, _| Err(down()));
     let mut locks = MockLockStore::new();
+    let mut seq = mockall::Sequence::new();
     locks
         .expect_release_consumer()
-        .withf(|t| *t == tx("t1"))
+        .withf(|t, _, record| *t == tx("t1") && *record)
+        .times(3)
+        .in_sequence(&mut seq)
+        .returning(|_, _, _| Err(busy()));
+    locks
+        .expect_release_consumer()
+        .withf(|t, _, record| *t == tx("t1") && !*record)
         .times(1)
-        .returning(|_| Ok(2));
-    let s = settlement(locks, statuses);
+        .in_sequence(&mut seq)
+        .returning(|_, _, _| Ok(2));
+    let s = settlement(locks, MockTxStatusStore::new());
     let started = tokio::time::Instant::now();
     let settled = s
         .on_status(&tx("t1"), SettlementStatus::Known(TxStatus::Deleted))
         .await
-        .expect("released despite the status store");
+        .expect("released despite the status");
     assert_eq!(settled.persist_attempts, 3);
     assert_eq!(settled.action, LockAction::ReleaseAll);
     assert_eq!(settled.recorded, None);
@@ -131,42 +152,37 @@ async fn a_terminal_status_whose_persistence_is_exhausted_releases_exactly_once(
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_status_persisted_on_retry_releases_once() {
-    let mut statuses = MockTxStatusStore::new();
-    let mut seq = mockall::Sequence::new();
-    statuses
-        .expect_record_status()
-        .times(1)
-        .in_sequence(&mut seq)
-        .returning(|_, _, _| Err(down()));
-    statuses
-        .expect_record_status()
-        .times(1)
-        .in_sequence(&mut seq)
-        .returning(|_, _, _| Ok(()));
+async fn a_settlement_that_succeeds_on_retry_spends_once() {
     let mut locks = MockLockStore::new();
+    let mut seq = mockall::Sequence::new();
     locks
         .expect_spend_consumer()
         .times(1)
-        .returning(|_, _| Ok(vec![tok("a")]));
-    let s = settlement(locks, statuses);
+        .in_sequence(&mut seq)
+        .returning(|_, _, _| Err(busy()));
+    locks
+        .expect_spend_consumer()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|_, _, _| Ok(vec![tok("a")]));
+    let s = settlement(locks, MockTxStatusStore::new());
     let settled = s
         .on_status(&tx("t1"), SettlementStatus::Known(TxStatus::Confirmed))
         .await
         .expect("ok");
     assert_eq!(settled.persist_attempts, 2);
     assert_eq!(settled.recorded, Some(TxStatus::Confirmed));
+    assert_eq!(settled.spent, vec![tok("a")]);
 }
 
-#[tokio::test]
-async fn a_failed_release_is_an_error_naming_the_tx() {
-    let mut statuses = MockTxStatusStore::new();
-    statuses.expect_record_status().returning(|_, _, _| Ok(()));
+#[tokio::test(start_paused = true)]
+async fn a_release_that_keeps_failing_is_an_error_naming_the_tx() {
     let mut locks = MockLockStore::new();
     locks
         .expect_release_consumer()
-        .returning(|_| Err(LockStoreError::Fault(StoreFault::Busy("busy".into()))));
-    let s = settlement(locks, statuses);
+        .times(4)
+        .returning(|_, _, _| Err(busy()));
+    let s = settlement(locks, MockTxStatusStore::new());
     let err = s
         .on_status(&tx("t9"), SettlementStatus::Known(TxStatus::Deleted))
         .await
@@ -174,38 +190,29 @@ async fn a_failed_release_is_an_error_naming_the_tx() {
     assert!(err.to_string().contains("t9"), "{err}");
 }
 
-fn lock(token: &str, consumer: &str, status: Option<TxStatus>) -> LockInfo {
-    LockInfo {
-        token: tok(token),
-        consumer: tx(consumer),
-        created_at: Timestamp::from_millis(1),
-        consumer_status: status,
-    }
-}
-
 #[tokio::test]
 async fn recovery_settles_consumers_whose_recorded_status_releases() {
     let mut locks = MockLockStore::new();
-    locks.expect_list_locks().times(1).returning(|| {
+    locks.expect_unsettled().times(1).returning(|| {
         Ok(vec![
-            lock("a", "confirmed", Some(TxStatus::Confirmed)),
-            lock("b", "confirmed", Some(TxStatus::Confirmed)),
-            lock("c", "deleted", Some(TxStatus::Deleted)),
-            lock("d", "pending", Some(TxStatus::Pending)),
-            lock("e", "busy", Some(TxStatus::Busy)),
-            lock("f", "none", None),
+            (tx("busy"), Some(TxStatus::Busy)),
+            (tx("confirmed"), Some(TxStatus::Confirmed)),
+            (tx("deleted"), Some(TxStatus::Deleted)),
+            (tx("none"), None),
+            (tx("pending"), Some(TxStatus::Pending)),
         ])
     });
+    // Recovery re-applies a recorded status: it records nothing itself.
     locks
         .expect_spend_consumer()
-        .withf(|t, _| *t == tx("confirmed"))
+        .withf(|t, _, record| *t == tx("confirmed") && !*record)
         .times(1)
-        .returning(|_, _| Ok(vec![tok("a"), tok("b")]));
+        .returning(|_, _, _| Ok(vec![tok("a"), tok("b")]));
     locks
         .expect_release_consumer()
-        .withf(|t| *t == tx("deleted"))
+        .withf(|t, _, record| *t == tx("deleted") && !*record)
         .times(1)
-        .returning(|_| Ok(1));
+        .returning(|_, _, _| Ok(1));
     let s = settlement(locks, MockTxStatusStore::new());
     let report = s.recover().await.expect("recovered");
     assert_eq!(report.consumers, 5);

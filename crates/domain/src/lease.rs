@@ -259,6 +259,14 @@ impl LeaseConfig {
     }
 }
 
+/// Whether a select that won its first lock at `first_claim` must re-check (and
+/// re-stamp) its locks before answering at `now`: once half the lease has passed,
+/// the sweep may already have taken a lock of a slow select, and a select never
+/// returns a token whose lock it no longer holds.
+pub fn needs_renewal(first_claim: Timestamp, now: Timestamp, lease: Duration) -> bool {
+    first_claim <= now.saturating_sub(lease / 2)
+}
+
 /// The lease rule: a lock expires when `created_at < now - lease` or when its
 /// consumer is Deleted or Orphan.
 pub fn lock_expired(
@@ -375,6 +383,21 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn a_select_renews_its_locks_from_half_the_lease_on() {
+        let lease = Duration::from_secs(10);
+        let first = Timestamp::from_millis(100_000);
+        assert!(!needs_renewal(
+            first,
+            Timestamp::from_millis(104_999),
+            lease
+        ));
+        assert!(needs_renewal(first, Timestamp::from_millis(105_000), lease));
+        assert!(needs_renewal(first, Timestamp::from_millis(200_000), lease));
+        // A clock that went backwards never asks for a renewal.
+        assert!(!needs_renewal(first, Timestamp::from_millis(0), lease));
     }
 
     #[test]

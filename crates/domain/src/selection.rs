@@ -230,12 +230,56 @@ pub struct SelectionStats {
     /// Store errors outside lock attempts: failed fetches, balance reads and
     /// releases (not counted in [`store_errors`](SelectionStats::store_errors)).
     pub other_store_errors: u64,
+    /// Lock renewals: a select that outlived half the lease re-checks (and
+    /// re-stamps) its locks before answering, one round trip each.
+    pub renewals: u64,
+    /// Locks such a renewal found taken by the lease sweep; the select then gave
+    /// its tokens back and selected again.
+    pub locks_lost: u64,
 }
 
 impl SelectionStats {
-    /// Store round trips requested: fetches, claims, balance reads and releases.
+    /// Adds the counters of a later pass of the same select call (after locks were
+    /// lost to the lease sweep). Distinct tokens are summed over the passes.
+    pub fn absorb(&mut self, later: &SelectionStats) {
+        let SelectionStats {
+            immediate_retries,
+            lock_attempts,
+            conflicts,
+            stale,
+            store_errors,
+            distinct_tokens_attempted,
+            legs,
+            fetches,
+            claims,
+            balance_checks,
+            releases,
+            blacklist_clears,
+            other_store_errors,
+            renewals,
+            locks_lost,
+        } = later;
+        self.immediate_retries += immediate_retries;
+        self.lock_attempts += lock_attempts;
+        self.conflicts += conflicts;
+        self.stale += stale;
+        self.store_errors += store_errors;
+        self.distinct_tokens_attempted += distinct_tokens_attempted;
+        self.legs += legs;
+        self.fetches += fetches;
+        self.claims += claims;
+        self.balance_checks += balance_checks;
+        self.releases += releases;
+        self.blacklist_clears += blacklist_clears;
+        self.other_store_errors += other_store_errors;
+        self.renewals += renewals;
+        self.locks_lost += locks_lost;
+    }
+
+    /// Store round trips requested: fetches, claims, balance reads, releases and
+    /// renewals.
     pub fn round_trips(&self) -> u64 {
-        self.fetches + self.claims + self.balance_checks + self.releases
+        self.fetches + self.claims + self.balance_checks + self.releases + self.renewals
     }
 }
 

@@ -1,6 +1,8 @@
 //! Errors of the ports: one enum per port family, each wrapping a [`StoreFault`]
 //! for the backend failing. Lost races and stale tokens are verdicts, not errors.
 
+use holdfast_domain::{TokenId, TxId};
+
 /// The backend failed. Messages never contain passwords or other secrets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreFault {
@@ -48,6 +50,16 @@ pub enum LockStoreError {
         len: usize,
         /// The limit.
         max: usize,
+    },
+    /// Settling a transaction as confirmed found one of its selected tokens already
+    /// spent by another confirmed transaction (a lease expired and the token was
+    /// selected twice). Nothing of the settlement was applied.
+    #[error("double spend: token {token} is already spent by {spent_by}; nothing was settled")]
+    DoubleSpend {
+        /// The token spent twice.
+        token: TokenId,
+        /// The transaction that spent it first.
+        spent_by: TxId,
     },
     /// The backend failed; some claims of this call may have been applied.
     #[error(transparent)]

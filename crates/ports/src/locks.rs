@@ -49,12 +49,15 @@ pub struct SweepReport {
 }
 
 /// Token locks: one row per locked token (the primary key is the mutual exclusion),
-/// with the consumer transaction and the claim time.
+/// with the consumer transaction and the claim time; and, apart from the locks, the
+/// *selections*: which tokens each consumer won, kept until it settles whatever the
+/// lease sweep does, so a confirmed spend is never lost.
 #[mockall::automock]
 #[async_trait]
 pub trait LockStore: Send + Sync {
     /// Claims one token for `consumer` at `at`: won, stale (not spendable, spent or
-    /// missing) or contended (locked by anyone, including `consumer` itself).
+    /// missing) or contended (locked by anyone, including `consumer` itself). A won
+    /// token is recorded as selected by `consumer` in the same transaction.
     async fn claim(
         &self,
         consumer: &TxId,
@@ -64,9 +67,10 @@ pub trait LockStore: Send + Sync {
 
     /// Claims up to [`MAX_WINDOW`] tokens in one round trip, atomically, with a
     /// verdict per token in the order given (a longer window is refused as
-    /// [`check_window`] says, before anything is claimed). On error, nothing of the call is claimed
-    /// unless the error is an ambiguous commit (the caller should treat the window as
-    /// possibly held and release it by consumer and tokens).
+    /// [`check_window`] says, before anything is claimed). Won tokens are recorded
+    /// as selected, as [`LockStore::claim`] does. On error, nothing of the call is
+    /// claimed unless the error is an ambiguous commit (the caller should treat the
+    /// window as possibly held and release it by consumer and tokens).
     async fn claim_window(
         &self,
         consumer: &TxId,
@@ -74,24 +78,57 @@ pub trait LockStore: Send + Sync {
         at: Timestamp,
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError>;
 
-    /// Releases every lock of `consumer`; returns how many were released. Idempotent.
-    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError>;
+    /// Re-stamps the locks `consumer` still holds among `tokens` with `at` (their
+    /// lease starts again) and returns those tokens; a token missing from the answer
+    /// is no longer held by `consumer` (the lease sweep took it). Read-only for
+    /// tokens held by others.
+    async fn renew(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError>;
+
+    /// Settles `consumer` as deleted in one transaction: records its status
+    /// [`TxStatus::Deleted`] at `at` (when `record_status`), releases every lock it
+    /// holds and forgets its selections. Returns how many locks were released.
+    /// Idempotent.
+    async fn release_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+        record_status: bool,
+    ) -> Result<u64, LockStoreError>;
 
     /// Releases the given tokens' locks if `consumer` holds them (others' are
-    /// untouched); returns how many were released. Idempotent.
+    /// untouched) and forgets them as selected by `consumer` (a failed or cancelled
+    /// select gives them back); returns how many locks were released. Idempotent.
     async fn release_tokens(
         &self,
         consumer: &TxId,
         tokens: &[TokenId],
     ) -> Result<u64, LockStoreError>;
 
-    /// Settles `consumer` as confirmed in one transaction: marks every token it holds
-    /// spent by it at `at` and releases those locks. Returns the spent tokens. Idempotent.
+    /// Settles `consumer` as confirmed in one transaction: records its status
+    /// [`TxStatus::Confirmed`] at `at` (when `record_status`), marks every token it
+    /// selected spent by it at `at` (also those whose lock the lease sweep removed
+    /// meanwhile, whoever locks them now), releases its locks and forgets its
+    /// selections. Returns the tokens spent now, in key order. Idempotent: a second
+    /// call spends nothing.
+    ///
+    /// If a selected token is already spent by another transaction, this is
+    /// [`LockStoreError::DoubleSpend`] naming the token and its spender, and nothing
+    /// changes (not even the status).
     async fn spend_consumer(
         &self,
         consumer: &TxId,
         at: Timestamp,
+        record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError>;
+
+    /// The consumers that have selected tokens and not settled yet, each with its
+    /// recorded status, in id order: what the start-up recovery pass looks at.
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError>;
 
     /// If this caller wins sweep leadership for the tick, deletes locks created before
     /// `now - lease` and locks whose consumer is recorded Deleted or Orphan. A lock

@@ -481,12 +481,15 @@ async fn tour(
             .config
             .seed
             .map(|s| s.wrapping_add(u64::try_from(i).unwrap_or(0)));
-        selectors.push(Arc::new(TokenSelector::new(
-            replica.stores(),
-            Arc::new(SystemClock),
-            selection.clone(),
-            seed,
-        )?));
+        selectors.push(Arc::new(
+            TokenSelector::new(
+                replica.stores(),
+                Arc::new(SystemClock),
+                selection.clone(),
+                seed,
+            )?
+            .with_lease(ctx.config.lease_config().lease_expiry),
+        ));
     }
     progress.finish_and_clear();
     let bar = indicatif::ProgressBar::new(u64::try_from(SELECTS).unwrap_or(u64::MAX));

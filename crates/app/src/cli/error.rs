@@ -166,7 +166,8 @@ impl CliError {
             | CliError::Argument { .. }
             | CliError::NotFound { .. }
             | CliError::NotFresh { .. } => ErrorClass::BadInput,
-            CliError::Tokens(TokenStoreError::Conflict { .. }) => ErrorClass::Refused,
+            CliError::Tokens(TokenStoreError::Conflict { .. })
+            | CliError::Settle(SettleError::DoubleSpend { .. }) => ErrorClass::Refused,
             CliError::Tokens(_)
             | CliError::Settle(_)
             | CliError::Locks(_)

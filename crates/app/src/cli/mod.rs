@@ -14,6 +14,7 @@ pub mod queue;
 pub mod select;
 pub mod settle;
 pub mod simulate;
+pub mod soak;
 pub mod tokens;
 
 use std::path::PathBuf;
@@ -100,6 +101,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Run holdfast beside a naive selector on a contention workload, each on a fresh database
     Simulate(simulate::SimulateArgs),
+    /// Select and settle in a loop, as one replica of a fleet (a soak or kill test)
+    Soak(soak::SoakArgs),
 }
 
 /// What every command runs with: the configuration and the open backend.
@@ -170,6 +173,7 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
         Command::Settle(args) => settle::run(&ctx, args).await,
         Command::Locks(cmd) => locks::run(&ctx, cmd).await,
         Command::Queue(cmd) => queue::run(&ctx, cmd).await,
+        Command::Soak(args) => soak::run(&ctx, args).await,
         Command::Demo(_) => Err(CliError::Demo {
             step: "dispatch",
             detail: "the demo runs before a database is opened".to_owned(),

@@ -36,6 +36,7 @@ pub fn selector(ctx: &Context) -> Result<TokenSelector, CliError> {
         ctx.config.selection_config(),
         ctx.config.seed,
     )
+    .map(|selector| selector.with_lease(ctx.config.lease_config().lease_expiry))
     .map_err(CliError::from)
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId};
+use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{LockInfo, LockStore, LockStoreError, SweepReport};
 
 /// Claims and conflicts of one token.
@@ -89,8 +89,28 @@ impl LockStore for CountingLockStore {
         Ok(verdicts)
     }
 
-    async fn release_consumer(&self, consumer: &TxId) -> Result<u64, LockStoreError> {
-        self.inner.release_consumer(consumer).await
+    async fn release_consumer(
+        &self,
+        consumer: &TxId,
+        at: Timestamp,
+        record_status: bool,
+    ) -> Result<u64, LockStoreError> {
+        self.inner
+            .release_consumer(consumer, at, record_status)
+            .await
+    }
+
+    async fn renew(
+        &self,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        self.inner.renew(consumer, tokens, at).await
+    }
+
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.inner.unsettled().await
     }
 
     async fn release_tokens(
@@ -105,8 +125,9 @@ impl LockStore for CountingLockStore {
         &self,
         consumer: &TxId,
         at: Timestamp,
+        record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.spend_consumer(consumer, at).await
+        self.inner.spend_consumer(consumer, at, record_status).await
     }
 
     async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {

@@ -131,7 +131,11 @@ async fn drive(
                         not_won.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                if locks.release_consumer(&consumer).await.is_err() {
+                if locks
+                    .release_consumer(&consumer, clock.now(), false)
+                    .await
+                    .is_err()
+                {
                     not_won.fetch_add(1, Ordering::Relaxed);
                 }
                 progress.inc(1);

@@ -470,7 +470,8 @@ async fn open_replicas(
                     selection.clone(),
                     Some(mix(settings.seed, 500 + u64::try_from(r).unwrap_or(0))),
                 )
-                .map_err(SimulateError::Selection)?,
+                .map_err(SimulateError::Selection)?
+                .with_lease(settings.lease.lease_expiry),
             )),
         };
         let settlement =

@@ -138,7 +138,7 @@ pub fn token_happy_path(h: &Holdfast, backend: &str) -> Steps {
     let mut steps = Steps::new();
     let migrated = h.json(&["migrate"]);
     assert_eq!(migrated["backend"], backend);
-    assert_eq!(migrated["schema_version"], 1);
+    assert_eq!(migrated["schema_version"], 2);
     steps.push(("migrate", migrated));
 
     let fund = ["tokens", "add", "--wallet", "alice", "--type", "CHF"];
@@ -422,4 +422,110 @@ pub fn check_demo(summary: &serde_json::Value, backend: &str) {
         serde_json::json!(["request/demo/main/1"])
     );
     assert_eq!(steps[2]["state"], "processing");
+}
+
+/// Runs `locks sweep` with a lease of 1 ms once the lease has run out for every
+/// lock taken before this call (slow finality), and returns its JSON.
+fn sweep_with_expired_leases(h: &Holdfast) -> serde_json::Value {
+    // Real processes cannot share a paused clock: wait out the 1 ms lease.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let output = h
+        .cmd()
+        .env("HOLDFAST_LEASE_EXPIRY_MS", "1")
+        .args(["--json", "locks", "sweep"])
+        .output()
+        .expect("run holdfast");
+    assert!(output.status.success(), "locks sweep failed: {output:?}");
+    serde_json::from_slice(&output.stdout).expect("sweep JSON")
+}
+
+/// The selected token ids of a `select` output.
+fn selected_tokens(selected: &serde_json::Value) -> Vec<String> {
+    selected["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| text(t).to_owned())
+        .collect()
+}
+
+/// A confirmed spend is never lost: a lock swept before its transaction confirms
+/// is spent anyway, and a second transaction that locked the swept token gets a
+/// double-spend error (exit 1) that changes nothing.
+pub fn nothing_lost_after_the_sweep(h: &Holdfast) {
+    let add = |wallet: &str| {
+        h.json(&[
+            "tokens", "add", "--wallet", wallet, "--type", "CHF", "--amount", "10", "--count", "1",
+        ])
+    };
+    let select = |wallet: &str, tx: &str| {
+        h.json(&[
+            "select", "--wallet", wallet, "--type", "CHF", "--amount", "5", "--tx", tx,
+        ])
+    };
+    let balance = |wallet: &str| {
+        let b = h.json(&["tokens", "balance", "--wallet", wallet, "--type", "CHF"]);
+        amount(&b["balance"])
+    };
+    let spendable = |wallet: &str| {
+        let listed = h.json(&["tokens", "list", "--wallet", wallet]);
+        listed["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .filter(|t| t["spent_by"].is_null())
+            .count()
+    };
+
+    // Slow finality: t1's lease runs out before it confirms.
+    add("a");
+    let t1 = select("a", "t1");
+    let swept = sweep_with_expired_leases(h);
+    assert_eq!(swept["expired"], 1, "{swept}");
+    let confirmed = h.json(&["settle", "--tx", "t1", "--status", "confirmed"]);
+    assert_eq!(confirmed["spent"], t1["tokens"], "the swept token is spent");
+    assert_eq!(spendable("a"), 0, "the token is spent");
+    assert_eq!(balance("a"), 0);
+    let refused = json_error(
+        h,
+        &[
+            "select", "--wallet", "a", "--type", "CHF", "--amount", "5", "--tx", "t2",
+        ],
+        1,
+    );
+    assert!(
+        text(&refused["error"]["message"]).contains("insufficient funds"),
+        "{refused}"
+    );
+
+    // t2 locks the swept token before t1 confirms: t1 spends it, t2's Confirmed is
+    // a double spend and changes nothing.
+    add("b");
+    let t3 = select("b", "t3");
+    sweep_with_expired_leases(h);
+    let t4 = select("b", "t4");
+    assert_eq!(
+        selected_tokens(&t3),
+        selected_tokens(&t4),
+        "the same token twice"
+    );
+    h.json(&["settle", "--tx", "t3", "--status", "confirmed"]);
+    let locks_before = h.json(&["locks", "list"]);
+    let message = h.fails(&["settle", "--tx", "t4", "--status", "confirmed"], 1);
+    assert!(
+        message.contains("double spend")
+            && message.contains("t3")
+            && message.contains(&selected_tokens(&t3)[0]),
+        "{message}"
+    );
+    let mut locks_after = h.json(&["locks", "list"]);
+    let mut locks_before = locks_before;
+    for locks in [&mut locks_before, &mut locks_after] {
+        locks["now"] = serde_json::Value::Null;
+        for lock in locks["locks"].as_array_mut().expect("locks") {
+            lock["age_ms"] = serde_json::Value::Null;
+        }
+    }
+    assert_eq!(locks_after, locks_before, "nothing changed");
+    assert_eq!(balance("b"), 0);
 }

@@ -25,7 +25,7 @@ async fn three_instances(db: &dyn TestDatabase) -> Vec<Stores> {
 }
 
 /// Who holds each lock, per `list_locks`.
-async fn holders(s: &Stores) -> BTreeMap<TokenId, TxId> {
+pub(crate) async fn holders(s: &Stores) -> BTreeMap<TokenId, TxId> {
     s.locks
         .list_locks()
         .await
@@ -60,7 +60,10 @@ pub async fn claim_verdicts_stale_vs_contended(db: &dyn TestDatabase) {
         s.locks.claim(&other, &token_id("spent", 0), T0).await,
         Ok(ClaimVerdict::Won)
     );
-    s.locks.spend_consumer(&other, T0).await.expect("spend");
+    s.locks
+        .spend_consumer(&other, T0, true)
+        .await
+        .expect("spend");
     assert_eq!(
         s.locks.claim(&other, &token_id("held", 0), T0).await,
         Ok(ClaimVerdict::Stale),
@@ -220,7 +223,7 @@ pub async fn window_verdicts_in_order(db: &dyn TestDatabase) {
         .await
         .expect("claim");
     s.locks
-        .spend_consumer(&tx("spender"), T0)
+        .spend_consumer(&tx("spender"), T0, true)
         .await
         .expect("spend");
     let window = vec![
@@ -337,9 +340,16 @@ async fn two_holders(s: &Stores) -> (TxId, TxId) {
 pub async fn release_consumer_frees_exactly_its_locks(db: &dyn TestDatabase) {
     let s = db.stores();
     let (a, b) = two_holders(&s).await;
-    assert_eq!(s.locks.release_consumer(&a).await, Ok(2));
-    assert_eq!(s.locks.release_consumer(&a).await, Ok(0), "idempotent");
-    assert_eq!(s.locks.release_consumer(&tx("nobody")).await, Ok(0));
+    assert_eq!(s.locks.release_consumer(&a, T0, true).await, Ok(2));
+    assert_eq!(
+        s.locks.release_consumer(&a, T0, true).await,
+        Ok(0),
+        "idempotent"
+    );
+    assert_eq!(
+        s.locks.release_consumer(&tx("nobody"), T0, true).await,
+        Ok(0)
+    );
     let held = holders(&s).await;
     assert_eq!(held, BTreeMap::from([(token_id("t", 2), b)]));
     let cands = ids(&all_candidates(&s, "w", 10).await);
@@ -387,7 +397,11 @@ pub async fn spend_consumer_marks_spent_and_releases(db: &dyn TestDatabase) {
         .claim(&b, &token_id("t", 2), T0)
         .await
         .expect("claim");
-    let mut spent = s.locks.spend_consumer(&a, at(60_000)).await.expect("spend");
+    let mut spent = s
+        .locks
+        .spend_consumer(&a, at(60_000), true)
+        .await
+        .expect("spend");
     spent.sort();
     assert_eq!(spent, vec![token_id("t", 0), token_id("t", 1)]);
     for i in [0, 1] {
@@ -403,7 +417,7 @@ pub async fn spend_consumer_marks_spent_and_releases(db: &dyn TestDatabase) {
     let held = holders(&s).await;
     assert_eq!(held, BTreeMap::from([(token_id("t", 2), b.clone())]));
     assert_eq!(
-        s.locks.spend_consumer(&a, at(70_000)).await,
+        s.locks.spend_consumer(&a, at(70_000), true).await,
         Ok(Vec::new()),
         "idempotent"
     );

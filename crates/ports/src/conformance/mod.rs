@@ -29,6 +29,7 @@
 pub mod locks;
 pub mod queues;
 pub mod security;
+pub mod settlement;
 pub mod statuses;
 pub mod support;
 pub mod tokens;
@@ -114,6 +115,10 @@ macro_rules! conformance_tests {
             locks::spend_consumer_marks_spent_and_releases,
             locks::sweep_removes_expired_and_dead_consumers_only,
             locks::list_locks_oldest_first_with_status,
+            settlement::confirmed_spends_what_was_selected_even_after_the_sweep,
+            settlement::a_second_confirmed_spender_is_a_double_spend_that_changes_nothing,
+            settlement::renew_restamps_held_locks_and_reports_lost_ones,
+            settlement::release_tokens_forgets_the_selection,
             statuses::status_round_trips_and_replaces,
             queues::create_request_dedups_and_numbers,
             queues::create_request_concurrent_dedups,

@@ -170,7 +170,13 @@ pub async fn hostile_strings_are_stored_literally(db: &dyn TestDatabase) {
     // A wildcard consumer releases its own lock only.
     for wildcard in ["%", "_", "%%"] {
         assert_eq!(
-            s.locks.release_consumer(&tx(wildcard)).await,
+            s.locks
+                .release_consumer(
+                    &tx(wildcard),
+                    holdfast_domain::Timestamp::from_millis(0),
+                    true
+                )
+                .await,
             Ok(1),
             "release by {wildcard:?}"
         );
@@ -265,7 +271,7 @@ pub async fn hostile_strings_are_stored_literally(db: &dyn TestDatabase) {
     assert_eq!(ordinary[0].uri, ordinary_uri);
     let spent = s
         .locks
-        .spend_consumer(&tx("ordinary-consumer"), at(5))
+        .spend_consumer(&tx("ordinary-consumer"), at(5), true)
         .await
         .expect("spend");
     assert_eq!(spent, vec![token_id("ordinary", 0)]);

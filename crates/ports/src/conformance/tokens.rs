@@ -108,7 +108,7 @@ pub async fn set_spendable_reports_missing_and_spent(db: &dyn TestDatabase) {
         s.locks.claim(&c, &token_id("a", 1), T0).await,
         Ok(holdfast_domain::ClaimVerdict::Won)
     );
-    s.locks.spend_consumer(&c, T0).await.expect("spend");
+    s.locks.spend_consumer(&c, T0, true).await.expect("spend");
     assert_eq!(
         s.tokens.set_spendable(&token_id("a", 1), false).await,
         Ok(false),
@@ -149,7 +149,10 @@ pub async fn candidates_ascending_excluding_locked_spent_unspendable(db: &dyn Te
         .claim(&spender, &token_id("spent", 0), t0)
         .await
         .expect("claim");
-    s.locks.spend_consumer(&spender, t0).await.expect("spend");
+    s.locks
+        .spend_consumer(&spender, t0, true)
+        .await
+        .expect("spend");
     s.tokens
         .set_spendable(&token_id("off", 0), false)
         .await
@@ -166,7 +169,10 @@ pub async fn candidates_ascending_excluding_locked_spent_unspendable(db: &dyn Te
         "ascending, without locked/spent/unspendable/foreign tokens"
     );
 
-    s.locks.release_consumer(&holder).await.expect("release");
+    s.locks
+        .release_consumer(&holder, T0, true)
+        .await
+        .expect("release");
     let again = ids(&all_candidates(&s, "w", 100).await);
     assert!(
         again.contains(&token_id("locked", 0)),
@@ -357,7 +363,10 @@ pub async fn balance_ignores_locks_excludes_spent_and_unspendable(db: &dyn TestD
         .claim(&tx("sp"), &token_id("a", 1), T0)
         .await
         .expect("claim");
-    s.locks.spend_consumer(&tx("sp"), T0).await.expect("spend");
+    s.locks
+        .spend_consumer(&tx("sp"), T0, true)
+        .await
+        .expect("spend");
     assert_eq!(
         s.tokens.balance(&wallet("w"), &chf_t).await,
         Ok(amount(101)),
@@ -399,7 +408,10 @@ pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
         .claim(&tx("c"), &token_id("sp", 0), T0)
         .await
         .expect("claim");
-    s.locks.spend_consumer(&tx("c"), T0).await.expect("spend");
+    s.locks
+        .spend_consumer(&tx("c"), T0, true)
+        .await
+        .expect("spend");
     let all = s
         .tokens
         .list_tokens(&wallet("w"), None, 100)

@@ -59,7 +59,8 @@ pub struct StrategyFigures {
     pub peak_memory_bytes: Option<u64>,
     /// Locks in the database when the run finished.
     pub locks_left: u64,
-    /// Double claims plus spent tokens selected. Must be zero.
+    /// Double claims, spent tokens selected and selected tokens a confirmed
+    /// settlement left spendable. Must be zero.
     pub invariant_violations: u64,
     /// Tokens returned to a consumer while another live consumer held them.
     pub double_claims: u64,
@@ -67,9 +68,11 @@ pub struct StrategyFigures {
     pub spent_selected: u64,
     /// Settlements (or change mints) that failed in the store.
     pub settle_errors: u64,
-    /// Selected tokens whose lock the lease sweep deleted before the transaction
-    /// was confirmed (so they were not spent): zero unless a select or its
-    /// settlement outlived the lease.
+    /// Locks a select found taken by the lease sweep when it re-checked them
+    /// before answering (it gave them back and selected again): zero unless a
+    /// select outlived half the lease. Confirmed still spends what a transaction
+    /// selected when the sweep took its lock later; a spend left out counts as an
+    /// invariant violation.
     pub locks_lost_to_lease: u64,
     /// Selects that answered only after the (simulated) lease had run out.
     pub selects_outliving_lease: u64,
@@ -173,7 +176,9 @@ impl StrategyFigures {
             },
             peak_memory_bytes: run.peak_memory_bytes,
             locks_left: run.locks_left,
-            invariant_violations: violations.double_claims + violations.spent_selected,
+            invariant_violations: violations.double_claims
+                + violations.spent_selected
+                + violations.confirmed_left_spendable,
             double_claims: violations.double_claims,
             spent_selected: violations.spent_selected,
             settle_errors: violations.settle_errors,

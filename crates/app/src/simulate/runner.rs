@@ -82,8 +82,11 @@ pub struct Violations {
     pub spent_selected: u64,
     /// Settlement (or minting the change) failed in the store.
     pub settle_errors: u64,
-    /// Selected tokens that were no longer held when their transaction was
-    /// confirmed (the lease sweep had deleted the lock first), so not spent.
+    /// Selected tokens left spendable after their transaction settled as
+    /// confirmed: a lost spend.
+    pub confirmed_left_spendable: u64,
+    /// Locks a select found taken by the lease sweep when it re-checked them
+    /// before answering (it then selected again): a figure, not a violation.
     pub lost_to_lease: u64,
     /// Selects that answered only after the lease had run out (their first locks
     /// may have been swept; not judged by the double-claim and spent checks).
@@ -322,6 +325,7 @@ struct Checker {
     double_claims: AtomicU64,
     spent_selected: AtomicU64,
     settle_errors: AtomicU64,
+    confirmed_left_spendable: AtomicU64,
     lost_to_lease: AtomicU64,
     outlived_lease: AtomicU64,
     minted: AtomicU64,
@@ -517,6 +521,10 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
     };
     let since = shared.clock.now();
     let report = replica.select(&request, planned.seed).await;
+    shared
+        .checker
+        .lost_to_lease
+        .fetch_add(report.stats.locks_lost, Ordering::Relaxed);
     let mut sample = Sample {
         ok: false,
         insufficient: false,
@@ -564,13 +572,15 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                     match replica.settlement.on_status(&consumer, status).await {
                         Ok(settled) => {
                             checker.on_spent(&settled.spent);
-                            let lost = selected
+                            // Confirmed spends every selected token, whatever the
+                            // lease sweep did: one left out is a lost spend.
+                            let left = selected
                                 .tokens
                                 .iter()
                                 .filter(|t| !settled.spent.contains(t))
                                 .count();
-                            checker.lost_to_lease.fetch_add(
-                                u64::try_from(lost).unwrap_or(u64::MAX),
+                            checker.confirmed_left_spendable.fetch_add(
+                                u64::try_from(left).unwrap_or(u64::MAX),
                                 Ordering::Relaxed,
                             );
                         }
@@ -771,6 +781,7 @@ async fn drive(
             double_claims: checker.double_claims.load(Ordering::Relaxed),
             spent_selected: checker.spent_selected.load(Ordering::Relaxed),
             settle_errors: checker.settle_errors.load(Ordering::Relaxed),
+            confirmed_left_spendable: checker.confirmed_left_spendable.load(Ordering::Relaxed),
             lost_to_lease: checker.lost_to_lease.load(Ordering::Relaxed),
             outlived_lease: checker.outlived_lease.load(Ordering::Relaxed),
         },

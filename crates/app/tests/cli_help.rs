@@ -27,6 +27,7 @@ const COMMANDS: &[&[&str]] = &[
     &["queue", "show"],
     &["demo"],
     &["simulate"],
+    &["soak"],
 ];
 
 #[test]

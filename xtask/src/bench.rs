@@ -121,7 +121,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         "build",
         "--release",
         "-p",
-        "holdfast",
+        "holdfast-cli",
         "--bin",
         "holdfast",
     ]))?;

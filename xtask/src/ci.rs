@@ -1,5 +1,6 @@
 //! `cargo xtask ci`: what `.ci/run` runs, in order — formatting, clippy with
-//! warnings denied, the whole test suite (see [`crate::testing`]; it includes the
+//! warnings denied (the workspace, then the library with each backend feature
+//! alone), `cargo doc` with warnings denied, the whole test suite (see [`crate::testing`]; it includes the
 //! fuzz targets' proptest fallback), the tidy checks (see [`crate::tidy`]). The
 //! first failing step stops the run.
 
@@ -31,6 +32,31 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             "-D",
             "warnings",
         ]))
+    })?;
+    step("library features", || {
+        // A service imports `holdfast` with one backend: each must build alone,
+        // warning-free (what it may not pull is a tidy check).
+        for features in ["sqlite", "postgres"] {
+            process::run(process::cargo().args([
+                "clippy",
+                "-p",
+                "holdfast",
+                "--no-default-features",
+                "--features",
+                features,
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
+        }
+        Ok(())
+    })?;
+    step("doc", || {
+        process::run(
+            process::cargo()
+                .args(["doc", "--workspace", "--no-deps"])
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )
     })?;
     let summary = step("test", || testing::suite(&[]))?;
     step("tidy", tidy::run)?;

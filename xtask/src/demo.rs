@@ -7,7 +7,7 @@ use crate::{Error, process};
 /// Runs `cargo run -p holdfast -- demo ARGS`.
 pub fn run(args: &[String]) -> Result<(), Error> {
     let mut cmd = process::cargo();
-    cmd.args(["run", "--quiet", "-p", "holdfast", "--", "demo"])
+    cmd.args(["run", "--quiet", "-p", "holdfast-cli", "--", "demo"])
         .args(args);
     process::run(&mut cmd)
 }

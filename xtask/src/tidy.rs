@@ -356,6 +356,121 @@ pub fn workspace_root() -> PathBuf {
         .map_or_else(|| manifest_dir.clone(), Path::to_path_buf)
 }
 
+/// What a service importing the library with one backend feature must not pull:
+/// (features, crates forbidden in the normal dependency tree).
+pub const LIBRARY_FEATURE_SETS: &[(&str, &[&str])] = &[
+    (
+        "sqlite",
+        &[
+            "clap",
+            "indicatif",
+            "toml",
+            "sqlx",
+            "tracing-subscriber",
+            "holdfast-adapters-postgres",
+        ],
+    ),
+    (
+        "postgres",
+        &[
+            "clap",
+            "indicatif",
+            "toml",
+            "rusqlite",
+            "libsqlite3-sys",
+            "tracing-subscriber",
+            "holdfast-adapters-sqlite",
+        ],
+    ),
+];
+
+/// The crates of a `cargo tree --prefix none` listing that are forbidden.
+pub fn check_tree(features: &str, tree: &str, forbidden: &[&str]) -> Vec<String> {
+    let names: BTreeSet<&str> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    forbidden
+        .iter()
+        .filter(|name| names.contains(*name))
+        .map(|name| format!("holdfast with only feature `{features}` pulls {name}"))
+        .collect()
+}
+
+fn check_library_features(root: &Path) -> Result<Vec<String>, Error> {
+    let mut violations = Vec::new();
+    for (features, forbidden) in LIBRARY_FEATURE_SETS {
+        let output = process::output(process::cargo().current_dir(root).args([
+            "tree",
+            "-p",
+            "holdfast",
+            "--no-default-features",
+            "--features",
+            features,
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ]))?;
+        let tree = String::from_utf8_lossy(&output.stdout);
+        violations.extend(check_tree(features, &tree, forbidden));
+    }
+    Ok(violations)
+}
+
+/// The attribute that skips a test, spelled so this file does not contain it.
+const IGNORE_ATTRIBUTE: &str = concat!("#[", "ignore");
+
+/// Rust sources that skip a test or lack a module doc comment (`//!` first).
+pub fn check_sources(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files {
+        if text.contains(IGNORE_ATTRIBUTE) {
+            violations.push(format!(
+                "{}: a skipped test ({IGNORE_ATTRIBUTE}]); a test that cannot run here must say so and fail under CI",
+                path.display()
+            ));
+        }
+        let in_src = path.components().any(|c| c.as_os_str() == "src");
+        let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+        if in_src && !first.starts_with("//!") {
+            violations.push(format!(
+                "{}: no module documentation (`//!` first): say what this module holds",
+                path.display()
+            ));
+        }
+    }
+    violations
+}
+
+fn rust_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) -> Result<(), Error> {
+    let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
+        action: "listing",
+        path: dir.to_owned(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if path
+                .file_name()
+                .is_some_and(|n| n == "target" || n == "snapshots")
+            {
+                continue;
+            }
+            rust_sources(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+                action: "reading",
+                path: path.clone(),
+                source,
+            })?;
+            out.push((path, text));
+        }
+    }
+    Ok(())
+}
+
 /// Runs every check on the real workspace; all violations are reported together.
 pub fn run() -> Result<(), Error> {
     let root = workspace_root();
@@ -366,11 +481,17 @@ pub fn run() -> Result<(), Error> {
         path: lock_path,
         source,
     })?;
-    let checks: [(&str, Vec<String>); 4] = [
+    let mut sources = Vec::new();
+    for dir in ["crates", "xtask", "fuzz"] {
+        rust_sources(&root.join(dir), &mut sources)?;
+    }
+    let checks: [(&str, Vec<String>); 6] = [
         ("domain is pure", check_domain_is_pure(&meta)),
         ("ports dependencies", check_ports_dependencies(&meta)),
         ("adapters independent", check_adapters_independent(&meta)),
         ("one libsqlite3-sys", check_single_sqlite(&lockfile)),
+        ("library with one backend", check_library_features(&root)?),
+        ("module docs, no skipped tests", check_sources(&sources)),
     ];
     let mut violations = Vec::new();
     for (name, found) in checks {
@@ -582,6 +703,33 @@ mod tests {
         );
         let one = "[[package]]\nname = \"libsqlite3-sys\"\nversion = \"0.36.0\"\n";
         assert_eq!(check_single_sqlite(one), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_forbidden_crate_in_the_library_tree_is_reported() {
+        let tree = "holdfast v0.1.0\nclap v4.5.0\nholdfast-domain v0.1.0\n";
+        assert_eq!(
+            check_tree("sqlite", tree, &["clap", "toml"]),
+            vec!["holdfast with only feature `sqlite` pulls clap".to_owned()]
+        );
+        assert!(check_tree("sqlite", "holdfast v0.1.0\n", &["clap"]).is_empty());
+    }
+
+    #[test]
+    fn skipped_tests_and_undocumented_modules_are_reported() {
+        let file = |path: &str, text: &str| (PathBuf::from(path), text.to_owned());
+        let found = check_sources(&[
+            file("crates/x/src/a.rs", "//! A.\nfn a() {}\n"),
+            file("crates/x/src/b.rs", "fn b() {}\n"),
+            file(
+                "crates/x/tests/c.rs",
+                &format!("{IGNORE_ATTRIBUTE}]\n#[test]\nfn c() {{}}\n"),
+            ),
+            file("crates/x/tests/d.rs", "#[test]\nfn d() {}\n"),
+        ]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("b.rs") && found[0].contains("module documentation"));
+        assert!(found[1].contains("c.rs") && found[1].contains("skipped test"));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use holdfast_ports::{StoreFault, Stores};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
-use crate::error::{ConnectError, fault, redact_url, scrub};
+use crate::error::{ConnectError, redact_url, scrub};
 use crate::options::{LockStrategy, PgOptions};
 use crate::schema;
 
@@ -184,29 +184,6 @@ impl PgBackend {
     pub(crate) fn pool(&self) -> &PgPool {
         &self.inner.pool
     }
-}
-
-/// Converts a count of milliseconds for binding (BIGINT), refusing values past
-/// `i64::MAX` milliseconds (about 292 million years).
-pub(crate) fn millis(ts: holdfast_domain::Timestamp) -> Result<i64, StoreFault> {
-    i64::try_from(ts.as_millis()).map_err(|_| {
-        StoreFault::Backend(format!(
-            "timestamp {ts} is beyond the storable range (at most {} ms)",
-            i64::MAX
-        ))
-    })
-}
-
-/// Converts a stored BIGINT millisecond count back to a timestamp.
-pub(crate) fn timestamp(millis: i64) -> Result<holdfast_domain::Timestamp, StoreFault> {
-    u64::try_from(millis)
-        .map(holdfast_domain::Timestamp)
-        .map_err(|_| StoreFault::Corrupt(format!("stored time {millis} ms is before the epoch")))
-}
-
-/// Maps a driver error onto a fault (re-exported for the port modules).
-pub(crate) fn to_fault(err: &sqlx::Error) -> StoreFault {
-    fault(err)
 }
 
 #[cfg(test)]

@@ -30,11 +30,11 @@
 //!   counts statements the server failed.
 
 mod backend;
+mod codec;
 mod error;
 mod locks;
 mod options;
 mod queues;
-mod rows;
 mod schema;
 mod statuses;
 mod tokens;

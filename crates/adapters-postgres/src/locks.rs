@@ -62,10 +62,11 @@ use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, check_window};
 
-use crate::backend::{PgBackend, millis, timestamp, to_fault};
-use crate::error::sqlstate;
+use crate::backend::PgBackend;
+use crate::codec::{self, get};
+use crate::codec::{millis, timestamp};
+use crate::error::fault as to_fault;
 use crate::options::LockStrategy;
-use crate::rows::{self, get};
 
 /// The advisory lock key of sweep leadership: the bytes of `"holdfast"`.
 pub const SWEEP_LOCK_KEY: i64 = 0x686f_6c64_6661_7374;
@@ -254,9 +255,6 @@ const LIST_LOCKS: &str = "
     LEFT JOIN tx_statuses s ON s.tx_id = l.consumer
     ORDER BY l.created_at, l.tx_id, l.idx";
 
-/// SQLSTATE of a unique violation.
-const UNIQUE_VIOLATION: &str = "23505";
-
 fn fault(e: &sqlx::Error) -> LockStoreError {
     LockStoreError::Fault(to_fault(e))
 }
@@ -284,7 +282,7 @@ impl PgBackend {
             LockStrategy::Insert | LockStrategy::OnConflict => WINDOW,
             LockStrategy::SkipLocked => WINDOW_SKIP_LOCKED,
         };
-        let (txs, idxs) = rows::token_arrays(tokens.iter().copied());
+        let (txs, idxs) = codec::token_arrays(tokens.iter().copied());
         let found = self
             .note(
                 sqlx::query(sql)
@@ -298,7 +296,7 @@ impl PgBackend {
             .map_err(|e| fault(&e))?;
         let mut verdicts = BTreeMap::new();
         for row in &found {
-            let id = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+            let id = codec::token_id(get(row, 0)?, get(row, 1)?)?;
             let (won, spendable): (bool, bool) = (get(row, 2)?, get(row, 3)?);
             let verdict = match (won, spendable) {
                 (true, _) => ClaimVerdict::Won,
@@ -328,7 +326,10 @@ impl PgBackend {
         match result {
             Ok(won) if won > 0 => Ok(ClaimVerdict::Won),
             Ok(_) => Ok(ClaimVerdict::Stale),
-            Err(e) if sqlstate(&e).as_deref() == Some(UNIQUE_VIOLATION) => {
+            Err(e)
+                if e.as_database_error()
+                    .is_some_and(|db| db.is_unique_violation()) =>
+            {
                 Ok(ClaimVerdict::Contended)
             }
             Err(e) => Err(fault(&e)),
@@ -410,7 +411,7 @@ impl LockStore for PgBackend {
         if tokens.is_empty() {
             return Ok(0);
         }
-        let (txs, idxs) = rows::token_arrays(tokens.iter());
+        let (txs, idxs) = codec::token_arrays(tokens.iter());
         let released = self
             .note(
                 sqlx::query_scalar::<_, i64>(RELEASE_TOKENS)
@@ -433,7 +434,7 @@ impl LockStore for PgBackend {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        let (txs, idxs) = rows::token_arrays(tokens.iter());
+        let (txs, idxs) = codec::token_arrays(tokens.iter());
         let found = self
             .note(
                 sqlx::query(RENEW)
@@ -447,7 +448,7 @@ impl LockStore for PgBackend {
             .map_err(|e| fault(&e))?;
         let mut held = found
             .iter()
-            .map(|row| rows::token_id(get(row, 0)?, get(row, 1)?))
+            .map(|row| codec::token_id(get(row, 0)?, get(row, 1)?))
             .collect::<Result<Vec<_>, _>>()
             .map_err(LockStoreError::Fault)?;
         held.sort();
@@ -472,8 +473,8 @@ impl LockStore for PgBackend {
             .map_err(|e| fault(&e))?;
         let mut spent = Vec::with_capacity(found.len());
         for row in &found {
-            let token = rows::token_id(get(row, 0)?, get(row, 1)?)?;
-            let spender = rows::id("tokens.spent_by", get(row, 2)?, TxId::new)?;
+            let token = codec::token_id(get(row, 0)?, get(row, 1)?)?;
+            let spender = codec::id("tokens.spent_by", get(row, 2)?, TxId::new)?;
             if spender != *consumer {
                 return Err(LockStoreError::DoubleSpend {
                     token,
@@ -493,7 +494,7 @@ impl LockStore for PgBackend {
         found
             .iter()
             .map(|row| {
-                let consumer = rows::id("selections.consumer", get(row, 0)?, TxId::new)?;
+                let consumer = codec::id("selections.consumer", get(row, 0)?, TxId::new)?;
                 let status: Option<String> = get(row, 1)?;
                 Ok((
                     consumer,
@@ -535,8 +536,8 @@ impl LockStore for PgBackend {
             .map(|row| {
                 let status: Option<String> = get(row, 4)?;
                 Ok(LockInfo {
-                    token: rows::token_id(get(row, 0)?, get(row, 1)?)?,
-                    consumer: rows::id("token_locks.consumer", get(row, 2)?, TxId::new)?,
+                    token: codec::token_id(get(row, 0)?, get(row, 1)?)?,
+                    consumer: codec::id("token_locks.consumer", get(row, 2)?, TxId::new)?,
                     created_at: timestamp(get(row, 3)?)?,
                     consumer_status: status.map(|name| status_named(&name)).transpose()?,
                 })

@@ -12,8 +12,9 @@ use holdfast_domain::{
 use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
 use sqlx::postgres::{PgQueryResult, PgRow};
 
-use crate::backend::{PgBackend, to_fault};
-use crate::rows::{self, get};
+use crate::backend::PgBackend;
+use crate::codec::{self, get};
+use crate::error::fault as to_fault;
 
 const LOAD_QUEUE: &str = "
     SELECT latest_request_id, last_green_uri, last_green_request_id, owners, version
@@ -70,7 +71,7 @@ fn fault(e: &sqlx::Error) -> QueueStoreError {
 }
 
 fn request_id(column: &str, text: String) -> Result<RequestId, StoreFault> {
-    rows::id(column, text, |t| RequestId::parse(&t))
+    codec::id(column, text, |t| RequestId::parse(&t))
 }
 
 fn version(column: &str, stored: i64) -> Result<Version, StoreFault> {
@@ -114,13 +115,13 @@ fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault>
                 ))
             })?,
             base: base
-                .map(|b| rows::id("requests.base_uri", b, RevisionUri::new))
+                .map(|b| codec::id("requests.base_uri", b, RevisionUri::new))
                 .transpose()?,
         }),
     };
     Ok(Request {
         id: RequestId::new(queue.clone(), seq),
-        uri: rows::id("requests.uri", get(row, 1)?, RevisionUri::new)?,
+        uri: codec::id("requests.uri", get(row, 1)?, RevisionUri::new)?,
         state,
         plan,
         version: version("requests.version", get(row, 5)?)?,
@@ -147,7 +148,7 @@ impl QueueStore for PgBackend {
         let owners: Vec<String> = get(&row, 3)?;
         let last_green = match (green_uri, green_id) {
             (Some(uri), Some(id)) => Some(LastGreen {
-                uri: rows::id("queues.last_green_uri", uri, RevisionUri::new)?,
+                uri: codec::id("queues.last_green_uri", uri, RevisionUri::new)?,
                 request_id: request_id("queues.last_green_request_id", id)?,
             }),
             _ => None,

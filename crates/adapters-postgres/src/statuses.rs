@@ -4,8 +4,10 @@ use async_trait::async_trait;
 use holdfast_domain::{Timestamp, TxId, TxStatus};
 use holdfast_ports::{StatusStoreError, StoreFault, TxStatusStore};
 
-use crate::backend::{PgBackend, millis, to_fault};
-use crate::rows::get;
+use crate::backend::PgBackend;
+use crate::codec::get;
+use crate::codec::millis;
+use crate::error::fault as to_fault;
 
 const RECORD: &str = "
     INSERT INTO tx_statuses (tx_id, status, recorded_at)

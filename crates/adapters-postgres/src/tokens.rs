@@ -7,8 +7,10 @@ use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError};
 
-use crate::backend::{PgBackend, timestamp, to_fault};
-use crate::rows::{self, get};
+use crate::backend::PgBackend;
+use crate::codec::timestamp;
+use crate::codec::{self, get};
+use crate::error::fault as to_fault;
 
 /// The candidate query, with or without the keyset cursor. Kept as macros so the
 /// `EXPLAIN` of [`explain_candidates`] is the very same text.
@@ -86,16 +88,16 @@ fn describe(wallet: &str, token_type: &str, quantity: &str) -> String {
 }
 
 fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFault> {
-    let id = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+    let id = codec::token_id(get(row, 0)?, get(row, 1)?)?;
     let spent_at: Option<i64> = get(row, 7)?;
     Ok(Token {
         id,
-        wallet: rows::id("tokens.wallet", get(row, 2)?, WalletId::new)?,
-        token_type: rows::id("tokens.token_type", get(row, 3)?, TokenType::new)?,
-        quantity: rows::quantity(&get::<String>(row, 4)?)?,
+        wallet: codec::id("tokens.wallet", get(row, 2)?, WalletId::new)?,
+        token_type: codec::id("tokens.token_type", get(row, 3)?, TokenType::new)?,
+        quantity: codec::quantity(&get::<String>(row, 4)?)?,
         spendable: get(row, 5)?,
         spent_by: get::<Option<String>>(row, 6)?
-            .map(|tx| rows::id("tokens.spent_by", tx, TxId::new))
+            .map(|tx| codec::id("tokens.spent_by", tx, TxId::new))
             .transpose()?,
         spent_at: spent_at.map(timestamp).transpose()?,
     })
@@ -161,7 +163,7 @@ impl TokenStore for PgBackend {
         if distinct.is_empty() {
             return Ok(0);
         }
-        let (txs, idxs) = rows::token_arrays(distinct.keys().copied());
+        let (txs, idxs) = codec::token_arrays(distinct.keys().copied());
         let wallets: Vec<&str> = distinct.values().map(|t| t.wallet.as_str()).collect();
         let types: Vec<&str> = distinct.values().map(|t| t.token_type.as_str()).collect();
         let amounts: Vec<String> = distinct.values().map(|t| t.quantity.to_string()).collect();
@@ -196,7 +198,7 @@ impl TokenStore for PgBackend {
                 )
                 .map_err(|e| fault(&e))?;
             for row in &stored {
-                let id = rows::token_id(get(row, 0)?, get(row, 1)?)?;
+                let id = codec::token_id(get(row, 0)?, get(row, 1)?)?;
                 let (wallet, token_type, amount): (String, String, String) =
                     (get(row, 2)?, get(row, 3)?, get(row, 4)?);
                 let Some(given) = distinct.get(&id) else {
@@ -204,7 +206,7 @@ impl TokenStore for PgBackend {
                 };
                 let same = wallet == given.wallet.as_str()
                     && token_type == given.token_type.as_str()
-                    && rows::quantity(&amount)? == given.quantity;
+                    && codec::quantity(&amount)? == given.quantity;
                 if !same {
                     let _ = self.note(tx.rollback().await);
                     return Err(TokenStoreError::Conflict {
@@ -268,8 +270,8 @@ impl TokenStore for PgBackend {
             .iter()
             .map(|row| {
                 Ok(Candidate {
-                    id: rows::token_id(get(row, 0)?, get(row, 1)?)?,
-                    quantity: rows::quantity(&get::<String>(row, 2)?)?,
+                    id: codec::token_id(get(row, 0)?, get(row, 1)?)?,
+                    quantity: codec::quantity(&get::<String>(row, 2)?)?,
                 })
             })
             .collect::<Result<Vec<_>, StoreFault>>()

@@ -9,7 +9,7 @@ use holdfast_domain::Timestamp;
 use rusqlite::{Connection, TransactionBehavior};
 
 use crate::codec::time_to_sql;
-use crate::open::OpenError;
+use crate::error::OpenError;
 use crate::pool::Db;
 
 /// One schema migration.

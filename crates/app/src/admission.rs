@@ -1,5 +1,5 @@
 //! The admission service: executes the domain's build-slot admission decisions
-//! ([`holdfast_domain::admission`]) against the [`QueueStore`] (DESIGN §3).
+//! ([`holdfast_domain::admission`]) against the [`QueueStore`] (`docs/admission.md`).
 //!
 //! Every step loops: load (the request first, then its queue), decide, and either
 //! load what the decision needs (owner requests, an ancestry answer), attempt its
@@ -369,7 +369,7 @@ impl Admission {
     }
 
     /// Migrates `queue` from an anonymous in-flight count to owner ids: every
-    /// processing request of the queue joins the slot owners (DESIGN §3). Loads the
+    /// processing request of the queue joins the slot owners (`docs/admission.md`). Loads the
     /// queue and all of its requests in every round (a migration runs once, with
     /// the old binaries stopped). A missing queue is [`Reply::DeadLetter`].
     /// Running it again adds nothing.

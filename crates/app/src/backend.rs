@@ -2,10 +2,15 @@
 //! selects the embedded SQLite adapter, `postgres://` / `postgresql://` the
 //! PostgreSQL adapter. Every open applies the missing migrations and is bounded by
 //! a connect timeout. Messages never contain a password: URLs are shown redacted.
+//!
+//! Each adapter is behind a cargo feature (`sqlite`, `postgres`; both default): a
+//! URL for an adapter that was not compiled in is [`BackendError::NotCompiled`].
 
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use holdfast_adapters_postgres::{ConnectError, PgBackend, PgOptions, redact_url};
+#[cfg(feature = "sqlite")]
 use holdfast_adapters_sqlite::{OpenError, SqliteBackend, SqliteOptions};
 use holdfast_ports::Stores;
 use tracing::Instrument;
@@ -72,9 +77,11 @@ pub struct BackendOptions {
     /// the pool's acquire timeout.
     pub connect_timeout: Duration,
     /// SQLite options (busy timeout, reader connections).
+    #[cfg(feature = "sqlite")]
     pub sqlite: SqliteOptions,
     /// PostgreSQL options (lock strategy, pool size); its `connect_timeout` is
     /// replaced by [`BackendOptions::connect_timeout`].
+    #[cfg(feature = "postgres")]
     pub postgres: PgOptions,
 }
 
@@ -82,8 +89,32 @@ impl Default for BackendOptions {
     fn default() -> Self {
         BackendOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            #[cfg(feature = "sqlite")]
             sqlite: SqliteOptions::default(),
+            #[cfg(feature = "postgres")]
             postgres: PgOptions::default(),
+        }
+    }
+}
+
+impl crate::Config {
+    /// The backend options this configuration asks for: its connect timeout, the
+    /// SQLite busy timeout, the PostgreSQL lock strategy.
+    pub fn backend_options(&self) -> BackendOptions {
+        let defaults = BackendOptions::default();
+        BackendOptions {
+            connect_timeout: self.connect_timeout(),
+            #[cfg(feature = "sqlite")]
+            sqlite: SqliteOptions {
+                busy_timeout: self.busy_timeout(),
+                ..defaults.sqlite
+            },
+            #[cfg(feature = "postgres")]
+            postgres: PgOptions {
+                strategy: self.pg_lock_strategy,
+                connect_timeout: self.connect_timeout(),
+                ..defaults.postgres
+            },
         }
     }
 }
@@ -101,10 +132,20 @@ pub enum BackendError {
         /// The scheme, without the rest of the URL (which may carry a password).
         scheme: String,
     },
+    /// The URL selects an adapter this build of holdfast was compiled without.
+    #[error(
+        "the {backend} backend is not compiled in; enable the `{backend}` feature of the holdfast crate"
+    )]
+    NotCompiled {
+        /// `sqlite` or `postgres`.
+        backend: BackendKind,
+    },
     /// The SQLite adapter refused the location or its options, or failed to open.
+    #[cfg(feature = "sqlite")]
     #[error(transparent)]
     Sqlite(#[from] OpenError),
     /// The PostgreSQL adapter refused the URL or its options, or failed to connect.
+    #[cfg(feature = "postgres")]
     #[error(transparent)]
     Postgres(#[from] ConnectError),
     /// Opening did not finish within the connect timeout.
@@ -122,11 +163,13 @@ impl BackendError {
     /// work), as opposed to the database being unreachable or failing.
     pub fn is_bad_input(&self) -> bool {
         match self {
-            BackendError::UnknownScheme { .. } => true,
+            BackendError::UnknownScheme { .. } | BackendError::NotCompiled { .. } => true,
+            #[cfg(feature = "sqlite")]
             BackendError::Sqlite(e) => matches!(
                 e,
                 OpenError::InvalidLocation { .. } | OpenError::InvalidOption { .. }
             ),
+            #[cfg(feature = "postgres")]
             BackendError::Postgres(e) => matches!(
                 e,
                 ConnectError::InvalidUrl { .. } | ConnectError::Options(_)
@@ -138,7 +181,9 @@ impl BackendError {
 
 #[derive(Debug, Clone)]
 enum Adapter {
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteBackend),
+    #[cfg(feature = "postgres")]
     Postgres(PgBackend),
 }
 
@@ -155,14 +200,16 @@ impl Backend {
     /// `options.connect_timeout`.
     pub async fn open(url: &str, options: &BackendOptions) -> Result<Backend, BackendError> {
         let kind = BackendKind::of_url(url)?;
-        let shown_url = redact_url(url);
+        let shown_url = shown(url);
         let timeout = options.connect_timeout;
         let opening = async {
             match kind {
+                #[cfg(feature = "sqlite")]
                 BackendKind::Sqlite => SqliteBackend::open(url, options.sqlite.clone())
                     .await
                     .map(Adapter::Sqlite)
                     .map_err(BackendError::from),
+                #[cfg(feature = "postgres")]
                 BackendKind::Postgres => {
                     let pg = PgOptions {
                         connect_timeout: timeout,
@@ -173,6 +220,8 @@ impl Backend {
                         .map(Adapter::Postgres)
                         .map_err(BackendError::from)
                 }
+                #[allow(unreachable_patterns)]
+                backend => Err(BackendError::NotCompiled { backend }),
             }
         };
         let span = tracing::debug_span!("open_backend", backend = kind.as_str(), url = %shown_url);
@@ -192,7 +241,9 @@ impl Backend {
     /// The four ports of this instance.
     pub fn stores(&self) -> Stores {
         match &self.adapter {
+            #[cfg(feature = "sqlite")]
             Adapter::Sqlite(b) => b.stores(),
+            #[cfg(feature = "postgres")]
             Adapter::Postgres(b) => b.stores(),
         }
     }
@@ -200,7 +251,9 @@ impl Backend {
     /// Which adapter this is.
     pub fn kind(&self) -> BackendKind {
         match self.adapter {
+            #[cfg(feature = "sqlite")]
             Adapter::Sqlite(_) => BackendKind::Sqlite,
+            #[cfg(feature = "postgres")]
             Adapter::Postgres(_) => BackendKind::Postgres,
         }
     }
@@ -214,7 +267,9 @@ impl Backend {
     /// the newest version this build knows).
     pub fn schema_version(&self) -> i64 {
         match self.adapter {
+            #[cfg(feature = "sqlite")]
             Adapter::Sqlite(_) => holdfast_adapters_sqlite::SCHEMA_VERSION,
+            #[cfg(feature = "postgres")]
             Adapter::Postgres(_) => holdfast_adapters_postgres::MIGRATIONS
                 .last()
                 .map_or(0, |(version, _, _)| *version),
@@ -224,10 +279,21 @@ impl Backend {
     /// Closes pooled connections where the adapter keeps a pool (PostgreSQL);
     /// SQLite connections close when the last clone is dropped.
     pub async fn close(&self) {
-        if let Adapter::Postgres(pg) = &self.adapter {
-            pg.close().await;
+        match &self.adapter {
+            #[cfg(feature = "postgres")]
+            Adapter::Postgres(pg) => pg.close().await,
+            #[allow(unreachable_patterns)]
+            _ => {}
         }
     }
+}
+
+/// `url` as it may be shown: the password of a PostgreSQL URL redacted.
+fn shown(url: &str) -> String {
+    #[cfg(feature = "postgres")]
+    return redact_url(url);
+    #[cfg(not(feature = "postgres"))]
+    return url.to_owned();
 }
 
 #[cfg(test)]
@@ -267,6 +333,7 @@ mod tests {
         assert!(!text.contains("hunter2"), "{text}");
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn bad_sqlite_locations_are_bad_input() {
         let err = Backend::open("sqlite://", &BackendOptions::default())
@@ -275,6 +342,7 @@ mod tests {
         assert!(err.is_bad_input(), "{err}");
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn unopenable_sqlite_files_are_backend_errors() {
         let dir = std::env::temp_dir().join(format!("holdfast-backend-{}", std::process::id()));
@@ -292,6 +360,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    #[cfg(feature = "postgres")]
     #[tokio::test]
     async fn postgres_urls_are_redacted_in_errors() {
         let options = BackendOptions {

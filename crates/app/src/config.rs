@@ -32,13 +32,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+#[cfg(feature = "config-file")]
 use std::path::Path;
 use std::time::Duration;
 
-use holdfast_adapters_postgres::LockStrategy;
 use holdfast_domain::{
     AdmissionConfig, LeaseConfig, PersistPolicy, Precision, QueueName, SelectionConfig,
 };
+use holdfast_ports::LockStrategy;
 use serde::Deserialize;
 
 /// Environment variables with the `HOLDFAST_` prefix that are not configuration
@@ -280,6 +281,7 @@ pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
 impl Config {
     /// Parses a TOML document; missing keys keep their defaults. Not validated.
+    #[cfg(feature = "config-file")]
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: "<string>".to_owned(),
@@ -288,6 +290,7 @@ impl Config {
     }
 
     /// Reads and parses a TOML file. Not validated.
+    #[cfg(feature = "config-file")]
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
@@ -332,16 +335,27 @@ impl Config {
 
     /// The configuration a process starts with: defaults, then the file (if any),
     /// then the process environment; validated.
+    #[cfg(feature = "config-file")]
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut config = match file {
+        let config = match file {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
-        config.apply_env(std::env::vars_os().filter_map(|(k, v)| {
+        config.with_process_env()
+    }
+
+    /// The defaults, then the process environment (`HOLDFAST_*`); validated. The
+    /// configuration of a service that reads no file.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::default().with_process_env()
+    }
+
+    fn with_process_env(mut self) -> Result<Config, ConfigError> {
+        self.apply_env(std::env::vars_os().filter_map(|(k, v)| {
             Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
         }))?;
-        config.validate()?;
-        Ok(config)
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks every value against its range; the error names the first bad key
@@ -525,6 +539,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+#[cfg(feature = "config-file")]
 fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     let Some(span) = span else {
         return String::new();

@@ -1,8 +1,13 @@
-//! holdfast services wiring the domain rules to the ports, and the `holdfast` command.
+//! holdfast services wiring the domain rules to the ports: what a service imports.
+//! The `holdfast` command lives in the `holdfast-cli` crate.
+//!
+//! Features: `sqlite` and `postgres` (the adapters [`backend::Backend::open`] can
+//! open) and `config-file` (TOML configuration files), all default. With one
+//! backend feature a service pulls neither the other adapter nor any
+//! command-line crate.
 //!
 //! - [`config`]: the one [`Config`] struct, from TOML and `HOLDFAST_*` variables.
 //! - [`backend`]: opening a backend from a database URL (SQLite or PostgreSQL).
-//! - [`cli`]: the `holdfast` command (parsing, commands, rendering, exit codes).
 //! - [`clock`]: [`SystemClock`], the wall clock as the `Clock` port.
 //! - [`selector`]: [`TokenSelector`], token selection with stubborn legs.
 //! - [`settlement`]: [`Settlement`], the lock lifecycle on status reports and at start-up.
@@ -10,18 +15,15 @@
 //! - [`admission`]: [`Admission`], build-slot admission against the queue store.
 //! - [`failpoint`]: crash points around admission writes (feature `failpoints`).
 //! - [`metrics`]: the metrics table and `docs/metrics.md`.
-//! - [`simulate`]: the contention simulator behind `holdfast simulate`.
 
 pub mod admission;
 pub mod backend;
-pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod failpoint;
 pub mod metrics;
 pub mod selector;
 pub mod settlement;
-pub mod simulate;
 pub mod sweeper;
 
 pub use admission::{

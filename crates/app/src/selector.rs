@@ -1,5 +1,5 @@
 //! The token selector: drives the domain's [`Selection`] state machine against the
-//! token and lock stores (DESIGN §2 "Select").
+//! token and lock stores (`docs/selection.md`).
 //!
 //! - Fetch -> [`TokenStore::candidates`]; a claim of one token ->
 //!   [`LockStore::claim`], of several -> [`LockStore::claim_window`]; the balance ->

@@ -1,5 +1,5 @@
 //! The lease sweeper: a background task that calls [`LockStore::sweep`] every
-//! `cleanup_period` with the lease expiry (DESIGN §2 "Lease sweep"), until
+//! `cleanup_period` with the lease expiry (`docs/lifecycle.md`), until
 //! [`SweeperHandle::shutdown`].
 //!
 //! The first sweep runs at once, then one per period on tokio time (so tests can

@@ -1,6 +1,6 @@
 //! A crash between any two admission writes, on a real database (SQLite file and
 //! PostgreSQL), leaves a state from which redelivery drains with every invariant of
-//! DESIGN §3 intact.
+//! invariants of `docs/admission.md` intact.
 //!
 //! Needs the cargo feature `failpoints` (`[[test]] required-features`): admission
 //! then aborts the process at the point named by `HOLDFAST_FAILPOINT`

@@ -1,4 +1,4 @@
-//! The per-call blacklist of token selection (DESIGN §2 "Select" step 4).
+//! The per-call blacklist of token selection (`docs/selection.md`, step 4).
 //!
 //! A token that lost a lock race (contended) or was found no longer spendable
 //! (stale) is skipped for the rest of one Select call, so the call does not hammer

@@ -1,5 +1,5 @@
 //! The lock lifecycle: which transaction statuses release a consumer's locks, and
-//! when a lock's lease has expired (DESIGN §2 "Lock lifecycle").
+//! when a lock's lease has expired (`docs/lifecycle.md`).
 //!
 //! - [`settlement_action`]: Confirmed, Deleted and Invalid release all locks of the
 //!   consumer; Pending, Busy, Unknown, Orphan and unrecognised statuses keep them.

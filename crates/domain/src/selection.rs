@@ -1,4 +1,4 @@
-//! The token selection engine (DESIGN §2 "Select", steps 1–9 and 11), sans-IO.
+//! The token selection engine (`docs/selection.md`), sans-IO.
 //!
 //! A [`Selection`] is one Select call across all its legs. The caller drives it:
 //! it returns an [`Action`] (fetch a page of candidates, claim a window of tokens,
@@ -193,7 +193,7 @@ pub enum SelectionFailure {
     },
 }
 
-/// Counters of one Select call, for metrics (DESIGN §2 "Metrics").
+/// Counters of one Select call, for metrics (`docs/metrics.md`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SelectionStats {
     /// Immediate retries (rescans and store errors), summed over all legs.

@@ -1,5 +1,5 @@
-//! The claim window and the sufficiency window of token selection (DESIGN §2
-//! "Select" steps 3 and 6).
+//! The claim window and the sufficiency window of token selection
+//! (`docs/selection.md`, steps 2 and 3).
 //!
 //! Given the candidates still usable in a scan (ascending, blacklisted ones already
 //! removed), [`plan`] decides which ones the next claim names:

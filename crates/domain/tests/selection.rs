@@ -1,4 +1,4 @@
-//! Behaviour of the selection engine (DESIGN §2 "Select"), driven against an
+//! Behaviour of the selection engine (`docs/selection.md`), driven against an
 //! in-memory wallet. Randomised behaviours are checked over many fixed seeds.
 
 mod selection_sim;

@@ -15,6 +15,7 @@ pub mod error;
 pub mod locks;
 pub mod queues;
 pub mod statuses;
+pub mod strategy;
 pub mod tokens;
 
 #[cfg(feature = "conformance")]
@@ -27,6 +28,7 @@ pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, T
 pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport, check_window};
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};
+pub use strategy::{LockStrategy, UnknownStrategy};
 pub use tokens::{CandidateQuery, MockTokenStore, NewToken, TokenStore};
 
 /// One backend's ports, as the app wires them. An adapter returns one of these

@@ -1,4 +1,4 @@
-//! The admission invariants of DESIGN §3 that need only one stored state: a queue
+//! The admission invariants of `docs/admission.md` that need only one stored state: a queue
 //! and its requests, as loaded. Checkers (the simulator, the crash tests, `queue
 //! show`) read the store and ask these functions; the rules live here once.
 //!

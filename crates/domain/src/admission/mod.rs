@@ -1,4 +1,4 @@
-//! Build-slot admission owned by request id (DESIGN §3), as pure decision steps.
+//! Build-slot admission owned by request id (`docs/admission.md`), as pure decision steps.
 //!
 //! Every step is a function from what the caller loaded (the request, the queue,
 //! and where needed the requests of the slot owners and an ancestry answer) and the

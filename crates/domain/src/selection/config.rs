@@ -23,7 +23,7 @@ pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(3_600);
 /// How one Select call behaves. A plain struct: set the fields, then
 /// [`SelectionConfig::validate`] (which [`crate::selection::Selection::new`] calls).
 ///
-/// The defaults are those of DESIGN §2.
+/// The defaults are listed in `docs/configuration.md`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelectionConfig {
     /// How many candidates the sufficiency window may hold, the anchor included

@@ -1,7 +1,7 @@
 //! The model harness: an in-memory versioned store that executes admission
 //! decisions like the app does (load the request, then the queue, decide, attempt
 //! one compare-and-set, reload), with injectable faults, and checks the invariants
-//! of DESIGN §3 after every step.
+//! of `docs/admission.md` after every step.
 //!
 //! The harness is generic over a [`Design`], so the same scripts run against the
 //! owner-keyed rules of `holdfast_domain::admission` and against the old

@@ -1,5 +1,5 @@
-//! The old anonymous-count design (stovepipe before owner-keyed slots, REFERENCE
-//! Part 2.2), run in the same harness. It must be caught by the invariants: the
+//! The old anonymous-count design (a counter of busy slots instead of the set of
+//! owning request ids), run in the same harness. It must be caught by the invariants: the
 //! wedge of scenario 2 and the double releases of scenarios 17–19. That shows the
 //! harness detects the bugs the owner-keyed rules guard against.
 

@@ -1,0 +1,97 @@
+//! `holdfast simulate`: the contention simulator ([`crate::simulate`]). It makes its
+//! own fresh databases (one per strategy), so it runs before any database is
+//! opened; `--db` only chooses the backend type and where the databases go.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use super::CliError;
+use super::output::{Rendered, Report};
+use crate::simulator::{self, Ablation, SimOptions, SimulationReport, Strategy, Workload};
+use holdfast::config::Config;
+
+/// `simulate`.
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// A preset (hot-lineage, pareto, dust, big-wallet, admission) or a workload TOML file
+    #[arg(long, value_name = "NAME|FILE")]
+    pub workload: String,
+    /// Seed of the run: every strategy gets the same wallets, requests and per-call seeds
+    #[arg(long, default_value_t = 42, value_name = "N")]
+    pub seed: u64,
+    /// Also write a self-contained HTML report with charts to this file
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
+    /// Also run holdfast with one mechanism switched off
+    #[arg(long, value_enum, value_name = "MECHANISM")]
+    pub ablate: Option<Ablation>,
+    /// Run only these strategies (repeatable; default: naive and holdfast)
+    #[arg(long = "strategy", value_enum, value_name = "NAME", hide = true)]
+    pub only: Vec<StrategyArg>,
+    /// Also drive the lock statements raw (claim, release) at the same concurrency
+    /// on a fresh database: the physical limit holdfast is compared with
+    #[arg(long, hide = true)]
+    pub raw_limit: bool,
+}
+
+/// A strategy named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
+    /// The naive selector.
+    Naive,
+    /// holdfast's selector.
+    Holdfast,
+}
+
+impl Report for SimulationReport {
+    fn human(&self) -> String {
+        self.text()
+    }
+}
+
+impl From<simulator::SimulateError> for CliError {
+    fn from(e: simulator::SimulateError) -> Self {
+        CliError::Simulate(Box::new(e))
+    }
+}
+
+/// Runs the simulation and renders its report (and writes the HTML report).
+pub async fn run(
+    args: &SimulateArgs,
+    db: Option<&str>,
+    config: Config,
+) -> Result<Rendered, CliError> {
+    let workload = Workload::resolve(&args.workload).map_err(simulator::SimulateError::from)?;
+    let only = (!args.only.is_empty()).then(|| {
+        args.only
+            .iter()
+            .map(|s| match s {
+                StrategyArg::Naive => Strategy::Naive,
+                StrategyArg::Holdfast => Strategy::Holdfast,
+            })
+            .collect()
+    });
+    let options = SimOptions {
+        workload,
+        // --db, else the configuration's db_url; neither: SQLite in the temp directory.
+        db: db
+            .map(str::to_owned)
+            .or_else(|| Some(config.db_url.clone()).filter(|u| !u.trim().is_empty())),
+        seed: args.seed,
+        ablate: args.ablate,
+        only,
+        raw_limit: args.raw_limit,
+        progress: true,
+        config,
+    };
+    let report = simulator::simulate(options).await?;
+    if let Some(path) = &args.report {
+        std::fs::write(path, report.html()).map_err(|source| CliError::Io {
+            action: "writing the report",
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
+    Ok(Rendered::of(&report))
+}

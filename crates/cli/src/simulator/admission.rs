@@ -1,0 +1,543 @@
+//! The `admission` workload: build queues driven through [`Admission`] by
+//! concurrent workers while crashes are injected at random points, and every
+//! failed step's message is redelivered.
+//!
+//! - Messages: ingest a revision, process (admit) a request, record its build
+//!   outcome, dead-letter it. Workers take them from one shared queue.
+//! - Crashes: a [`QueueStore`] decorator fails a compare-and-set (or a request
+//!   creation) with the configured chance, half of the time *before* the write and
+//!   half *after* it (the write applied, the answer lost): a crash between any two
+//!   writes of a step. The step fails, and its message is redelivered.
+//! - A message that failed (or was told to retry) 10 times is dead-lettered; holds
+//!   (closed gate) are redelivered without counting, as `docs/admission.md` says.
+//! - Invariants (`docs/admission.md`) are checked on the stored state after every
+//!   acknowledged step for that step's queue (between two reads of the queue at the
+//!   same version, so the snapshot is consistent): |owners| <= max_concurrent,
+//!   owners are existing, live requests (so terminal requests own no slot). When
+//!   every message is handled, every queue is checked again, adding "processing
+//!   implies owner", which holds only between steps: a step releases the slot
+//!   before it writes the terminal state (no transaction spans queue and request),
+//!   so while another worker is inside such a step, or after a crash between its
+//!   two writes until the redelivery, a processing request owns no slot. At the
+//!   end no request may be left non-terminal (a wedge), and the owners left are
+//!   slots leaked.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use holdfast_domain::admission::invariants::{Violation, stored_violations};
+use holdfast_domain::{
+    BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState, RevisionUri, Version,
+};
+use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::SimulateError;
+use super::figures::{round3, to_f64};
+use super::provision::Provisioner;
+use super::runner::{Progress, RunSettings, mix};
+use super::workload::AdmissionLoad;
+use holdfast::admission::{Admission, AdmissionPolicy, NoAncestry};
+use holdfast::backend::Backend;
+
+/// Delivery attempts (failed steps and retries) before a message is dead-lettered.
+pub const MAX_DELIVERIES: u32 = 10;
+
+/// The figures of the admission workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AdmissionFigures {
+    /// Always `holdfast` (admission has no naive twin).
+    pub strategy: String,
+    /// Requests admitted (first publish of each).
+    pub admits: u64,
+    /// Admitted requests per wall second.
+    pub admits_per_second: f64,
+    /// Invariant violations seen on the stored state. Must be zero.
+    pub invariant_violations: u64,
+    /// Slot owners left when every message was handled. Must be zero.
+    pub slots_leaked: u64,
+    /// Requests left neither terminal nor in flight at the end (a wedge).
+    pub wedged_requests: u64,
+    /// Crashes injected (before or after a write).
+    pub crashes_injected: u64,
+    /// Messages redelivered after a failed step or a retry reply.
+    pub redeliveries: u64,
+    /// Redeliveries after a closed gate (holds).
+    pub holds: u64,
+    /// Requests dead-lettered.
+    pub dead_lettered: u64,
+    /// Requests superseded by a newer head.
+    pub superseded: u64,
+    /// Requests whose build succeeded.
+    pub succeeded: u64,
+    /// Messages dropped after 100 failed deliveries (ingest or dead letter). Must be zero.
+    pub undelivered: u64,
+    /// Steps run (every delivery).
+    pub steps: u64,
+    /// Wall time, in seconds.
+    pub wall_seconds: f64,
+}
+
+/// A queue store that crashes compare-and-sets at random (see the module docs).
+struct CrashingQueues {
+    inner: Arc<dyn QueueStore>,
+    rng: Mutex<StdRng>,
+    percent: u8,
+    injected: Arc<AtomicU64>,
+}
+
+enum Crash {
+    None,
+    Before,
+    After,
+}
+
+impl CrashingQueues {
+    fn draw(&self) -> Crash {
+        let roll: u8 = self
+            .rng
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .random_range(0..200);
+        if roll < self.percent {
+            Crash::Before
+        } else if roll < self.percent.saturating_mul(2) {
+            Crash::After
+        } else {
+            Crash::None
+        }
+    }
+
+    fn crashed(&self, when: &str) -> QueueStoreError {
+        self.injected.fetch_add(1, Ordering::Relaxed);
+        QueueStoreError::Fault(StoreFault::Unavailable(format!(
+            "simulated crash {when} the write"
+        )))
+    }
+}
+
+#[async_trait]
+impl QueueStore for CrashingQueues {
+    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
+        self.inner.load_queue(name).await
+    }
+
+    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
+        self.inner.load_request(id).await
+    }
+
+    async fn create_request(
+        &self,
+        queue: &QueueName,
+        uri: &RevisionUri,
+    ) -> Result<Ingested, QueueStoreError> {
+        match self.draw() {
+            Crash::Before => Err(self.crashed("before")),
+            Crash::After => {
+                self.inner.create_request(queue, uri).await?;
+                Err(self.crashed("after"))
+            }
+            Crash::None => self.inner.create_request(queue, uri).await,
+        }
+    }
+
+    async fn cas_queue(
+        &self,
+        expected: Version,
+        queue: &Queue,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        match self.draw() {
+            Crash::Before => Err(self.crashed("before")),
+            Crash::After => {
+                self.inner.cas_queue(expected, queue).await?;
+                Err(self.crashed("after"))
+            }
+            Crash::None => self.inner.cas_queue(expected, queue).await,
+        }
+    }
+
+    async fn cas_request(
+        &self,
+        expected: Version,
+        request: &Request,
+    ) -> Result<CasOutcome, QueueStoreError> {
+        match self.draw() {
+            Crash::Before => Err(self.crashed("before")),
+            Crash::After => {
+                self.inner.cas_request(expected, request).await?;
+                Err(self.crashed("after"))
+            }
+            Crash::None => self.inner.cas_request(expected, request).await,
+        }
+    }
+
+    async fn list_requests(
+        &self,
+        queue: &QueueName,
+        limit: usize,
+    ) -> Result<Vec<Request>, QueueStoreError> {
+        self.inner.list_requests(queue, limit).await
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Ingest(QueueName, RevisionUri),
+    Process(RequestId),
+    Outcome(RequestId, BuildOutcome),
+    DeadLetter(RequestId),
+}
+
+#[derive(Debug, Clone)]
+struct Message {
+    step: Step,
+    deliveries: u32,
+}
+
+#[derive(Default)]
+struct Tally {
+    admitted: Mutex<BTreeSet<RequestId>>,
+    violations: AtomicU64,
+    redeliveries: AtomicU64,
+    holds: AtomicU64,
+    dead_lettered: AtomicU64,
+    undelivered: AtomicU64,
+    steps: AtomicU64,
+}
+
+struct Bus {
+    sender: Mutex<Option<mpsc::UnboundedSender<Message>>>,
+    receiver: tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>,
+    outstanding: AtomicUsize,
+}
+
+impl Bus {
+    fn send(&self, message: Message) {
+        let sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = sender.as_ref() {
+            self.outstanding.fetch_add(1, Ordering::SeqCst);
+            if sender.send(message).is_err() {
+                self.outstanding.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Marks one message handled (its follow-ups already sent); closes the bus
+    /// when nothing is left.
+    fn done(&self) {
+        if self.outstanding.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.sender
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        }
+    }
+
+    async fn next(&self) -> Option<Message> {
+        self.receiver.lock().await.recv().await
+    }
+}
+
+/// Runs the admission workload on a fresh database.
+pub async fn run(
+    load: AdmissionLoad,
+    settings: &RunSettings,
+    provisioner: &Provisioner,
+) -> Result<AdmissionFigures, SimulateError> {
+    let db = provisioner
+        .create("admission")
+        .await
+        .map_err(SimulateError::Provision)?;
+    let options = settings.config.backend_options();
+    let result = async {
+        let backend = Backend::open(&db.url, &options)
+            .await
+            .map_err(SimulateError::Open)?;
+        let outcome = drive(load, settings, &backend).await;
+        backend.close().await;
+        outcome
+    }
+    .await;
+    let removed = provisioner.remove(&db).await;
+    let figures = result?;
+    removed.map_err(SimulateError::Provision)?;
+    Ok(figures)
+}
+
+fn redeliver(bus: &Bus, tally: &Tally, message: Message) {
+    tally.redeliveries.fetch_add(1, Ordering::Relaxed);
+    let deliveries = message.deliveries + 1;
+    match message.step {
+        Step::Process(id) | Step::Outcome(id, _) if deliveries >= MAX_DELIVERIES => {
+            bus.send(Message {
+                step: Step::DeadLetter(id),
+                deliveries: 0,
+            });
+        }
+        Step::Ingest(..) | Step::DeadLetter(_) if deliveries >= MAX_DELIVERIES * 10 => {
+            tally.undelivered.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(step = ?message.step, "message dropped after {deliveries} deliveries");
+        }
+        step => bus.send(Message { step, deliveries }),
+    }
+}
+
+async fn handle(
+    admission: &Admission,
+    raw: &dyn QueueStore,
+    policy_max: u32,
+    bus: &Bus,
+    tally: &Tally,
+    rng: &mut StdRng,
+    message: Message,
+) {
+    tally.steps.fetch_add(1, Ordering::Relaxed);
+    let (result, queue) = match &message.step {
+        Step::Ingest(queue, uri) => match admission.ingest(queue, uri).await {
+            Ok(ingest) => {
+                if ingest.reply == Reply::Ack {
+                    bus.send(Message {
+                        step: Step::Process(ingest.request.id.clone()),
+                        deliveries: 0,
+                    });
+                }
+                (Ok(ingest.reply), queue.clone())
+            }
+            Err(e) => (Err(e), queue.clone()),
+        },
+        Step::Process(id) => (admission.process(id).await, id.queue().clone()),
+        Step::Outcome(id, outcome) => (admission.outcome(id, *outcome).await, id.queue().clone()),
+        Step::DeadLetter(id) => (admission.dead_letter(id).await, id.queue().clone()),
+    };
+    match result {
+        Err(e) => {
+            tracing::debug!(error = %e, "admission step failed; redelivering");
+            redeliver(bus, tally, message);
+        }
+        Ok(reply) => {
+            match (&message.step, reply) {
+                (Step::DeadLetter(_), Reply::Ack) => {
+                    tally.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                }
+                (_, Reply::Ack) => {}
+                (_, Reply::Hold(_)) => {
+                    tally.holds.fetch_add(1, Ordering::Relaxed);
+                    bus.send(message.clone());
+                }
+                (_, Reply::Retry(_)) => redeliver(bus, tally, message.clone()),
+                (_, Reply::DeadLetter(_) | Reply::Error(_)) => match &message.step {
+                    Step::Process(id) | Step::Outcome(id, _) => bus.send(Message {
+                        step: Step::DeadLetter(id.clone()),
+                        deliveries: 0,
+                    }),
+                    // A dead letter or ingest that cannot proceed is dropped.
+                    _ => {}
+                },
+                (_, Reply::Publish { request, .. }) => {
+                    tally
+                        .admitted
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(request.id.clone());
+                    let outcome = if rng.random_range(0..10u8) == 0 {
+                        BuildOutcome::Failed
+                    } else {
+                        BuildOutcome::Succeeded
+                    };
+                    bus.send(Message {
+                        step: Step::Outcome(request.id, outcome),
+                        deliveries: 0,
+                    });
+                }
+            }
+            match check_queue(raw, &queue, policy_max).await {
+                Ok(violations) => {
+                    tally.violations.fetch_add(violations, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!(error = %e, "invariant check could not read the queue"),
+            }
+        }
+    }
+    bus.done();
+}
+
+/// Violations of the slot invariants on one queue, read consistently (the queue at
+/// the same version before and after its requests); 0 when the queue moved on.
+async fn check_queue(
+    store: &dyn QueueStore,
+    name: &QueueName,
+    max_concurrent: u32,
+) -> Result<u64, QueueStoreError> {
+    let Some(before) = store.load_queue(name).await? else {
+        return Ok(0);
+    };
+    let requests = store.list_requests(name, usize::MAX).await?;
+    let Some(after) = store.load_queue(name).await? else {
+        return Ok(0);
+    };
+    if after.version != before.version {
+        return Ok(0);
+    }
+    Ok(violations(&after, &requests, max_concurrent, Moment::Any))
+}
+
+/// When the invariants are checked: any moment (another step may be between its
+/// writes), or quiescence (every message handled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    Any,
+    Quiescent,
+}
+
+/// Counts (and logs) the stored-state violations of `queue`; a processing request
+/// without a slot counts only at quiescence (an outcome between its release and
+/// its terminal write leaves one).
+fn violations(queue: &Queue, requests: &[Request], max_concurrent: u32, moment: Moment) -> u64 {
+    let mut found = 0u64;
+    for violation in stored_violations(queue, requests, max_concurrent) {
+        if moment == Moment::Any && matches!(violation, Violation::ProcessingWithoutSlot { .. }) {
+            continue;
+        }
+        found += 1;
+        tracing::error!(queue = %queue.name, "admission invariant violated: {violation}");
+    }
+    found
+}
+
+async fn drive(
+    load: AdmissionLoad,
+    settings: &RunSettings,
+    backend: &Backend,
+) -> Result<AdmissionFigures, SimulateError> {
+    let raw = backend.stores().queues;
+    let injected = Arc::new(AtomicU64::new(0));
+    let crashing: Arc<dyn QueueStore> = Arc::new(CrashingQueues {
+        inner: raw.clone(),
+        rng: Mutex::new(StdRng::seed_from_u64(mix(settings.seed, 7))),
+        percent: load.crash_percent,
+        injected: injected.clone(),
+    });
+    let mut policy = AdmissionPolicy::from_config(&settings.config);
+    policy.default.max_concurrent = load.max_concurrent;
+    let admission = Arc::new(Admission::new(crashing, Arc::new(NoAncestry), policy));
+
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let bus = Arc::new(Bus {
+        sender: Mutex::new(Some(sender)),
+        receiver: tokio::sync::Mutex::new(receiver),
+        outstanding: AtomicUsize::new(0),
+    });
+    let mut ingests = Vec::new();
+    let mut names = Vec::new();
+    for q in 0..load.queues {
+        let name = QueueName::new(format!("q{q}")).map_err(SimulateError::internal)?;
+        for n in 0..load.requests_per_queue {
+            let uri = RevisionUri::new(format!("git://sim/q{q}/rev{n}"))
+                .map_err(SimulateError::internal)?;
+            ingests.push(Step::Ingest(name.clone(), uri));
+        }
+        names.push(name);
+    }
+    let mut rng = StdRng::seed_from_u64(mix(settings.seed, 8));
+    ingests.shuffle(&mut rng);
+    for step in ingests {
+        bus.send(Message {
+            step,
+            deliveries: 0,
+        });
+    }
+    let tally = Arc::new(Tally::default());
+    let progress = Progress::new(None, "admission steps", settings.progress);
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..load.workers {
+        let (admission, raw, bus, tally, progress) = (
+            admission.clone(),
+            raw.clone(),
+            bus.clone(),
+            tally.clone(),
+            progress.clone(),
+        );
+        let mut rng =
+            StdRng::seed_from_u64(mix(settings.seed, 100 + u64::try_from(w).unwrap_or(0)));
+        workers.spawn(async move {
+            while let Some(message) = bus.next().await {
+                handle(
+                    &admission,
+                    raw.as_ref(),
+                    load.max_concurrent,
+                    &bus,
+                    &tally,
+                    &mut rng,
+                    message,
+                )
+                .await;
+                progress.inc(1);
+            }
+        });
+    }
+    while let Some(joined) = workers.join_next().await {
+        joined.map_err(|e| SimulateError::Task(e.to_string()))?;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    progress.finish();
+
+    let mut violations_found = tally.violations.load(Ordering::Relaxed);
+    let (mut leaked, mut wedged, mut superseded, mut succeeded) = (0u64, 0u64, 0u64, 0u64);
+    for name in &names {
+        let queue = raw.load_queue(name).await.map_err(SimulateError::Queues)?;
+        let requests = raw
+            .list_requests(name, usize::MAX)
+            .await
+            .map_err(SimulateError::Queues)?;
+        if let Some(queue) = &queue {
+            violations_found +=
+                violations(queue, &requests, load.max_concurrent, Moment::Quiescent);
+            leaked += u64::try_from(queue.owners.len()).unwrap_or(u64::MAX);
+        }
+        for r in &requests {
+            match r.state {
+                RequestState::Superseded => superseded += 1,
+                RequestState::Succeeded => succeeded += 1,
+                s if !s.is_terminal() => wedged += 1,
+                _ => {}
+            }
+        }
+    }
+    let admits = u64::try_from(
+        tally
+            .admitted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len(),
+    )
+    .unwrap_or(u64::MAX);
+    Ok(AdmissionFigures {
+        strategy: "holdfast".to_owned(),
+        admits,
+        admits_per_second: if wall > 0.0 {
+            round3(to_f64(admits) / wall)
+        } else {
+            0.0
+        },
+        invariant_violations: violations_found,
+        slots_leaked: leaked,
+        wedged_requests: wedged,
+        crashes_injected: injected.load(Ordering::Relaxed),
+        redeliveries: tally.redeliveries.load(Ordering::Relaxed),
+        holds: tally.holds.load(Ordering::Relaxed),
+        dead_lettered: tally.dead_lettered.load(Ordering::Relaxed),
+        superseded,
+        succeeded,
+        undelivered: tally.undelivered.load(Ordering::Relaxed),
+        steps: tally.steps.load(Ordering::Relaxed),
+        wall_seconds: round3(wall),
+    })
+}

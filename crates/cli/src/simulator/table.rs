@@ -1,0 +1,183 @@
+//! The human form of a simulation: the settings, then one row per figure with a
+//! column per strategy and the ratio holdfast / naive (and ablated / holdfast).
+
+use std::fmt::Write as _;
+
+use super::figures::StrategyFigures;
+use super::{SimulationReport, StrategyEntry};
+use crate::output::Table;
+
+fn ratio(numerator: f64, denominator: f64) -> String {
+    if denominator == 0.0 && numerator == 0.0 {
+        "=".to_owned()
+    } else if denominator == 0.0 {
+        "n/a".to_owned()
+    } else {
+        format!("x{:.2}", numerator / denominator)
+    }
+}
+
+fn number(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else if x.abs() >= 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+type Getter = fn(&StrategyFigures) -> Option<f64>;
+
+fn figure_rows() -> Vec<(&'static str, Getter)> {
+    use super::figures::to_f64;
+    vec![
+        ("selects", |f| Some(to_f64(f.selects))),
+        ("succeeded", |f| Some(to_f64(f.succeeded))),
+        ("selects/s", |f| Some(f.selects_per_second)),
+        ("spurious failures", |f| Some(to_f64(f.spurious_failures))),
+        ("insufficient funds", |f| Some(to_f64(f.insufficient_funds))),
+        ("store errors", |f| Some(to_f64(f.errors))),
+        ("lock attempts/select", |f| Some(f.lock_attempts_per_select)),
+        ("conflicts/select", |f| Some(f.conflicts_per_select)),
+        ("hottest token conflict share", |f| {
+            Some(f.hottest_token_conflict_share)
+        }),
+        ("top 1% conflict share", |f| Some(f.top_1pct_conflict_share)),
+        ("distinct tokens attempted", |f| {
+            Some(to_f64(f.distinct_tokens_attempted))
+        }),
+        ("round trips/select", |f| Some(f.round_trips_per_select)),
+        ("latency p50 ms", |f| Some(f.latency_ms.p50)),
+        ("latency p95 ms", |f| Some(f.latency_ms.p95)),
+        ("latency p99 ms", |f| Some(f.latency_ms.p99)),
+        ("latency max ms", |f| Some(f.latency_ms.max)),
+        ("peak memory MiB", |f| {
+            f.peak_memory_bytes
+                .map(|b| super::figures::round3(to_f64(b) / 1_048_576.0))
+        }),
+        ("locks left", |f| Some(to_f64(f.locks_left))),
+        ("invariant violations", |f| {
+            Some(to_f64(f.invariant_violations))
+        }),
+        ("locks lost to lease", |f| {
+            Some(to_f64(f.locks_lost_to_lease))
+        }),
+        ("selects outliving lease", |f| {
+            Some(to_f64(f.selects_outliving_lease))
+        }),
+    ]
+}
+
+impl SimulationReport {
+    /// The report as text: settings, the figure table with ratios, notes.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let s = &self.settings;
+        let _ = writeln!(
+            out,
+            "workload {} on {} (seed {}): {} tokens, {} requests, {} replicas, concurrency {}",
+            self.workload, self.backend, self.seed, s.tokens, s.requests, s.replicas, s.concurrency
+        );
+        let _ = writeln!(
+            out,
+            "legs {}, backoff uniform in [0, {} ms), lease {} s simulated at {}x (each strategy on a fresh database)",
+            s.legs,
+            s.retry_interval_ms,
+            s.lease_expiry_ms / 1000,
+            s.time_scale
+        );
+        let _ = writeln!(out, "note: {}\n", s.note);
+        let tokens: Vec<&StrategyFigures> = self
+            .strategies
+            .iter()
+            .filter_map(|e| match e {
+                StrategyEntry::Tokens(f) => Some(f.as_ref()),
+                StrategyEntry::Admission(_) => None,
+            })
+            .collect();
+        if !tokens.is_empty() {
+            out.push_str(&token_table(&tokens));
+        }
+        for entry in &self.strategies {
+            if let StrategyEntry::Admission(a) = entry {
+                let mut t = Table::new(["figure", "value"]);
+                for (name, value) in [
+                    ("admits", a.admits.to_string()),
+                    ("admits/s", number(a.admits_per_second)),
+                    ("invariant violations", a.invariant_violations.to_string()),
+                    ("slots leaked", a.slots_leaked.to_string()),
+                    ("wedged requests", a.wedged_requests.to_string()),
+                    ("crashes injected", a.crashes_injected.to_string()),
+                    ("redeliveries", a.redeliveries.to_string()),
+                    ("holds (gate closed)", a.holds.to_string()),
+                    ("dead-lettered", a.dead_lettered.to_string()),
+                    ("superseded", a.superseded.to_string()),
+                    ("succeeded", a.succeeded.to_string()),
+                    ("undelivered", a.undelivered.to_string()),
+                    ("steps", a.steps.to_string()),
+                    ("wall s", number(a.wall_seconds)),
+                ] {
+                    t.row([name.to_owned(), value]);
+                }
+                out.push_str(&t.render());
+            }
+        }
+        if let Some(limit) = &self.raw_limit {
+            let _ = writeln!(
+                out,
+                "\nphysical limit: {} claim+release cycles/s raw on the same database and concurrency; holdfast reaches {}",
+                number(limit.lock_cycles_per_second),
+                limit
+                    .holdfast_fraction
+                    .map_or_else(|| "n/a".to_owned(), |f| format!("{:.1}% of it", f * 100.0))
+            );
+        }
+        out
+    }
+}
+
+fn token_table(strategies: &[&StrategyFigures]) -> String {
+    let naive = strategies.iter().find(|f| f.strategy == "naive");
+    let holdfast = strategies.iter().find(|f| f.strategy == "holdfast");
+    let ablated: Vec<&&StrategyFigures> = strategies
+        .iter()
+        .filter(|f| f.strategy.starts_with("holdfast-no-"))
+        .collect();
+    let mut headers: Vec<String> = vec!["figure".to_owned()];
+    headers.extend(strategies.iter().map(|f| f.strategy.clone()));
+    let compare = naive.is_some() && holdfast.is_some();
+    if compare {
+        headers.push("holdfast/naive".to_owned());
+    }
+    if holdfast.is_some() {
+        for a in &ablated {
+            headers.push(format!("{}/holdfast", a.strategy));
+        }
+    }
+    let mut table = Table::new(headers);
+    for (name, get) in figure_rows() {
+        let mut row = vec![name.to_owned()];
+        row.extend(
+            strategies
+                .iter()
+                .map(|f| get(f).map_or_else(|| "n/a".to_owned(), number)),
+        );
+        if let (Some(n), Some(h)) = (naive, holdfast) {
+            row.push(match (get(h), get(n)) {
+                (Some(h), Some(n)) => ratio(h, n),
+                _ => "n/a".to_owned(),
+            });
+        }
+        if let Some(h) = holdfast {
+            for a in &ablated {
+                row.push(match (get(a), get(h)) {
+                    (Some(a), Some(h)) => ratio(a, h),
+                    _ => "n/a".to_owned(),
+                });
+            }
+        }
+        table.row(row);
+    }
+    table.render()
+}

@@ -1,0 +1,333 @@
+//! The simulator on SQLite with small workloads and fixed seeds: the invariants
+//! hold (no token held by two live consumers, no spent token selected, no locks
+//! left after settlement, no spurious failure for holdfast), and workload files
+//! are refused with typed errors naming the key. Timings are never asserted.
+
+use assert_cmd::Command;
+use holdfast::Config;
+use holdfast_cli::simulator::{
+    self, SimOptions, SimulationReport, Strategy, StrategyEntry, StrategyFigures, Workload,
+    WorkloadError,
+};
+
+fn options(workload: Workload, dir: &tempfile::TempDir) -> SimOptions {
+    SimOptions {
+        workload,
+        db: Some(dir.path().join("sim.db").display().to_string()),
+        seed: 7,
+        ablate: None,
+        only: None,
+        raw_limit: false,
+        progress: false,
+        config: Config::default(),
+    }
+}
+
+fn workload(toml: &str) -> Workload {
+    Workload::from_toml_str(toml).unwrap_or_else(|e| panic!("workload: {e}"))
+}
+
+fn tokens(report: &SimulationReport) -> Vec<&StrategyFigures> {
+    report
+        .strategies
+        .iter()
+        .filter_map(|e| match e {
+            StrategyEntry::Tokens(f) => Some(f.as_ref()),
+            StrategyEntry::Admission(_) => None,
+        })
+        .collect()
+}
+
+fn by_name<'a>(report: &'a SimulationReport, name: &str) -> &'a StrategyFigures {
+    tokens(report)
+        .into_iter()
+        .find(|f| f.strategy == name)
+        .unwrap_or_else(|| panic!("no strategy {name}"))
+}
+
+/// A small hot lineage: demand equals balance, every spend mints its change.
+const SMALL_LINEAGE: &str = r#"
+name = "small-lineage"
+replicas = 2
+concurrency = 8
+legs = 50
+[[tokens]]
+wallet = "alice"
+type = "CHF"
+amount = "1"
+count = 4
+[[tokens]]
+wallet = "alice"
+type = "CHF"
+amount = "56"
+count = 1
+[[requests]]
+wallet = "alice"
+type = "CHF"
+amount = "1"
+count = 60
+mode = "settle"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_lineage_keeps_the_invariants_and_holdfast_never_fails_spuriously() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = simulator::simulate(options(workload(SMALL_LINEAGE), &dir))
+        .await
+        .expect("simulation runs");
+    assert_eq!(report.backend, "sqlite");
+    assert_eq!(
+        tokens(&report)
+            .iter()
+            .map(|f| f.strategy.as_str())
+            .collect::<Vec<_>>(),
+        ["naive", "holdfast"]
+    );
+    for f in tokens(&report) {
+        assert_eq!(f.selects, 60, "{}", f.strategy);
+        assert_eq!(
+            f.double_claims, 0,
+            "{}: token held by two live consumers",
+            f.strategy
+        );
+        assert_eq!(f.spent_selected, 0, "{}: spent token selected", f.strategy);
+        assert_eq!(f.invariant_violations, 0, "{}", f.strategy);
+        assert_eq!(f.settle_errors, 0, "{}", f.strategy);
+        assert_eq!(f.locks_lost_to_lease, 0, "{}", f.strategy);
+        // Spending removes the spent tokens' locks for both strategies.
+        assert_eq!(f.locks_left, 0, "{}: locks after settlement", f.strategy);
+    }
+    let holdfast = by_name(&report, "holdfast");
+    assert_eq!(holdfast.spurious_failures, 0);
+    assert_eq!(holdfast.succeeded, 60);
+    assert_eq!(holdfast.insufficient_funds, 0);
+    // The run's fresh databases are gone: nothing but what the test made is left.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Hot tokens selected then unlocked: holdfast releases on settlement, the naive
+/// strategy only by lease.
+const SMALL_PARETO: &str = r#"
+name = "small-pareto"
+replicas = 2
+concurrency = 8
+legs = 50
+[[tokens]]
+wallet = "alice"
+type = "CHF"
+amount = "50"
+count = 3
+[[tokens]]
+wallet = "alice"
+type = "CHF_COLD"
+amount = "10000"
+count = 4
+[[requests]]
+wallet = "alice"
+type = "CHF"
+amount = "1"
+count = 40
+mode = "unlock"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlocked_requests_leave_no_locks_for_holdfast_and_the_ablation_keeps_them() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut opts = options(workload(SMALL_PARETO), &dir);
+    opts.only = Some(vec![Strategy::Holdfast]);
+    opts.ablate = Some(simulator::Ablation::SettleRelease);
+    let only = simulator::strategies(&opts);
+    assert_eq!(only, [Strategy::Holdfast]);
+    opts.only = Some(vec![
+        Strategy::Holdfast,
+        Strategy::Ablated(simulator::Ablation::SettleRelease),
+    ]);
+    let report = simulator::simulate(opts).await.expect("simulation runs");
+    let holdfast = by_name(&report, "holdfast");
+    assert_eq!(holdfast.spurious_failures, 0);
+    assert_eq!(holdfast.succeeded, 40);
+    assert_eq!(holdfast.locks_left, 0, "locks after settlement");
+    assert_eq!(holdfast.invariant_violations, 0);
+    // Only the cold tokens' type differs: the hot ones took every conflict.
+    let ablated = by_name(&report, "holdfast-no-settle-release");
+    assert_eq!(ablated.invariant_violations, 0);
+    assert!(
+        ablated.locks_left > 0,
+        "without settlement release the last holders' locks wait for the lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_with_crashes_keeps_the_slot_invariants_and_leaks_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let load = workload(
+        r#"
+name = "small-admission"
+[admission]
+queues = 6
+requests_per_queue = 4
+max_concurrent = 1
+workers = 4
+crash_percent = 25
+"#,
+    );
+    let report = simulator::simulate(options(load, &dir))
+        .await
+        .expect("simulation runs");
+    let [StrategyEntry::Admission(a)] = report.strategies.as_slice() else {
+        panic!("one admission entry: {:?}", report.strategies);
+    };
+    assert!(a.crashes_injected > 0, "crashes were injected: {a:?}");
+    assert_eq!(a.invariant_violations, 0, "{a:?}");
+    assert_eq!(a.slots_leaked, 0, "{a:?}");
+    assert_eq!(a.wedged_requests, 0, "{a:?}");
+    assert_eq!(a.undelivered, 0, "{a:?}");
+    // Every queue's head was admitted (older ones may be superseded).
+    assert!(a.admits >= 6, "{a:?}");
+}
+
+#[test]
+fn workload_errors_are_typed_and_name_the_key() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "replicas = 0\n[[requests]]\nwallet='a'\ntype='T'\namount='1'\ncount=1",
+            "replicas",
+        ),
+        (
+            "concurrency = 'x'\n[[requests]]\nwallet='a'\ntype='T'\namount='1'\ncount=1",
+            "concurrency",
+        ),
+        (
+            "colour = 1\n[[requests]]\nwallet='a'\ntype='T'\namount='1'\ncount=1",
+            "colour",
+        ),
+        (
+            "[[tokens]]\nwallet='a'\ntype='T'\ncount=1\n[[requests]]\nwallet='a'\ntype='T'\namount='1'\ncount=1",
+            "tokens[0].amount",
+        ),
+        (
+            "[[tokens]]\nwallet='a'\ntype='T'\namount='-5'\ncount=1\n[[requests]]\nwallet='a'\ntype='T'\namount='1'\ncount=1",
+            "tokens[0].amount",
+        ),
+        (
+            "[[requests]]\nwallet='a'\ntype='T'\namount='9..3'\ncount=1",
+            "requests[0].amount",
+        ),
+        (
+            "[[requests]]\nwallet='a'\ntype='T'\namount='1'\ncount=1\nmode='burn'",
+            "requests[0].mode",
+        ),
+        (
+            "[[requests]]\ntype='T'\namount='1'\ncount=1",
+            "requests[0].wallet",
+        ),
+        (
+            "[[requests]]\nwallet='a'\ntype='T'\namount='1'",
+            "requests[0].count",
+        ),
+        ("name = 'empty'", "requests"),
+        ("[admission]\nqueues = -1", "admission.queues"),
+    ];
+    for (text, key) in cases {
+        let err = Workload::from_toml_str(text).expect_err(text);
+        let named = match &err {
+            WorkloadError::Missing { key, .. }
+            | WorkloadError::WrongType { key, .. }
+            | WorkloadError::Invalid { key, .. }
+            | WorkloadError::UnknownKey { key, .. } => key.as_str(),
+            other => panic!("{text}: unexpected {other:?}"),
+        };
+        assert_eq!(named, *key, "{text}");
+        assert!(err.to_string().contains(key), "{err}");
+    }
+    assert!(matches!(
+        Workload::from_toml_str("replicas = ["),
+        Err(WorkloadError::Syntax { .. })
+    ));
+    assert!(matches!(
+        Workload::resolve("no-such-preset"),
+        Err(WorkloadError::UnknownPreset { .. })
+    ));
+}
+
+#[test]
+fn the_command_prints_the_documented_json_and_writes_the_report() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("w.toml");
+    std::fs::write(
+        &file,
+        SMALL_LINEAGE
+            .replace("count = 60", "count = 20")
+            .replace("\"56\"", "\"16\""),
+    )
+    .expect("write workload");
+    let html = dir.path().join("report.html");
+    let output = Command::cargo_bin("holdfast")
+        .expect("binary")
+        .args(["simulate", "--workload"])
+        .arg(&file)
+        .args(["--seed", "3", "--json", "--report"])
+        .arg(&html)
+        .arg("--db")
+        .arg(dir.path().join("sim.db"))
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(json["workload"], "small-lineage");
+    assert_eq!(json["backend"], "sqlite");
+    assert_eq!(json["seed"], 3);
+    let strategies = json["strategies"].as_array().expect("strategies");
+    assert_eq!(strategies.len(), 2);
+    for s in strategies {
+        for name in [
+            "strategy",
+            "selects",
+            "selects_per_second",
+            "spurious_failures",
+            "insufficient_funds",
+            "lock_attempts_per_select",
+            "conflicts_per_select",
+            "hottest_token_conflict_share",
+            "top_1pct_conflict_share",
+            "distinct_tokens_attempted",
+            "round_trips_per_select",
+            "peak_memory_bytes",
+            "locks_left",
+        ] {
+            assert!(s.get(name).is_some(), "{name} missing in {s}");
+        }
+        for p in ["p50", "p95", "p99", "max"] {
+            assert!(
+                s["latency_ms"].get(p).is_some(),
+                "latency_ms.{p} missing in {s}"
+            );
+        }
+    }
+    let page = std::fs::read_to_string(&html).expect("report written");
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert_eq!(page.matches("<svg").count(), 3, "three charts");
+    assert!(
+        !page.contains("http://") || !page.contains("src="),
+        "no external assets"
+    );
+}
+
+#[test]
+fn unknown_workloads_are_bad_input() {
+    Command::cargo_bin("holdfast")
+        .expect("binary")
+        .args(["simulate", "--workload", "no-such-preset"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("no-such-preset"));
+}

@@ -56,10 +56,10 @@
 //! so no wait cycle forms and PostgreSQL never has to abort one (40P01).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::lease::SWEPT_STATUSES;
+use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, check_window};
 
 use crate::backend::PgBackend;
@@ -223,8 +223,9 @@ const UNSETTLED: &str = "
     ORDER BY s.consumer";
 
 /// One statement: take leadership for this transaction (released at its end), and
-/// if won delete expired locks and locks of Deleted or Orphan consumers, locking
-/// them in key order first.
+/// if won delete the locks created before the cut-off `$2` and the locks of
+/// consumers whose status is in `$3`, as the domain's sweep rule says, locking them
+/// in key order first.
 const SWEEP: &str = "
     WITH leader AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
     doomed AS (
@@ -234,7 +235,7 @@ const SWEEP: &str = "
         WHERE leader.ok
           AND (l.created_at < TIMESTAMPTZ 'epoch' + $2::bigint * INTERVAL '1 millisecond'
                OR EXISTS (SELECT 1 FROM tx_statuses s
-                          WHERE s.tx_id = l.consumer AND s.status IN ('deleted', 'orphan')))
+                          WHERE s.tx_id = l.consumer AND s.status = ANY($3::text[])))
         ORDER BY l.tx_id, l.idx
         FOR UPDATE OF l
     ),
@@ -505,13 +506,14 @@ impl LockStore for PgBackend {
             .map_err(LockStoreError::Fault)
     }
 
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
-        let cutoff = now.saturating_sub(lease);
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
+        let dead: Vec<&str> = SWEPT_STATUSES.iter().map(|s| s.as_str()).collect();
         let row = self
             .note(
                 sqlx::query(SWEEP)
                     .bind(SWEEP_LOCK_KEY)
-                    .bind(millis(cutoff)?)
+                    .bind(millis(rule.cutoff)?)
+                    .bind(&dead)
                     .fetch_one(self.pool())
                     .await,
             )

@@ -306,8 +306,9 @@ async fn three_sweepers_at_once_one_deletes() {
             .await
             .expect("claim");
     }
-    let lease = Duration::from_secs(60);
-    let now = at(3_600_000);
+    let rule = holdfast_domain::SweepRule {
+        cutoff: at(3_600_000).saturating_sub(Duration::from_secs(60)),
+    };
 
     // A sweeper mid-sweep elsewhere holds leadership: nobody else deletes.
     let mut holder = db.connection().await;
@@ -324,7 +325,7 @@ async fn three_sweepers_at_once_one_deletes() {
                 let (s, barrier) = (r.stores(), barrier.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    s.locks.sweep(now, lease).await.expect("sweep")
+                    s.locks.sweep(rule).await.expect("sweep")
                 })
             })
             .collect();

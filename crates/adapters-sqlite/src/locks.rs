@@ -1,10 +1,9 @@
 //! The lock store over SQLite.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, check_window};
 use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, Transaction, params};
@@ -392,8 +391,7 @@ impl LockStore for SqliteBackend {
             .await
     }
 
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
-        let cutoff = now.saturating_sub(lease);
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         self.pool
             .write(move |tx| {
                 // Decided in Rust rather than by comparing text in SQL, so rows whose
@@ -416,15 +414,13 @@ impl LockStore for SqliteBackend {
                             continue;
                         }
                     };
-                    let expired = lock.created_at < cutoff;
-                    let dead = matches!(lock.status, Some(TxStatus::Deleted | TxStatus::Orphan));
-                    if !(expired || dead) {
+                    if !rule.sweeps(lock.created_at, lock.status) {
                         continue;
                     }
                     delete
                         .execute(params![lock.token.tx.as_str(), lock.token.index])
                         .db()?;
-                    if expired {
+                    if rule.expired(lock.created_at) {
                         report.expired += 1;
                     } else {
                         report.released_by_status += 1;

@@ -178,7 +178,9 @@ fn another_process_holding_the_write_lock_is_a_typed_busy_fault() {
             Err(LockStoreError::Fault(StoreFault::Busy(_)))
         ));
         assert!(matches!(
-            s.locks.sweep(T0, Duration::from_secs(180)).await,
+            s.locks
+                .sweep(holdfast_domain::SweepRule { cutoff: T0 })
+                .await,
             Err(LockStoreError::Fault(StoreFault::Busy(_)))
         ));
         assert!(matches!(

@@ -193,7 +193,9 @@ async fn a_sweep_passes_over_corrupt_lock_rows_and_still_deletes_the_expired_val
     // The sweep deletes the two expired valid locks and passes over the rest.
     let report = s
         .locks
-        .sweep(later, Duration::from_secs(60))
+        .sweep(holdfast_domain::SweepRule {
+            cutoff: later.saturating_sub(Duration::from_secs(60)),
+        })
         .await
         .expect("a corrupt row does not stop the sweep");
     assert!(report.leader);
@@ -213,7 +215,9 @@ async fn a_sweep_passes_over_corrupt_lock_rows_and_still_deletes_the_expired_val
     // The next sweep is not stuck either.
     assert_eq!(
         s.locks
-            .sweep(later, Duration::from_secs(60))
+            .sweep(holdfast_domain::SweepRule {
+                cutoff: later.saturating_sub(Duration::from_secs(60)),
+            })
             .await
             .map(|r| r.expired),
         Ok(0)

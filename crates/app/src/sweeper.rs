@@ -43,7 +43,7 @@ pub async fn sweep_once(
 ) -> Result<SweepReport, LockStoreError> {
     let span = tracing::info_span!("sweep", lease_ms = config.lease_expiry.as_millis());
     async {
-        let result = locks.sweep(clock.now(), config.lease_expiry).await;
+        let result = locks.sweep(config.sweep_rule(clock.now())).await;
         match &result {
             Ok(report) => {
                 let role = if report.leader { "leader" } else { "follower" };

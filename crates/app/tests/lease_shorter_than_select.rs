@@ -24,8 +24,8 @@ use holdfast::TokenSelector;
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
-    ClaimVerdict, SelectRequest, SelectionConfig, Timestamp, TokenId, TokenType, TxId, TxStatus,
-    WalletId,
+    ClaimVerdict, LeaseConfig, SelectRequest, SelectionConfig, SweepRule, Timestamp, TokenId,
+    TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{Clock, LockInfo, LockStore, LockStoreError, NewToken, Stores, SweepReport};
 use pg_support::TestDb;
@@ -93,6 +93,15 @@ async fn check(stores: Stores) {
     }
 }
 
+/// The sweep rule of [`LEASE`] at `now`.
+fn rule_at(now: Timestamp) -> SweepRule {
+    LeaseConfig {
+        lease_expiry: LEASE,
+        ..LeaseConfig::default()
+    }
+    .sweep_rule(now)
+}
+
 /// A clock the test moves by hand.
 struct ManualClock(AtomicU64);
 
@@ -130,7 +139,7 @@ impl LockStore for SlowFirstClaim {
         let verdicts = self.inner.claim_window(c, t, at).await;
         if !self.delayed.swap(true, Ordering::SeqCst) {
             self.clock.0.fetch_add(12_000, Ordering::SeqCst);
-            let swept = self.inner.sweep(self.clock.now(), LEASE).await?;
+            let swept = self.inner.sweep(rule_at(self.clock.now())).await?;
             assert_eq!(swept.expired, 2, "the sweep takes both locks: {swept:?}");
         }
         verdicts
@@ -165,8 +174,8 @@ impl LockStore for SlowFirstClaim {
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.inner.unsettled().await
     }
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
-        self.inner.sweep(now, lease).await
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
+        self.inner.sweep(rule).await
     }
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
         self.inner.list_locks().await

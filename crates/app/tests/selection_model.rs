@@ -27,7 +27,7 @@ use holdfast::sweeper::sweep_once;
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
     Candidate, ClaimVerdict, LeaseConfig, PersistPolicy, Precision, Quantity, SelectionConfig,
-    SettlementStatus, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
+    SettlementStatus, SweepRule, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
     CandidateQuery, Clock, LockInfo, LockStore, LockStoreError, NewToken, Stores, SweepReport,
@@ -186,9 +186,9 @@ impl LockStore for InFlight {
         self.track(async move { s.spend_consumer(&c, at, record).await })
             .await
     }
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         let s = self.locks.clone();
-        self.track(async move { s.sweep(now, lease).await }).await
+        self.track(async move { s.sweep(rule).await }).await
     }
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
         let s = self.locks.clone();

@@ -14,7 +14,8 @@ use async_trait::async_trait;
 use common::{TokioClock, cand, q, stores, tok, tx};
 use holdfast::{SelectError, TokenSelector, metrics as hm};
 use holdfast_domain::{
-    ClaimVerdict, SelectionConfig, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
+    ClaimVerdict, SelectionConfig, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus,
+    WalletId,
 };
 use holdfast_ports::{
     LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore,
@@ -223,11 +224,7 @@ impl LockStore for FakeLocks {
     ) -> Result<Vec<TokenId>, LockStoreError> {
         Ok(Vec::new())
     }
-    async fn sweep(
-        &self,
-        _now: Timestamp,
-        _lease: Duration,
-    ) -> Result<SweepReport, LockStoreError> {
+    async fn sweep(&self, _rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         Ok(SweepReport::default())
     }
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {

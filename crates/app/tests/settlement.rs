@@ -222,13 +222,13 @@ async fn recovery_settles_consumers_whose_recorded_status_releases() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_sweeper_sweeps_every_period_with_the_lease_and_shuts_down() {
+async fn the_sweeper_sweeps_every_period_with_the_domains_rule_and_shuts_down() {
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
     let mut locks = MockLockStore::new();
     let mut calls = 0u32;
-    locks.expect_sweep().returning(move |now, lease| {
+    locks.expect_sweep().returning(move |rule| {
         calls += 1;
-        let _ = seen_tx.send((now, lease));
+        let _ = seen_tx.send(rule);
         if calls == 2 {
             return Err(LockStoreError::Fault(StoreFault::Busy("busy".into())));
         }
@@ -244,13 +244,13 @@ async fn the_sweeper_sweeps_every_period_with_the_lease_and_shuts_down() {
     };
     let handle =
         LeaseSweeper::spawn(std::sync::Arc::new(locks), TokioClock::new(), config).expect("valid");
-    let mut times = Vec::new();
+    let mut cutoffs = Vec::new();
     for _ in 0..3 {
-        let (now, lease) = seen.recv().await.expect("a sweep");
-        assert_eq!(lease, Duration::from_secs(180));
-        times.push(now.as_millis());
+        let rule = seen.recv().await.expect("a sweep");
+        cutoffs.push(rule.cutoff.as_millis());
     }
-    assert_eq!(times, vec![1_000_000, 1_060_000, 1_120_000]);
+    // Ticks at 1,000,000, 1,060,000 and 1,120,000 ms, each minus the 180 s lease.
+    assert_eq!(cutoffs, vec![820_000, 880_000, 940_000]);
     let totals = handle.shutdown().await;
     assert_eq!(totals.runs, 3);
     assert_eq!(totals.errors, 1);

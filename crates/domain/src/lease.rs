@@ -6,8 +6,10 @@
 //! - [`PersistPolicy::after_attempt`]: a releasing status is persisted with bounded
 //!   retries; it releases exactly once, after the status was persisted or after the
 //!   retries were exhausted, and not at all when the listener was cancelled.
-//! - [`LeaseConfig::is_expired`]: the sweep deletes a lock older than the lease, or
-//!   one whose consumer is Deleted or Orphan.
+//! - [`SweepRule`]: the one statement of what the sweep deletes: a lock older than
+//!   the lease, or one whose consumer is Deleted or Orphan. [`LeaseConfig::sweep_rule`]
+//!   computes it for a moment; both adapters' sweeps take it as it is (the SQL
+//!   binds its cut-off and statuses), and `holdfast locks list` flags with it.
 //!
 //! Release is idempotent (a delete by consumer), so a recovery pass after a restart
 //! applies the same rules again without harm.
@@ -246,16 +248,55 @@ impl LeaseConfig {
         Ok(())
     }
 
+    /// What a sweep at `now` deletes: locks created before `now - lease_expiry`,
+    /// and locks of Deleted or Orphan consumers.
+    pub fn sweep_rule(&self, now: Timestamp) -> SweepRule {
+        SweepRule {
+            cutoff: now.saturating_sub(self.lease_expiry),
+        }
+    }
+
     /// Whether a lock created at `created_at`, whose consumer has the recorded
-    /// `consumer` status, is swept at `now`: it is older than the lease, or its
-    /// consumer is Deleted or Orphan.
+    /// `consumer` status, is swept at `now` (see [`SweepRule`]).
     pub fn is_expired(
         &self,
         created_at: Timestamp,
         consumer: Option<TxStatus>,
         now: Timestamp,
     ) -> bool {
-        lock_expired(created_at, consumer, now, self.lease_expiry)
+        self.sweep_rule(now).sweeps(created_at, consumer)
+    }
+}
+
+/// The statuses whose consumers' locks the sweep deletes whatever their age: the
+/// transaction is final and invalid (Deleted), or abandoned (Orphan).
+pub const SWEPT_STATUSES: [TxStatus; 2] = [TxStatus::Deleted, TxStatus::Orphan];
+
+/// What one lease sweep deletes. Computed by [`LeaseConfig::sweep_rule`]; the lock
+/// stores apply it without restating it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SweepRule {
+    /// Locks created strictly before this moment have expired (a lock created
+    /// exactly at the cut-off stays).
+    pub cutoff: Timestamp,
+}
+
+impl SweepRule {
+    /// Whether a lock created at `created_at` has outlived its lease.
+    pub fn expired(&self, created_at: Timestamp) -> bool {
+        created_at < self.cutoff
+    }
+
+    /// Whether a consumer with this recorded status has its locks swept at any age
+    /// (one of [`SWEPT_STATUSES`]).
+    pub fn dead(consumer: Option<TxStatus>) -> bool {
+        consumer.is_some_and(|status| SWEPT_STATUSES.contains(&status))
+    }
+
+    /// Whether the sweep deletes a lock created at `created_at` whose consumer has
+    /// the recorded status `consumer`.
+    pub fn sweeps(&self, created_at: Timestamp, consumer: Option<TxStatus>) -> bool {
+        self.expired(created_at) || SweepRule::dead(consumer)
     }
 }
 
@@ -265,18 +306,6 @@ impl LeaseConfig {
 /// returns a token whose lock it no longer holds.
 pub fn needs_renewal(first_claim: Timestamp, now: Timestamp, lease: Duration) -> bool {
     first_claim <= now.saturating_sub(lease / 2)
-}
-
-/// The lease rule: a lock expires when `created_at < now - lease` or when its
-/// consumer is Deleted or Orphan.
-pub fn lock_expired(
-    created_at: Timestamp,
-    consumer: Option<TxStatus>,
-    now: Timestamp,
-    lease: Duration,
-) -> bool {
-    matches!(consumer, Some(TxStatus::Deleted | TxStatus::Orphan))
-        || created_at < now.saturating_sub(lease)
 }
 
 #[cfg(test)]

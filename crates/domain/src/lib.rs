@@ -30,7 +30,7 @@ pub use blacklist::{Blacklist, BlacklistReason};
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
 pub use lease::{
     LeaseConfig, LeaseConfigError, LockAction, PersistPolicy, PersistResult, PersistStep,
-    SettlementStatus, TxStatus,
+    SettlementStatus, SweepRule, TxStatus,
 };
 pub use quantity::{Precision, Quantity, QuantityError};
 pub use request::{

@@ -1,9 +1,7 @@
 //! The lock store port: claims on tokens, their release, the lease sweep.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 
 use crate::error::LockStoreError;
 
@@ -130,11 +128,11 @@ pub trait LockStore: Send + Sync {
     /// recorded status, in id order: what the start-up recovery pass looks at.
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError>;
 
-    /// If this caller wins sweep leadership for the tick, deletes locks created before
-    /// `now - lease` and locks whose consumer is recorded Deleted or Orphan. A lock
-    /// created exactly at `now - lease` stays; a lock both expired and of a dead
-    /// consumer counts as expired in the report.
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError>;
+    /// If this caller wins sweep leadership for the tick, deletes the locks `rule`
+    /// sweeps (created before its cut-off, or of a Deleted or Orphan consumer), and
+    /// nothing else: selections stay. A lock both expired and of a dead consumer
+    /// counts as expired in the report.
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError>;
 
     /// Every lock with its consumer's recorded status, oldest first.
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError>;

@@ -5,10 +5,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{LockInfo, LockStore, LockStoreError, SweepReport};
 
 /// Claims and conflicts of one token.
@@ -130,8 +129,8 @@ impl LockStore for CountingLockStore {
         self.inner.spend_consumer(consumer, at, record_status).await
     }
 
-    async fn sweep(&self, now: Timestamp, lease: Duration) -> Result<SweepReport, LockStoreError> {
-        self.inner.sweep(now, lease).await
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
+        self.inner.sweep(rule).await
     }
 
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {

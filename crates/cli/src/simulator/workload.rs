@@ -10,6 +10,7 @@
 use holdfast_domain::{Precision, Quantity, TokenType, WalletId};
 use rand::Rng;
 use rand::rngs::StdRng;
+use serde::Deserialize;
 
 /// The preset names, in the order `--help` lists them.
 pub const PRESETS: &[&str] = &["hot-lineage", "pareto", "dust", "big-wallet", "admission"];
@@ -39,22 +40,20 @@ pub enum WorkloadError {
         message: String,
     },
     /// A required key is absent.
-    #[error("workload key {key} is missing; expected {expected}")]
+    #[error("workload key {key} is missing: {message}")]
     Missing {
         /// The key, as a path (`tokens[0].wallet`).
         key: String,
         /// What was expected.
-        expected: &'static str,
+        message: String,
     },
     /// A key has a value of the wrong TOML type.
-    #[error("workload key {key} is a {found}; expected {expected}")]
+    #[error("workload key {key}: {message}")]
     WrongType {
         /// The key.
         key: String,
-        /// The TOML type found.
-        found: &'static str,
-        /// What was expected.
-        expected: &'static str,
+        /// The type found and what was expected, as the parser says it.
+        message: String,
     },
     /// A key's value is out of range or malformed.
     #[error("workload key {key} = {value}: {expected}")]
@@ -67,12 +66,12 @@ pub enum WorkloadError {
         expected: String,
     },
     /// A key this format does not know (a typo would otherwise be ignored).
-    #[error("unknown workload key {key}; expected one of {expected}")]
+    #[error("unknown workload key {key}: {message}")]
     UnknownKey {
         /// The key.
         key: String,
-        /// The keys accepted at that place.
-        expected: &'static str,
+        /// The parser's message, with the keys accepted at that place.
+        message: String,
     },
     /// Neither a preset name nor a readable file.
     #[error("unknown workload {name:?}; expected a preset ({}) or a TOML file path", PRESETS.join(", "))]
@@ -151,11 +150,13 @@ impl std::fmt::Display for AmountSpec {
     }
 }
 
-/// What a request does with the tokens it selected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a request does with the tokens it selected (`mode` in a workload file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RequestMode {
     /// Confirm the transaction: the tokens are spent and their locks released; a
     /// non-zero change is minted back to the wallet as a new token (new tx id).
+    #[default]
     Settle,
     /// Release the locks without spending (the transaction was invalid).
     Unlock,
@@ -373,12 +374,12 @@ impl Workload {
 
     /// Parses a workload file's text (format in the README, "Benchmarks").
     pub fn from_toml_str(text: &str) -> Result<Workload, WorkloadError> {
-        let table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| WorkloadError::Syntax {
-                    message: e.to_string().trim_end().to_owned(),
-                })?;
-        parse_workload(&table)
+        let syntax = |e: toml::de::Error| WorkloadError::Syntax {
+            message: e.to_string().trim_end().to_owned(),
+        };
+        let document = toml::Deserializer::parse(text).map_err(syntax)?;
+        let file: WorkloadFile = serde_path_to_error::deserialize(document).map_err(shape_error)?;
+        parse_workload(file)
     }
 
     /// Reads and parses a workload file.
@@ -415,110 +416,108 @@ impl Workload {
     }
 }
 
-const TOP_KEYS: &str =
-    "name, replicas, concurrency, legs, retry_interval_ms, time_scale, tokens, requests, admission";
-const TOKEN_KEYS: &str = "wallet, type, amount, count";
-const REQUEST_KEYS: &str = "wallet, type, amount, count, mode";
-const ADMISSION_KEYS: &str = "queues, requests_per_queue, max_concurrent, workers, crash_percent";
+// The file format, as serde reads it: unknown keys are refused, and each error
+// carries the path of the value that failed (`tokens[0].amount`). Ranges and ids
+// are checked afterwards, naming the key too.
 
-fn type_name(value: &toml::Value) -> &'static str {
-    match value {
-        toml::Value::String(_) => "string",
-        toml::Value::Integer(_) => "integer",
-        toml::Value::Float(_) => "float",
-        toml::Value::Boolean(_) => "boolean",
-        toml::Value::Datetime(_) => "datetime",
-        toml::Value::Array(_) => "array",
-        toml::Value::Table(_) => "table",
-    }
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkloadFile {
+    name: Option<String>,
+    replicas: Option<u64>,
+    concurrency: Option<u64>,
+    legs: Option<u64>,
+    retry_interval_ms: Option<u64>,
+    time_scale: Option<u64>,
+    #[serde(default)]
+    tokens: Vec<TokenBlockFile>,
+    #[serde(default)]
+    requests: Vec<RequestBlockFile>,
+    admission: Option<AdmissionFile>,
 }
 
-fn check_keys(
-    table: &toml::Table,
-    prefix: &str,
-    allowed: &'static str,
-) -> Result<(), WorkloadError> {
-    for key in table.keys() {
-        if !allowed.split(", ").any(|a| a == key) {
-            return Err(WorkloadError::UnknownKey {
-                key: format!("{prefix}{key}"),
-                expected: allowed,
-            });
-        }
-    }
-    Ok(())
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenBlockFile {
+    wallet: String,
+    #[serde(rename = "type")]
+    token_type: String,
+    amount: AmountFile,
+    count: u64,
 }
 
-fn string<'a>(
-    table: &'a toml::Table,
-    prefix: &str,
-    key: &str,
-    expected: &'static str,
-) -> Result<Option<&'a str>, WorkloadError> {
-    match table.get(key) {
-        None => Ok(None),
-        Some(toml::Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(WorkloadError::WrongType {
-            key: format!("{prefix}{key}"),
-            found: type_name(other),
-            expected,
-        }),
-    }
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestBlockFile {
+    wallet: String,
+    #[serde(rename = "type")]
+    token_type: String,
+    amount: AmountFile,
+    count: u64,
+    #[serde(default)]
+    mode: RequestMode,
 }
 
-fn required_string<'a>(
-    table: &'a toml::Table,
-    prefix: &str,
-    key: &str,
-    expected: &'static str,
-) -> Result<&'a str, WorkloadError> {
-    string(table, prefix, key, expected)?.ok_or_else(|| WorkloadError::Missing {
-        key: format!("{prefix}{key}"),
-        expected,
-    })
+/// `amount = "1..1000"`, `amount = "50"` or `amount = 50`.
+#[derive(Deserialize)]
+#[serde(
+    untagged,
+    expecting = "an amount string (\"50\" or \"1..1000\") or a positive integer"
+)]
+enum AmountFile {
+    Text(String),
+    Number(u64),
 }
 
-fn integer(
-    table: &toml::Table,
-    prefix: &str,
-    key: &str,
-    range: std::ops::RangeInclusive<u64>,
-) -> Result<Option<u64>, WorkloadError> {
-    let full = format!("{prefix}{key}");
-    let value = match table.get(key) {
-        None => return Ok(None),
-        Some(toml::Value::Integer(i)) => *i,
-        Some(other) => {
-            return Err(WorkloadError::WrongType {
-                key: full,
-                found: type_name(other),
-                expected: "an integer",
-            });
-        }
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdmissionFile {
+    queues: Option<u64>,
+    requests_per_queue: Option<u64>,
+    max_concurrent: Option<u64>,
+    workers: Option<u64>,
+    crash_percent: Option<u64>,
+}
+
+/// A deserialization error as a [`WorkloadError`] naming the key: the path of the
+/// value that failed, or for a missing field the table that lacks it plus the
+/// field's name.
+fn shape_error(e: serde_path_to_error::Error<toml::de::Error>) -> WorkloadError {
+    let path = e.path().to_string();
+    let message = e.into_inner().message().trim_end().to_owned();
+    let field = |prefix: &str| {
+        message
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split('`').next())
+            .map(|name| match path.as_str() {
+                "." | "" => name.to_owned(),
+                parent => format!("{parent}.{name}"),
+            })
     };
-    match u64::try_from(value) {
-        Ok(v) if range.contains(&v) => Ok(Some(v)),
-        _ => Err(WorkloadError::Invalid {
-            key: full,
+    if message.starts_with("unknown field `") {
+        return WorkloadError::UnknownKey { key: path, message };
+    }
+    if let Some(key) = field("missing field `") {
+        return WorkloadError::Missing { key, message };
+    }
+    WorkloadError::WrongType { key: path, message }
+}
+
+/// Checks `value` of `key` against `range`; absent keys take `default`.
+fn ranged<T: TryFrom<u64>>(
+    key: &str,
+    value: Option<u64>,
+    range: std::ops::RangeInclusive<u64>,
+    default: u64,
+) -> Result<T, WorkloadError> {
+    let value = value.unwrap_or(default);
+    if !range.contains(&value) {
+        return Err(WorkloadError::Invalid {
+            key: key.to_owned(),
             value: value.to_string(),
             expected: format!("expected {} to {}", range.start(), range.end()),
-        }),
+        });
     }
-}
-
-fn required_integer(
-    table: &toml::Table,
-    prefix: &str,
-    key: &str,
-    range: std::ops::RangeInclusive<u64>,
-) -> Result<u64, WorkloadError> {
-    integer(table, prefix, key, range)?.ok_or_else(|| WorkloadError::Missing {
-        key: format!("{prefix}{key}"),
-        expected: "an integer",
-    })
-}
-
-fn narrow<T: TryFrom<u64>>(value: u64, key: &str) -> Result<T, WorkloadError> {
     T::try_from(value).map_err(|_| WorkloadError::Invalid {
         key: key.to_owned(),
         value: value.to_string(),
@@ -526,138 +525,100 @@ fn narrow<T: TryFrom<u64>>(value: u64, key: &str) -> Result<T, WorkloadError> {
     })
 }
 
-fn blocks<'a>(
-    table: &'a toml::Table,
-    key: &str,
-) -> Result<Vec<(String, &'a toml::Table)>, WorkloadError> {
-    match table.get(key) {
-        None => Ok(Vec::new()),
-        Some(toml::Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| match item {
-                toml::Value::Table(t) => Ok((format!("{key}[{i}]."), t)),
-                other => Err(WorkloadError::WrongType {
-                    key: format!("{key}[{i}]"),
-                    found: type_name(other),
-                    expected: "a table ([[tokens]] / [[requests]] block)",
-                }),
-            })
-            .collect(),
-        Some(other) => Err(WorkloadError::WrongType {
-            key: key.to_owned(),
-            found: type_name(other),
-            expected: "an array of tables ([[tokens]] / [[requests]] blocks)",
-        }),
+fn id<T, E: std::fmt::Display>(
+    key: String,
+    text: &str,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<T, WorkloadError> {
+    parse(text).map_err(|e| WorkloadError::Invalid {
+        key,
+        value: format!("{text:?}"),
+        expected: e.to_string(),
+    })
+}
+
+impl AmountFile {
+    fn spec(&self, key: &str) -> Result<AmountSpec, WorkloadError> {
+        match self {
+            AmountFile::Text(text) => AmountSpec::parse(key, text),
+            AmountFile::Number(n) => AmountSpec::parse(key, &n.to_string()),
+        }
     }
 }
 
-fn wallet_and_type(
-    table: &toml::Table,
-    prefix: &str,
-) -> Result<(WalletId, TokenType), WorkloadError> {
-    let wallet_text = required_string(table, prefix, "wallet", "a wallet id string")?;
-    let wallet = WalletId::new(wallet_text).map_err(|e| WorkloadError::Invalid {
-        key: format!("{prefix}wallet"),
-        value: format!("{wallet_text:?}"),
-        expected: e.to_string(),
-    })?;
-    let type_text = required_string(table, prefix, "type", "a token type string")?;
-    let token_type = TokenType::new(type_text).map_err(|e| WorkloadError::Invalid {
-        key: format!("{prefix}type"),
-        value: format!("{type_text:?}"),
-        expected: e.to_string(),
-    })?;
-    Ok((wallet, token_type))
+fn narrow_max(max: usize) -> u64 {
+    u64::try_from(max).unwrap_or(u64::MAX)
 }
 
-fn amount(table: &toml::Table, prefix: &str) -> Result<AmountSpec, WorkloadError> {
-    let key = format!("{prefix}amount");
-    match table.get("amount") {
-        None => Err(WorkloadError::Missing {
-            key,
-            expected: "an amount string (\"50\" or \"1..1000\")",
-        }),
-        Some(toml::Value::String(s)) => AmountSpec::parse(&key, s),
-        Some(toml::Value::Integer(i)) => AmountSpec::parse(&key, &i.to_string()),
-        Some(other) => Err(WorkloadError::WrongType {
-            key,
-            found: type_name(other),
-            expected: "an amount string (\"50\" or \"1..1000\")",
-        }),
-    }
-}
-
-fn parse_workload(table: &toml::Table) -> Result<Workload, WorkloadError> {
-    check_keys(table, "", TOP_KEYS)?;
-    let name = string(table, "", "name", "a string")?
-        .unwrap_or("custom")
-        .to_owned();
-    let replicas = integer(table, "", "replicas", 1..=narrow_max(MAX_REPLICAS))?.unwrap_or(1);
-    let concurrency =
-        integer(table, "", "concurrency", 1..=narrow_max(MAX_CONCURRENCY))?.unwrap_or(8);
-    let legs = integer(table, "", "legs", 1..=1000)?
-        .map(|l| narrow::<u32>(l, "legs"))
-        .transpose()?;
-    let retry_interval_ms = integer(table, "", "retry_interval_ms", 1..=3_600_000)?
-        .unwrap_or(DEFAULT_RETRY_INTERVAL_MS);
-    let time_scale = narrow::<u32>(
-        integer(table, "", "time_scale", 1..=100_000)?.unwrap_or(u64::from(DEFAULT_TIME_SCALE)),
-        "time_scale",
-    )?;
+fn parse_workload(file: WorkloadFile) -> Result<Workload, WorkloadError> {
     let mut tokens = Vec::new();
-    for (prefix, block) in blocks(table, "tokens")? {
-        check_keys(block, &prefix, TOKEN_KEYS)?;
-        let (wallet, token_type) = wallet_and_type(block, &prefix)?;
+    for (i, block) in file.tokens.iter().enumerate() {
+        let key = |name: &str| format!("tokens[{i}].{name}");
         tokens.push(TokenBlock {
-            wallet,
-            token_type,
-            amount: amount(block, &prefix)?,
-            count: required_integer(block, &prefix, "count", 1..=MAX_ITEMS)?,
+            wallet: id(key("wallet"), &block.wallet, |t| WalletId::new(t))?,
+            token_type: id(key("type"), &block.token_type, |t| TokenType::new(t))?,
+            amount: block.amount.spec(&key("amount"))?,
+            count: ranged(&key("count"), Some(block.count), 1..=MAX_ITEMS, 1)?,
         });
     }
     let mut requests = Vec::new();
-    for (prefix, block) in blocks(table, "requests")? {
-        check_keys(block, &prefix, REQUEST_KEYS)?;
-        let (wallet, token_type) = wallet_and_type(block, &prefix)?;
-        let mode = match string(block, &prefix, "mode", "\"settle\", \"unlock\" or \"hold\"")? {
-            None | Some("settle") => RequestMode::Settle,
-            Some("unlock") => RequestMode::Unlock,
-            Some("hold") => RequestMode::Hold,
-            Some(other) => {
-                return Err(WorkloadError::Invalid {
-                    key: format!("{prefix}mode"),
-                    value: format!("{other:?}"),
-                    expected: "expected \"settle\", \"unlock\" or \"hold\"".to_owned(),
-                });
-            }
-        };
+    for (i, block) in file.requests.iter().enumerate() {
+        let key = |name: &str| format!("requests[{i}].{name}");
         requests.push(RequestBlock {
-            wallet,
-            token_type,
-            amount: amount(block, &prefix)?,
-            count: required_integer(block, &prefix, "count", 1..=MAX_ITEMS)?,
-            mode,
+            wallet: id(key("wallet"), &block.wallet, |t| WalletId::new(t))?,
+            token_type: id(key("type"), &block.token_type, |t| TokenType::new(t))?,
+            amount: block.amount.spec(&key("amount"))?,
+            count: ranged(&key("count"), Some(block.count), 1..=MAX_ITEMS, 1)?,
+            mode: block.mode,
         });
     }
-    let admission = match table.get("admission") {
-        None => None,
-        Some(toml::Value::Table(t)) => Some(parse_admission(t)?),
-        Some(other) => {
-            return Err(WorkloadError::WrongType {
-                key: "admission".to_owned(),
-                found: type_name(other),
-                expected: "a table ([admission])",
-            });
-        }
-    };
+    let admission = file
+        .admission
+        .map(|a| {
+            Ok::<_, WorkloadError>(AdmissionLoad {
+                queues: ranged("admission.queues", a.queues, 1..=100_000, 100)?,
+                requests_per_queue: ranged(
+                    "admission.requests_per_queue",
+                    a.requests_per_queue,
+                    1..=10_000,
+                    5,
+                )?,
+                max_concurrent: ranged("admission.max_concurrent", a.max_concurrent, 1..=1000, 1)?,
+                workers: ranged(
+                    "admission.workers",
+                    a.workers,
+                    1..=narrow_max(MAX_CONCURRENCY),
+                    8,
+                )?,
+                crash_percent: ranged("admission.crash_percent", a.crash_percent, 0..=90, 20)?,
+            })
+        })
+        .transpose()?;
     let workload = Workload {
-        name,
-        replicas: narrow(replicas, "replicas")?,
-        concurrency: narrow(concurrency, "concurrency")?,
-        legs,
-        retry_interval_ms,
-        time_scale,
+        name: file.name.unwrap_or_else(|| "custom".to_owned()),
+        replicas: ranged("replicas", file.replicas, 1..=narrow_max(MAX_REPLICAS), 1)?,
+        concurrency: ranged(
+            "concurrency",
+            file.concurrency,
+            1..=narrow_max(MAX_CONCURRENCY),
+            8,
+        )?,
+        legs: file
+            .legs
+            .map(|legs| ranged("legs", Some(legs), 1..=1000, 1))
+            .transpose()?,
+        retry_interval_ms: ranged(
+            "retry_interval_ms",
+            file.retry_interval_ms,
+            1..=3_600_000,
+            DEFAULT_RETRY_INTERVAL_MS,
+        )?,
+        time_scale: ranged(
+            "time_scale",
+            file.time_scale,
+            1..=100_000,
+            u64::from(DEFAULT_TIME_SCALE),
+        )?,
         tokens,
         requests,
         admission,
@@ -683,41 +644,11 @@ fn parse_workload(table: &toml::Table) -> Result<Workload, WorkloadError> {
         }),
         (None, true) => Err(WorkloadError::Missing {
             key: "requests".to_owned(),
-            expected: "at least one [[requests]] block (or an [admission] table)",
+            message: "expected at least one [[requests]] block (or an [admission] table)"
+                .to_owned(),
         }),
         _ => Ok(workload),
     }
-}
-
-fn narrow_max(max: usize) -> u64 {
-    u64::try_from(max).unwrap_or(u64::MAX)
-}
-
-fn parse_admission(table: &toml::Table) -> Result<AdmissionLoad, WorkloadError> {
-    let p = "admission.";
-    check_keys(table, p, ADMISSION_KEYS)?;
-    Ok(AdmissionLoad {
-        queues: narrow(
-            integer(table, p, "queues", 1..=100_000)?.unwrap_or(100),
-            "admission.queues",
-        )?,
-        requests_per_queue: narrow(
-            integer(table, p, "requests_per_queue", 1..=10_000)?.unwrap_or(5),
-            "admission.requests_per_queue",
-        )?,
-        max_concurrent: narrow(
-            integer(table, p, "max_concurrent", 1..=1000)?.unwrap_or(1),
-            "admission.max_concurrent",
-        )?,
-        workers: narrow(
-            integer(table, p, "workers", 1..=narrow_max(MAX_CONCURRENCY))?.unwrap_or(8),
-            "admission.workers",
-        )?,
-        crash_percent: narrow(
-            integer(table, p, "crash_percent", 0..=90)?.unwrap_or(20),
-            "admission.crash_percent",
-        )?,
-    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_domain::{ClaimVerdict, TokenId, TxId, TxStatus};
+use holdfast_domain::{ClaimVerdict, LeaseConfig, TokenId, TxId, TxStatus};
 use tokio::sync::Barrier;
 
 use super::TestDatabase;
@@ -448,7 +448,8 @@ pub async fn spend_consumer_marks_spent_and_releases(db: &dyn TestDatabase) {
 }
 
 /// The sweep deletes locks older than the lease and locks of Deleted or Orphan
-/// consumers, and nothing else (a lock exactly at the lease edge stays).
+/// consumers, and nothing else (a lock exactly at the lease edge stays): exactly
+/// what the domain's `SweepRule` says of each lock.
 pub async fn sweep_removes_expired_and_dead_consumers_only(db: &dyn TestDatabase) {
     let s = db.stores();
     let batch: Vec<_> = (0..8u32).map(|i| chf("w", "t", i, 1)).collect();
@@ -479,7 +480,12 @@ pub async fn sweep_removes_expired_and_dead_consumers_only(db: &dyn TestDatabase
                 .expect("record_status");
         }
     }
-    let report = s.locks.sweep(now, lease).await.expect("sweep");
+    let rule = LeaseConfig {
+        lease_expiry: lease,
+        ..LeaseConfig::default()
+    }
+    .sweep_rule(now);
+    let report = s.locks.sweep(rule).await.expect("sweep");
     assert!(report.leader, "a lone sweeper leads");
     assert_eq!(report.expired, 2, "{report:?}");
     assert_eq!(report.released_by_status, 2, "{report:?}");
@@ -489,7 +495,15 @@ pub async fn sweep_removes_expired_and_dead_consumers_only(db: &dyn TestDatabase
         .map(tx)
         .collect();
     assert_eq!(left, want);
-    let again = s.locks.sweep(now, lease).await.expect("sweep");
+    // The adapter applied the domain's rule, lock by lock.
+    for (consumer, _, when, status) in &claims {
+        assert_eq!(
+            left.contains(&tx(consumer)),
+            !rule.sweeps(*when, *status),
+            "{consumer}: the sweep must follow SweepRule::sweeps"
+        );
+    }
+    let again = s.locks.sweep(rule).await.expect("sweep");
     assert_eq!(
         (again.expired, again.released_by_status),
         (0, 0),

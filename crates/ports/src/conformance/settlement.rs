@@ -4,19 +4,20 @@
 //! a typed double-spend error that changes nothing; a select can re-stamp its
 //! locks; a status is recorded in the same transaction as its spend or release.
 
-use std::time::Duration;
-
-use holdfast_domain::{ClaimVerdict, TxStatus};
+use holdfast_domain::{ClaimVerdict, LeaseConfig, SweepRule, TxStatus};
 
 use super::TestDatabase;
 use super::locks::holders;
 use super::support::{T0, add, all_candidates, amount, at, chf, token_id, token_type, tx, wallet};
 use crate::LockStoreError;
 
-/// The lease of these checks, and a time at which a lock claimed at [`T0`] has
-/// expired.
-const LEASE: Duration = Duration::from_secs(180);
+/// A time at which a lock claimed at [`T0`] has outlived the default lease.
 const LATER: u64 = 1_000_000;
+
+/// The sweep rule at `millis` with the default lease (3 min).
+fn expired_at(millis: u64) -> SweepRule {
+    LeaseConfig::default().sweep_rule(at(millis))
+}
 
 /// t1 selects a token, the sweep takes its lock (slow finality), t1 confirms: the
 /// token is spent by t1 and no longer a candidate; a second Confirmed spends nothing.
@@ -28,7 +29,7 @@ pub async fn confirmed_spends_what_was_selected_even_after_the_sweep(db: &dyn Te
         s.locks.claim(&t1, &token_id("t", 0), T0).await,
         Ok(ClaimVerdict::Won)
     );
-    let report = s.locks.sweep(at(LATER), LEASE).await.expect("sweep");
+    let report = s.locks.sweep(expired_at(LATER)).await.expect("sweep");
     assert_eq!(report.expired, 1, "the lease ran out: {report:?}");
     assert!(holders(&s).await.is_empty(), "the lock is gone");
     assert_eq!(
@@ -89,7 +90,7 @@ pub async fn a_second_confirmed_spender_is_a_double_spend_that_changes_nothing(
         s.locks.claim(&t1, &token_id("t", 0), T0).await,
         Ok(ClaimVerdict::Won)
     );
-    s.locks.sweep(at(LATER), LEASE).await.expect("sweep");
+    s.locks.sweep(expired_at(LATER)).await.expect("sweep");
     assert_eq!(
         s.locks
             .claim_window(&t2, &[token_id("t", 0), token_id("t", 1)], at(LATER))
@@ -172,7 +173,7 @@ pub async fn renew_restamps_held_locks_and_reports_lost_ones(db: &dyn TestDataba
         Ok(vec![token_id("t", 0)]),
         "t:2 is b's, so not renewed for a"
     );
-    let report = s.locks.sweep(at(LATER), LEASE).await.expect("sweep");
+    let report = s.locks.sweep(expired_at(LATER)).await.expect("sweep");
     assert_eq!(report.expired, 2, "t:1 and b's t:2 expired: {report:?}");
     let held = holders(&s).await;
     assert_eq!(held.len(), 1);
@@ -202,7 +203,7 @@ pub async fn release_tokens_forgets_the_selection(db: &dyn TestDatabase) {
         .await
         .expect("claim");
     assert_eq!(s.locks.release_tokens(&a, &[token_id("t", 1)]).await, Ok(1));
-    s.locks.sweep(at(LATER), LEASE).await.expect("sweep");
+    s.locks.sweep(expired_at(LATER)).await.expect("sweep");
     assert_eq!(
         s.locks.spend_consumer(&a, at(LATER), true).await,
         Ok(vec![token_id("t", 0)]),

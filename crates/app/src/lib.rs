@@ -13,6 +13,8 @@
 //! - [`settlement`]: [`Settlement`], the lock lifecycle on status reports and at start-up.
 //! - [`sweeper`]: [`LeaseSweeper`], the background lease sweep.
 //! - [`admission`]: [`Admission`], build-slot admission against the queue store.
+//! - [`crash`]: [`crash::CrashingQueues`], a queue store whose writes crash as a
+//!   plan says (the demo, the simulator and the crash tests share it).
 //! - [`failpoint`]: crash points around admission writes (feature `failpoints`).
 //! - [`metrics`]: the metrics table and `docs/metrics.md`.
 
@@ -20,6 +22,7 @@ pub mod admission;
 pub mod backend;
 pub mod clock;
 pub mod config;
+pub mod crash;
 pub mod failpoint;
 pub mod metrics;
 pub mod selector;

@@ -54,9 +54,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use async_trait::async_trait;
 use holdfast::admission::{reply_label, write_label};
 use holdfast::backend::{Backend, BackendOptions};
+use holdfast::crash::{CrashPlan, CrashingQueues, Fate, WriteCall};
 use holdfast::failpoint;
 use holdfast::{Admission, AdmissionPolicy, NoAncestry};
 use holdfast_domain::admission::invariants::{Violation, stored_violations};
@@ -65,7 +65,7 @@ use holdfast_domain::{
     AdmissionConfig, BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState,
     RevisionUri, Version, Write,
 };
-use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use holdfast_ports::{CasOutcome, QueueStore};
 use libtest_mimic::{Arguments, Trial};
 use sqlx::{Connection, PgConnection};
 use tokio::runtime::Runtime;
@@ -249,11 +249,13 @@ async fn play(
                 .map_err(|e| e.to_string())?,
         ),
         Event::ProcessLosingReply(k) => {
-            let lossy: Arc<dyn QueueStore> = Arc::new(LosesClaimReply {
-                inner: Arc::clone(queues),
-                claimer: request(queue, k),
-                lost: AtomicBool::new(false),
-            });
+            let lossy: Arc<dyn QueueStore> = Arc::new(CrashingQueues::new(
+                Arc::clone(queues),
+                LosesClaimReply {
+                    claimer: request(queue, k),
+                    lost: AtomicBool::new(false),
+                },
+            ));
             match admission(lossy).process(&request(queue, k)).await {
                 Ok(reply) => accept(&reply),
                 Err(e) if e.to_string().contains(LOST_REPLY) => Ok("lost reply".to_owned()),
@@ -289,61 +291,24 @@ async fn play(
     }
 }
 
-/// A queue store whose first applied queue write that gives `claimer` a slot
-/// reports a failure: the write happened, the caller cannot know.
+/// Loses the reply of the first queue write that gives `claimer` a slot: the
+/// write happens, the caller cannot know.
 struct LosesClaimReply {
-    inner: Arc<dyn QueueStore>,
     claimer: RequestId,
     lost: AtomicBool,
 }
 
-#[async_trait]
-impl QueueStore for LosesClaimReply {
-    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
-        self.inner.load_queue(name).await
-    }
-
-    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
-        self.inner.load_request(id).await
-    }
-
-    async fn create_request(
-        &self,
-        queue: &QueueName,
-        uri: &RevisionUri,
-    ) -> Result<Ingested, QueueStoreError> {
-        self.inner.create_request(queue, uri).await
-    }
-
-    async fn cas_queue(
-        &self,
-        expected: Version,
-        queue: &Queue,
-    ) -> Result<CasOutcome, QueueStoreError> {
-        let outcome = self.inner.cas_queue(expected, queue).await?;
-        if outcome == CasOutcome::Applied
-            && queue.owners.contains(&self.claimer)
-            && !self.lost.swap(true, Ordering::SeqCst)
-        {
-            return Err(StoreFault::Unavailable(LOST_REPLY.to_owned()).into());
+impl CrashPlan for LosesClaimReply {
+    fn fate(&self, write: WriteCall<'_>) -> Fate {
+        match write {
+            WriteCall::Queue(queue)
+                if queue.owners.contains(&self.claimer)
+                    && !self.lost.swap(true, Ordering::SeqCst) =>
+            {
+                Fate::CrashAfter(LOST_REPLY.to_owned())
+            }
+            _ => Fate::Proceed,
         }
-        Ok(outcome)
-    }
-
-    async fn cas_request(
-        &self,
-        expected: Version,
-        request: &Request,
-    ) -> Result<CasOutcome, QueueStoreError> {
-        self.inner.cas_request(expected, request).await
-    }
-
-    async fn list_requests(
-        &self,
-        queue: &QueueName,
-        limit: usize,
-    ) -> Result<Vec<Request>, QueueStoreError> {
-        self.inner.list_requests(queue, limit).await
     }
 }
 

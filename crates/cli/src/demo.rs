@@ -19,13 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use clap::Args;
 use holdfast_domain::{
-    AdmissionConfig, BuildOutcome, Quantity, Queue, QueueName, Reply, Request, RequestId,
-    RevisionUri, TokenType, TxId, Version, WalletId,
+    AdmissionConfig, BuildOutcome, Quantity, QueueName, Reply, RequestId, RevisionUri, TokenType,
+    TxId, WalletId,
 };
-use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
 use serde::Serialize;
 
 use super::output::{self, Rendered, Report};
@@ -37,6 +35,7 @@ use holdfast::admission::{Admission, AdmissionPolicy, NoAncestry};
 use holdfast::backend::Backend;
 use holdfast::clock::SystemClock;
 use holdfast::config::Config;
+use holdfast::crash::{CrashPlan, CrashingQueues, Fate, WriteCall};
 use holdfast::selector::{SelectError, TokenSelector};
 use holdfast::settlement::Settlement;
 
@@ -312,76 +311,32 @@ impl Report for DemoSummary {
     }
 }
 
-/// A queue store that stands in for a process crashing right after it wrote the
-/// slot claim of `request`: from that write on, every call fails as unavailable.
+/// The demo's crash: the process dies right after it wrote the slot claim of
+/// `request`; from then on every call fails, as a dead process's would.
 struct CrashAfterClaim {
-    inner: Arc<dyn QueueStore>,
     request: RequestId,
     crashed: AtomicBool,
 }
 
-impl CrashAfterClaim {
-    fn check(&self) -> Result<(), QueueStoreError> {
-        if self.crashed.load(Ordering::SeqCst) {
-            Err(QueueStoreError::Fault(StoreFault::Unavailable(
-                "the demo process crashed after writing the slot claim".to_owned(),
-            )))
-        } else {
-            Ok(())
+const CRASHED_AFTER_CLAIM: &str = "the demo process crashed after writing the slot claim";
+
+impl CrashPlan for CrashAfterClaim {
+    fn fate(&self, write: WriteCall<'_>) -> Fate {
+        match write {
+            WriteCall::Queue(queue)
+                if queue.owners.contains(&self.request)
+                    && !self.crashed.swap(true, Ordering::SeqCst) =>
+            {
+                Fate::CrashAfter(CRASHED_AFTER_CLAIM.to_owned())
+            }
+            _ => Fate::Proceed,
         }
     }
-}
 
-#[async_trait]
-impl QueueStore for CrashAfterClaim {
-    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
-        self.check()?;
-        self.inner.load_queue(name).await
-    }
-
-    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
-        self.check()?;
-        self.inner.load_request(id).await
-    }
-
-    async fn create_request(
-        &self,
-        queue: &QueueName,
-        uri: &RevisionUri,
-    ) -> Result<Ingested, QueueStoreError> {
-        self.check()?;
-        self.inner.create_request(queue, uri).await
-    }
-
-    async fn cas_queue(
-        &self,
-        expected: Version,
-        queue: &Queue,
-    ) -> Result<CasOutcome, QueueStoreError> {
-        self.check()?;
-        let outcome = self.inner.cas_queue(expected, queue).await?;
-        if outcome == CasOutcome::Applied && queue.owners.contains(&self.request) {
-            self.crashed.store(true, Ordering::SeqCst);
-        }
-        Ok(outcome)
-    }
-
-    async fn cas_request(
-        &self,
-        expected: Version,
-        request: &Request,
-    ) -> Result<CasOutcome, QueueStoreError> {
-        self.check()?;
-        self.inner.cas_request(expected, request).await
-    }
-
-    async fn list_requests(
-        &self,
-        queue: &QueueName,
-        limit: usize,
-    ) -> Result<Vec<Request>, QueueStoreError> {
-        self.check()?;
-        self.inner.list_requests(queue, limit).await
+    fn dead(&self) -> Option<String> {
+        self.crashed
+            .load(Ordering::SeqCst)
+            .then(|| CRASHED_AFTER_CLAIM.to_owned())
     }
 }
 
@@ -648,11 +603,13 @@ async fn admission_tour(ctx: &Context, queue: &QueueName) -> Result<AdmissionSum
     steps.push(observe(ctx, "ingest rev-1", &first, Some(ingested.reply)).await?);
 
     let crashing = Admission::new(
-        Arc::new(CrashAfterClaim {
-            inner: stores.queues.clone(),
-            request: first.clone(),
-            crashed: AtomicBool::new(false),
-        }),
+        Arc::new(CrashingQueues::new(
+            stores.queues.clone(),
+            CrashAfterClaim {
+                request: first.clone(),
+                crashed: AtomicBool::new(false),
+            },
+        )),
         Arc::new(NoAncestry),
         policy,
     );

@@ -27,12 +27,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use async_trait::async_trait;
 use holdfast_domain::admission::invariants::{Violation, stored_violations};
 use holdfast_domain::{
-    BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState, RevisionUri, Version,
+    BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState, RevisionUri,
 };
-use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use holdfast_ports::{QueueStore, QueueStoreError};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -46,6 +45,7 @@ use super::runner::{Progress, RunSettings, mix};
 use super::workload::AdmissionLoad;
 use holdfast::admission::{Admission, AdmissionPolicy, NoAncestry};
 use holdfast::backend::Backend;
+use holdfast::crash::{CrashPlan, CrashingQueues, Fate, WriteCall};
 
 /// Delivery attempts (failed steps and retries) before a message is dead-lettered.
 pub const MAX_DELIVERIES: u32 = 10;
@@ -85,105 +85,27 @@ pub struct AdmissionFigures {
     pub wall_seconds: f64,
 }
 
-/// A queue store that crashes compare-and-sets at random (see the module docs).
-struct CrashingQueues {
-    inner: Arc<dyn QueueStore>,
+/// Crashes writes at random (see the module docs): `percent` of them before the
+/// write, as many after it.
+struct RandomCrashes {
     rng: Mutex<StdRng>,
     percent: u8,
-    injected: Arc<AtomicU64>,
 }
 
-enum Crash {
-    None,
-    Before,
-    After,
-}
-
-impl CrashingQueues {
-    fn draw(&self) -> Crash {
+impl CrashPlan for RandomCrashes {
+    fn fate(&self, _write: WriteCall<'_>) -> Fate {
         let roll: u8 = self
             .rng
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .random_range(0..200);
         if roll < self.percent {
-            Crash::Before
+            Fate::CrashBefore("simulated crash before the write".to_owned())
         } else if roll < self.percent.saturating_mul(2) {
-            Crash::After
+            Fate::CrashAfter("simulated crash after the write".to_owned())
         } else {
-            Crash::None
+            Fate::Proceed
         }
-    }
-
-    fn crashed(&self, when: &str) -> QueueStoreError {
-        self.injected.fetch_add(1, Ordering::Relaxed);
-        QueueStoreError::Fault(StoreFault::Unavailable(format!(
-            "simulated crash {when} the write"
-        )))
-    }
-}
-
-#[async_trait]
-impl QueueStore for CrashingQueues {
-    async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
-        self.inner.load_queue(name).await
-    }
-
-    async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
-        self.inner.load_request(id).await
-    }
-
-    async fn create_request(
-        &self,
-        queue: &QueueName,
-        uri: &RevisionUri,
-    ) -> Result<Ingested, QueueStoreError> {
-        match self.draw() {
-            Crash::Before => Err(self.crashed("before")),
-            Crash::After => {
-                self.inner.create_request(queue, uri).await?;
-                Err(self.crashed("after"))
-            }
-            Crash::None => self.inner.create_request(queue, uri).await,
-        }
-    }
-
-    async fn cas_queue(
-        &self,
-        expected: Version,
-        queue: &Queue,
-    ) -> Result<CasOutcome, QueueStoreError> {
-        match self.draw() {
-            Crash::Before => Err(self.crashed("before")),
-            Crash::After => {
-                self.inner.cas_queue(expected, queue).await?;
-                Err(self.crashed("after"))
-            }
-            Crash::None => self.inner.cas_queue(expected, queue).await,
-        }
-    }
-
-    async fn cas_request(
-        &self,
-        expected: Version,
-        request: &Request,
-    ) -> Result<CasOutcome, QueueStoreError> {
-        match self.draw() {
-            Crash::Before => Err(self.crashed("before")),
-            Crash::After => {
-                self.inner.cas_request(expected, request).await?;
-                Err(self.crashed("after"))
-            }
-            Crash::None => self.inner.cas_request(expected, request).await,
-        }
-    }
-
-    async fn list_requests(
-        &self,
-        queue: &QueueName,
-        limit: usize,
-    ) -> Result<Vec<Request>, QueueStoreError> {
-        self.inner.list_requests(queue, limit).await
     }
 }
 
@@ -417,16 +339,20 @@ async fn drive(
     backend: &Backend,
 ) -> Result<AdmissionFigures, SimulateError> {
     let raw = backend.stores().queues;
-    let injected = Arc::new(AtomicU64::new(0));
-    let crashing: Arc<dyn QueueStore> = Arc::new(CrashingQueues {
-        inner: raw.clone(),
-        rng: Mutex::new(StdRng::seed_from_u64(mix(settings.seed, 7))),
-        percent: load.crash_percent,
-        injected: injected.clone(),
-    });
+    let crashing = Arc::new(CrashingQueues::new(
+        raw.clone(),
+        RandomCrashes {
+            rng: Mutex::new(StdRng::seed_from_u64(mix(settings.seed, 7))),
+            percent: load.crash_percent,
+        },
+    ));
     let mut policy = AdmissionPolicy::from_config(&settings.config);
     policy.default.max_concurrent = load.max_concurrent;
-    let admission = Arc::new(Admission::new(crashing, Arc::new(NoAncestry), policy));
+    let admission = Arc::new(Admission::new(
+        crashing.clone(),
+        Arc::new(NoAncestry),
+        policy,
+    ));
 
     let (sender, receiver) = mpsc::unbounded_channel();
     let bus = Arc::new(Bus {
@@ -530,7 +456,7 @@ async fn drive(
         invariant_violations: violations_found,
         slots_leaked: leaked,
         wedged_requests: wedged,
-        crashes_injected: injected.load(Ordering::Relaxed),
+        crashes_injected: crashing.crashes(),
         redeliveries: tally.redeliveries.load(Ordering::Relaxed),
         holds: tally.holds.load(Ordering::Relaxed),
         dead_lettered: tally.dead_lettered.load(Ordering::Relaxed),

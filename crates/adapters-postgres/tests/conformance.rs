@@ -2,7 +2,7 @@
 //! strategy. Each check gets a fresh database; replicas are independent backends
 //! (own pool, own counters) on it.
 
-mod support;
+use crate::support;
 
 use async_trait::async_trait;
 use holdfast_adapters_postgres::{LockStrategy, PgBackend};

@@ -10,7 +10,7 @@
 //! Each test gets a fresh database (see `support`); without `DATABASE_URL` they skip
 //! loudly or fail as the support module says.
 
-mod support;
+use crate::support;
 
 use std::fmt::Write as _;
 use std::future::Future;

@@ -3,7 +3,7 @@
 //! discipline, a claimer killed mid-statement, a mixed-strategy fleet, migrations,
 //! connection errors and the schema.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

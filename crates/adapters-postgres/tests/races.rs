@@ -7,7 +7,7 @@
 //! a plain connection and waiting until the server reports the claim waiting on a
 //! lock (polled on `pg_stat_activity`, not timed) before committing it.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The whole holdfast-ports conformance suite against SQLite files, one test per check.
 
-mod common;
+use crate::common;
 
 use async_trait::async_trait;
 use holdfast_adapters_sqlite::SqliteBackend;

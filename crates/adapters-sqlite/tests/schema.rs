@@ -1,7 +1,7 @@
 //! Pins the schema users get: every table and index as SQLite stores its DDL, and
 //! the recorded migrations. A change here is a migration and must be reviewed.
 
-mod common;
+use crate::common;
 
 use rusqlite::Connection;
 

@@ -1,7 +1,7 @@
 //! SQLite-specific behaviour beyond the conformance suite: schema versions, corrupt
 //! rows, tolerant timestamps, busy timeouts, readers beside the writer, open errors.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! 32 tasks claiming from a small shared pool at once: no token is ever held by two
 //! consumers, and no error (in particular no "database is locked") reaches a caller.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

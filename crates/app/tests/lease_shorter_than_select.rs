@@ -9,10 +9,9 @@
 //! again. Every token it returns is locked by it when it answers. No test sleeps:
 //! time is the injected clock's.
 
-#[path = "../../adapters-postgres/tests/support/mod.rs"]
-mod pg_support;
+use crate::pg_support;
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

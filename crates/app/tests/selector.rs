@@ -3,7 +3,7 @@
 //! release), release scope, FundsLocked after the last leg, and the metrics of
 //! failed attempts.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

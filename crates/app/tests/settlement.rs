@@ -1,6 +1,6 @@
 //! Settlement, recovery and the lease sweeper against mocked ports.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

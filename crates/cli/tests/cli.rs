@@ -3,7 +3,7 @@
 //! exit codes: 1 refused, 2 bad input, 3 backend error. Errors go to stderr and
 //! never as a panic.
 
-mod cli_support;
+use crate::cli_support;
 
 use std::time::Duration;
 

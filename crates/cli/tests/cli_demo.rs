@@ -1,6 +1,6 @@
 //! `holdfast demo` on a fresh temporary database (no setup), and on a given one.
 
-mod cli_support;
+use crate::cli_support;
 
 use cli_support::{Holdfast, check_demo};
 

@@ -1,7 +1,7 @@
 //! Pins the `--help` of the command and of every subcommand: what a person reads
 //! first. A change here is a change of the command's interface.
 
-mod cli_support;
+use crate::cli_support;
 
 use cli_support::Holdfast;
 

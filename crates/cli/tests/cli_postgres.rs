@@ -3,10 +3,9 @@
 //! PostgreSQL adapter's test helper: skips loudly when the test command says there
 //! is no server, fails otherwise and always under CI).
 
-#[path = "../../adapters-postgres/tests/support/mod.rs"]
-mod pg_support;
+use crate::pg_support;
 
-mod cli_support;
+use crate::cli_support;
 
 use cli_support::{Holdfast, nothing_lost_after_the_sweep, queue_happy_path, token_happy_path};
 use pg_support::TestDb;

@@ -16,10 +16,9 @@
 //! loudly without one, as the support module says). Replay the kill times with
 //! `HOLDFAST_KILL_SEED=<seed>` (printed by each run).
 
-#[path = "../../adapters-postgres/tests/support/mod.rs"]
-mod pg_support;
+use crate::pg_support;
 
-mod cli_support;
+use crate::cli_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

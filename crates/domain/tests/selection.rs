@@ -1,7 +1,7 @@
 //! Behaviour of the selection engine (`docs/selection.md`), driven against an
 //! in-memory wallet. Randomised behaviours are checked over many fixed seeds.
 
-mod selection_sim;
+use crate::selection_sim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! seeds (driven against the in-memory wallet), and over arbitrary answer
 //! sequences fed straight into the engine.
 
-mod selection_sim;
+use crate::selection_sim;
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! pinned as insta snapshots. A changed snapshot is a changed behaviour: review it
 //! like code.
 
-mod selection_sim;
+use crate::selection_sim;
 
 use std::time::Duration;
 

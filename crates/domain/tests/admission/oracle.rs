@@ -6,8 +6,8 @@
 use holdfast_domain::admission::{AdmissionConfig, BuildOutcome, DeadLetterReason, Reply};
 use holdfast_domain::{BuildPlan, BuildStrategy, RequestId, RequestState};
 
-use crate::model::{Act, Design, HWrite, QueueRow, SlotChange, Target, View, World};
-use crate::scenarios::{s02_script, s17_script, s18_script, s19_script};
+use crate::admission::model::{Act, Design, HWrite, QueueRow, SlotChange, Target, View, World};
+use crate::admission::scenarios::{s02_script, s17_script, s18_script, s19_script};
 
 /// The count-based design: claim = count + 1, release = count - 1 clamped at 0.
 #[derive(Debug, Clone, Copy, Default)]
@@ -135,7 +135,9 @@ fn oracle_detects_the_wedge_of_scenario_2() {
     let (a, end) = s02_script(&mut w);
     assert_eq!(
         end,
-        crate::model::End::Reply(Reply::Hold(AdmissionConfig::default().gate_wait_delay))
+        crate::admission::model::End::Reply(Reply::Hold(
+            AdmissionConfig::default().gate_wait_delay
+        ))
     );
     assert!(
         has(&w, &format!("no wedge: {a} is held by its own slot")),

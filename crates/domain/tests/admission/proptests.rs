@@ -7,7 +7,7 @@ use holdfast_domain::admission::{AdmissionConfig, AncestryAnswer, BuildOutcome};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-use crate::model::{Fault, Msg, OwnerKeyed, World, uri};
+use crate::admission::model::{Fault, Msg, OwnerKeyed, World, uri};
 
 /// Distinct revisions; a small pool makes duplicate ingests common.
 const URIS: usize = 6;
@@ -61,7 +61,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn apply(w: &mut World<OwnerKeyed>, op: Op) {
     let active = w.active_ids();
     match op {
-        Op::Ingest(i) => w.inbox.push_back(crate::model::Pending {
+        Op::Ingest(i) => w.inbox.push_back(crate::admission::model::Pending {
             msg: Msg::Ingest(uri(&format!("rev-{i}"))),
             attempts: 0,
         }),
@@ -172,7 +172,7 @@ fn run_case(
     }
     // The periodic reconcile pass: an injected leak with the gate never closing
     // afterwards (max 2 or 3 and few requests) is healed by it, not by the gate.
-    w.inbox.push_back(crate::model::Pending {
+    w.inbox.push_back(crate::admission::model::Pending {
         msg: Msg::Reconcile,
         attempts: 0,
     });

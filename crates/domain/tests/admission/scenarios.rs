@@ -10,7 +10,7 @@ use holdfast_domain::admission::{
 };
 use holdfast_domain::{BuildPlan, BuildStrategy, LastGreen, RequestId, RequestState};
 
-use crate::model::{Design, End, Fault, Msg, OwnerKeyed, World, rid, uri};
+use crate::admission::model::{Design, End, Fault, Msg, OwnerKeyed, World, rid, uri};
 
 fn world(max: u32) -> World<OwnerKeyed> {
     World::new(
@@ -259,7 +259,7 @@ fn s08_lost_mark_race_already_processing_keeps_slot() {
     let lost = w.step(d2).unwrap();
     assert_eq!(
         lost,
-        crate::model::StepResult::Wrote {
+        crate::admission::model::StepResult::Wrote {
             label: "mark",
             applied: false
         }
@@ -286,7 +286,7 @@ fn s09_claim_conflict_from_concurrent_ingest_still_latest_reclaims() {
     let conflict = w.step(d).unwrap();
     assert_eq!(
         conflict,
-        crate::model::StepResult::Wrote {
+        crate::admission::model::StepResult::Wrote {
             label: "claim",
             applied: false
         }
@@ -328,7 +328,7 @@ fn s11_claim_conflict_own_id_present_resumes_without_duplicate() {
     let conflict = w.step(d2).unwrap();
     assert_eq!(
         conflict,
-        crate::model::StepResult::Wrote {
+        crate::admission::model::StepResult::Wrote {
             label: "claim",
             applied: false
         }
@@ -732,7 +732,7 @@ fn fence_stops_a_stale_mark_after_a_release_for_supersede() {
     let lost = w.step(stale).unwrap();
     assert_eq!(
         lost,
-        crate::model::StepResult::Wrote {
+        crate::admission::model::StepResult::Wrote {
             label: "mark",
             applied: false
         }
@@ -889,7 +889,7 @@ fn green_record_conflicting_with_an_ingest_reloads_and_keeps_the_latest() {
     let b = w.ingest("b");
     assert_eq!(
         w.step(d).unwrap(),
-        crate::model::StepResult::Wrote {
+        crate::admission::model::StepResult::Wrote {
             label: "green",
             applied: false
         }
@@ -961,7 +961,9 @@ fn two_deliveries_in_lockstep_fence_once_each_then_release_and_supersede() {
     let mut writes = Vec::new();
     for _ in 0..3 {
         for d in [d1, d2] {
-            if let Some(crate::model::StepResult::Wrote { label, applied }) = w.iterate(d) {
+            if let Some(crate::admission::model::StepResult::Wrote { label, applied }) =
+                w.iterate(d)
+            {
                 writes.push((d, label, applied));
             }
         }

@@ -1,0 +1,9 @@
+//! Every integration test of this crate in one binary: one link instead of one
+//! per file. Each module is one file beside this one, named as before.
+
+mod common;
+
+mod conformance;
+mod schema;
+mod sqlite;
+mod stress;

@@ -1,0 +1,15 @@
+//! Every integration test of this crate in one binary: one link instead of one
+//! per file. Each module is one file beside this one, named as before.
+
+mod common;
+#[path = "../../adapters-postgres/tests/support/mod.rs"]
+mod pg_support;
+
+mod config;
+mod lease_shorter_than_select;
+mod reference_docs;
+mod selection_model;
+mod selector;
+mod selector_sqlite;
+mod settlement;
+mod sqlite_services;

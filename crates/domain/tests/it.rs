@@ -1,0 +1,9 @@
+//! Every integration test of this crate in one binary: one link instead of one
+//! per file. Each module is one file beside this one, named as before.
+
+mod selection_sim;
+
+mod admission;
+mod selection;
+mod selection_props;
+mod selection_snapshots;

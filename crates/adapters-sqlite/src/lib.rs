@@ -16,7 +16,7 @@
 //! # How it uses SQLite
 //! - Bundled SQLite (rusqlite), WAL journal, `synchronous = FULL` (a committed claim
 //!   survives a power cut), a busy timeout (default 5 s) after which a call fails
-//!   with [`StoreFault::Busy`] instead of panicking.
+//!   with [`StoreFault::Busy`](holdfast_ports::StoreFault::Busy) instead of panicking.
 //! - One writer connection and [`SqliteOptions::readers`] reader connections per
 //!   instance; every call runs on tokio's blocking threads, never on the executor.
 //!   Every transaction that may write is `BEGIN IMMEDIATE`.

@@ -9,7 +9,7 @@ use crate::error::OpenError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteOptions {
     /// How long a statement waits for another connection's write lock before it
-    /// fails with [`StoreFault::Busy`]. Default 5 s; at most [`MAX_BUSY_TIMEOUT`].
+    /// fails with [`StoreFault::Busy`](holdfast_ports::StoreFault::Busy). Default 5 s; at most [`MAX_BUSY_TIMEOUT`].
     pub busy_timeout: Duration,
     /// Reader connections beside the one writer connection, so reads run while a
     /// write is in progress. Default 4; 1 to [`MAX_READERS`].

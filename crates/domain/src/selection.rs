@@ -21,11 +21,11 @@
 //!   blacklisted, not contention, and the next fetch asks for a refresh. Contended:
 //!   blacklisted and counted as contention. A store error blacklists nothing,
 //!   costs one immediate retry, and the window's tokens count as possibly held.
-//! - **End of a scan.** With no contention seen in the scan, the lock-ignoring
-//!   balance is compared with the *full* amount: below it is
-//!   [`SelectionFailure::InsufficientFunds`]. Otherwise (or with contention) a scan
-//!   that met only blacklisted tokens clears the blacklist, and a new scan starts,
-//!   costing one immediate retry.
+//! - **End of a scan.** When candidates run out, the lock-ignoring balance is
+//!   compared with the *full* amount, at most once per leg, contention or not:
+//!   below it is [`SelectionFailure::InsufficientFunds`]. Otherwise a scan that met
+//!   only blacklisted tokens clears the blacklist, and a new scan starts, costing
+//!   one immediate retry.
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
 //!   possibly held tokens) are released, the engine backs off a random time in
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
@@ -337,6 +337,8 @@ struct Leg {
     immediate_retries: u32,
     /// Of those, the ones charged for a store error.
     store_retries: u32,
+    /// The fast-fail balance check already ran in this leg.
+    balance_checked: bool,
     /// A store error happened since the last charged retry (the next charge, or
     /// the failure to charge, is for it).
     store_error_pending: bool,
@@ -789,8 +791,10 @@ impl Selection {
     }
 
     fn end_of_scan(&mut self, rng: &mut impl Rng) -> Action {
-        if !self.scan.contention && !self.scan.balance_checked {
-            self.scan.balance_checked = true;
+        // Whether or not the scan met contention: a wallet whose lock-ignoring
+        // balance is short is short, however contended (once per leg).
+        if !self.leg.balance_checked {
+            self.leg.balance_checked = true;
             self.stats.balance_checks += 1;
             self.phase = Phase::CheckingBalance;
             return Action::CheckBalance;

@@ -221,13 +221,37 @@ fn contended_is_blacklisted_counted_and_ends_in_funds_locked() {
     assert!(r.stats.conflicts >= 3, "{}", r.trace);
     assert_eq!((r.stats.stale, r.stats.store_errors), (0, 0));
     assert_eq!(
-        r.stats.balance_checks, 0,
-        "contention must suppress fast fail"
+        r.stats.balance_checks, 3,
+        "contention does not suppress the fast fail: one balance read per leg"
     );
     assert_eq!(r.stats.legs, 3);
     assert_eq!(r.backoffs.len(), 2);
     assert!(r.backoffs.iter().all(|d| *d < Duration::from_millis(100)));
     assert_eq!(r.stats.distinct_tokens_attempted, 1);
+}
+
+#[test]
+fn a_short_wallet_is_insufficient_funds_even_when_every_scan_met_contention() {
+    // [3, 4] for 10, with the 4 always lost to another transaction: the wallet
+    // holds 7 whatever the locks, so this is not "retry later".
+    let r = run(Wallet::of(&[3, 4]).hot(1, u32::MAX), 10, tight(), 3);
+    assert_eq!(
+        r.outcome,
+        Err(SelectionFailure::InsufficientFunds {
+            available: q(7),
+            requested: q(10),
+        }),
+        "{}",
+        r.trace
+    );
+    assert!(r.stats.conflicts >= 1, "{}", r.trace);
+    assert_eq!(
+        (r.stats.legs, r.stats.balance_checks),
+        (1, 1),
+        "{}",
+        r.trace
+    );
+    assert!(r.wallet.held_by_consumer().is_empty(), "{}", r.trace);
 }
 
 #[test]
@@ -329,8 +353,8 @@ fn a_store_error_ending_a_leg_of_locked_funds_is_not_a_store_failure() {
     // The error lands on the event that finds the budget used up, but the leg's
     // retries went to rescans of locked funds (store errors are no majority).
     // tight(): 2 retries. 3 and 4 are won, the 5 is locked elsewhere (never a
-    // candidate); rescan (1), rescan (2), then the third scan's balance read
-    // fails with the budget used up.
+    // candidate); the balance is read once in the leg (12: enough), rescan (1),
+    // rescan (2), then the third scan's fetch fails with the budget used up.
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let mut s = Selection::new(request(10), tight()).unwrap();
     assert!(matches!(s.start(&mut rng), Action::Fetch(_)));
@@ -343,21 +367,14 @@ fn a_store_error_ending_a_leg_of_locked_funds_is_not_a_store_failure() {
         s.on_balance(Ok(q(12)), &mut rng),
         Action::Fetch(_)
     ));
-    assert_eq!(
-        s.on_candidates(Ok(Vec::new()), &mut rng),
-        Action::CheckBalance
-    );
-    // Second rescan (retry 2, the budget's last).
+    // Second rescan (retry 2, the budget's last): no second balance read in a leg.
     assert!(matches!(
-        s.on_balance(Ok(q(12)), &mut rng),
+        s.on_candidates(Ok(Vec::new()), &mut rng),
         Action::Fetch(_)
     ));
     assert_eq!(s.stats().immediate_retries, 2);
-    assert_eq!(
-        s.on_candidates(Ok(Vec::new()), &mut rng),
-        Action::CheckBalance
-    );
-    let next = s.on_balance(Err(StoreFailure::new("balance read failed")), &mut rng);
+    assert_eq!(s.stats().balance_checks, 1);
+    let next = s.on_candidates(Err(StoreFailure::new("page read failed")), &mut rng);
     assert_eq!(next, Action::Release(vec![tid(0), tid(1)]));
     let next = s.on_released(Ok(()), &mut rng);
     assert!(matches!(next, Action::Backoff(_)), "{next:?}");

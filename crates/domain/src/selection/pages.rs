@@ -35,8 +35,6 @@ pub(crate) struct Scan {
     pub(crate) saw_clean: bool,
     /// The scan met contention (a lost race, or a token blacklisted for one).
     pub(crate) contention: bool,
-    /// The fast-fail balance check already ran in this scan.
-    pub(crate) balance_checked: bool,
     /// A store error happened during this scan (a failed page, claim or balance
     /// read, or an unclear claim answer): running out proves nothing about locks.
     pub(crate) store_error: bool,

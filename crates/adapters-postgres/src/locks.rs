@@ -91,6 +91,8 @@ macro_rules! window_sql {
                  FROM ",
             $source,
             " s
+                 WHERE NOT EXISTS (SELECT 1 FROM selections x
+                                   WHERE x.consumer = $3 AND x.tx_id = s.tx_id AND x.idx = s.idx)
                  ORDER BY s.tx_id, s.idx
                  ON CONFLICT (tx_id, idx) DO NOTHING
                  RETURNING tx_id, idx
@@ -98,7 +100,6 @@ macro_rules! window_sql {
              recorded AS (
                  INSERT INTO selections (consumer, tx_id, idx)
                  SELECT $3, tx_id, idx FROM claimed
-                 ON CONFLICT DO NOTHING
              )
              SELECT c.tx_id, c.idx, cl.tx_id IS NOT NULL AS won, s.tx_id IS NOT NULL AS still_spendable
              FROM candidates c
@@ -136,23 +137,27 @@ pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
 );
 
 /// The single-token claim of `insert`: a conditional insert of a share-locked,
-/// still-spendable token, recorded as selected; a lost race is a unique
-/// violation. Returns 1 when won, 0 when stale.
+/// still-spendable token, recorded as selected, unless `$3` already selected it
+/// (an earlier select of the transaction whose lock was swept); a lost race is a
+/// unique violation. Returns (1 when won, whether `$3` had already selected it).
 const CLAIM_INSERT: &str = "
     WITH claimed AS (
         INSERT INTO token_locks (tx_id, idx, consumer, created_at)
         SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
         FROM tokens t
         WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL
+          AND NOT EXISTS (SELECT 1 FROM selections x
+                          WHERE x.consumer = $3 AND x.tx_id = t.tx_id AND x.idx = t.idx)
         FOR SHARE OF t
         RETURNING tx_id, idx
     ),
     recorded AS (
         INSERT INTO selections (consumer, tx_id, idx)
         SELECT $3, tx_id, idx FROM claimed
-        ON CONFLICT DO NOTHING
     )
-    SELECT COUNT(*) FROM claimed";
+    SELECT (SELECT COUNT(*) FROM claimed),
+           EXISTS (SELECT 1 FROM selections x
+                   WHERE x.consumer = $3 AND x.tx_id = $1 AND x.idx = $2)";
 
 /// Settles consumer `$1` as deleted in one statement: records the status (when
 /// `$3`, at `$2` milliseconds), releases its locks (locking them in key order
@@ -316,7 +321,7 @@ impl PgBackend {
         at: Timestamp,
     ) -> Result<ClaimVerdict, LockStoreError> {
         let result = self.note(
-            sqlx::query_scalar::<_, i64>(CLAIM_INSERT)
+            sqlx::query_as::<_, (i64, bool)>(CLAIM_INSERT)
                 .bind(token.tx.as_str())
                 .bind(i64::from(token.index))
                 .bind(consumer.as_str())
@@ -325,8 +330,9 @@ impl PgBackend {
                 .await,
         );
         match result {
-            Ok(won) if won > 0 => Ok(ClaimVerdict::Won),
-            Ok(_) => Ok(ClaimVerdict::Stale),
+            Ok((won, _)) if won > 0 => Ok(ClaimVerdict::Won),
+            Ok((_, true)) => Ok(ClaimVerdict::Contended),
+            Ok((_, false)) => Ok(ClaimVerdict::Stale),
             Err(e)
                 if e.as_database_error()
                     .is_some_and(|db| db.is_unique_violation()) =>

@@ -9,3 +9,6 @@ CREATE TABLE selections (
     output   INTEGER NOT NULL,
     PRIMARY KEY (consumer, tx, output)
 );
+
+-- Every lock of a database migrated from version 1 was won by its consumer's select.
+INSERT INTO selections (consumer, tx, output) SELECT consumer, tx, output FROM locks;

@@ -18,7 +18,8 @@ use crate::statuses::record_in;
 /// Claims each token in order inside the caller's IMMEDIATE transaction: stale when
 /// the token is missing, spent or not spendable; otherwise the lock insert decides
 /// won (row written, and the token recorded as selected by `consumer`) or
-/// contended (a row exists, whoever holds it).
+/// contended (a row exists, whoever holds it, or `consumer` already selected the
+/// token in an earlier select whose lock the sweep took).
 fn claim_in(
     tx: &Transaction<'_>,
     consumer: &TxId,
@@ -36,11 +37,13 @@ fn claim_in(
              ON CONFLICT (tx, output) DO NOTHING",
         )
         .db()?;
-    let mut select = tx
+    let mut selected = tx
         .prepare_cached(
-            "INSERT INTO selections (consumer, tx, output) VALUES (?1, ?2, ?3)
-             ON CONFLICT DO NOTHING",
+            "SELECT EXISTS (SELECT 1 FROM selections WHERE consumer = ?1 AND tx = ?2 AND output = ?3)",
         )
+        .db()?;
+    let mut select = tx
+        .prepare_cached("INSERT INTO selections (consumer, tx, output) VALUES (?1, ?2, ?3)")
         .db()?;
     let mut out = Vec::with_capacity(tokens.len());
     for token in tokens {
@@ -48,8 +51,13 @@ fn claim_in(
             .query_row(params![token.tx.as_str(), token.index], |r| r.get(0))
             .optional()
             .db()?;
+        let key = params![consumer.as_str(), token.tx.as_str(), token.index];
         let verdict = if claimable != Some(true) {
             ClaimVerdict::Stale
+        } else if selected.query_row(key, |r| r.get::<_, bool>(0)).db()? {
+            // Already selected by this consumer (its lock swept meanwhile): an
+            // earlier select of the transaction has it, this one may not.
+            ClaimVerdict::Contended
         } else {
             let n = insert
                 .execute(params![
@@ -60,9 +68,7 @@ fn claim_in(
                 ])
                 .db()?;
             if n == 1 {
-                select
-                    .execute(params![consumer.as_str(), token.tx.as_str(), token.index])
-                    .db()?;
+                select.execute(key).db()?;
                 ClaimVerdict::Won
             } else {
                 ClaimVerdict::Contended

@@ -51,3 +51,44 @@ async fn schema_after_migrations() {
     out.push_str(&format!("-- journal_mode: {mode}\n"));
     insta::assert_snapshot!(out);
 }
+
+/// A database written by schema version 1 with a transaction holding a lock: after
+/// the upgrade to version 2 the lock counts as selected, so its Confirmed spends
+/// the token (the upgrade loses no spend).
+#[tokio::test]
+async fn upgrading_from_version_1_keeps_held_locks_spendable_by_their_transaction() {
+    use holdfast_adapters_sqlite::MIGRATIONS;
+    use holdfast_domain::{Timestamp, TokenId, TxId};
+    use holdfast_ports::LockStore as _;
+
+    let file = TempDb::new();
+    {
+        let conn = Connection::open(file.path()).expect("raw connection");
+        conn.execute_batch(
+            "CREATE TABLE holdfast_schema (version INTEGER NOT NULL PRIMARY KEY,
+                 name TEXT NOT NULL, applied_at TEXT NOT NULL);",
+        )
+        .expect("version table");
+        conn.execute_batch(MIGRATIONS[0].sql).expect("version 1");
+        conn.execute_batch(
+            "INSERT INTO holdfast_schema VALUES (1, 'tokens_locks_statuses_queues', '2026-01-01T00:00:00.000Z');
+             INSERT INTO tokens VALUES ('fund', 0, 'w', 'CHF', '0000000000000000000000000000000a', 1, NULL, NULL);
+             INSERT INTO locks VALUES ('fund', 0, 'pay-1', '2026-01-01T00:00:00.000Z');",
+        )
+        .expect("a version 1 database with a held lock");
+    }
+    let backend = file.open().await;
+    let stores = backend.stores();
+    let fund = TokenId::new(TxId::new("fund").expect("tx"), 0);
+    assert_eq!(
+        stores
+            .locks
+            .spend_consumer(
+                &TxId::new("pay-1").expect("tx"),
+                Timestamp::from_millis(1),
+                true
+            )
+            .await,
+        Ok(vec![fund])
+    );
+}

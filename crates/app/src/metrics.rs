@@ -171,7 +171,10 @@ pub static METRICS: &[MetricDef] = &[
         kind: MetricKind::Counter,
         unit: "locks",
         help: "Locks released by settlement, recovery or a cancelled select call.",
-        labels: &[("reason", "confirmed, deleted, recovery, cancelled")],
+        labels: &[(
+            "reason",
+            "confirmed, deleted, recovery, cancelled, leftover, renewal",
+        )],
     },
     MetricDef {
         name: TOKENS_SPENT,

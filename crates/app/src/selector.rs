@@ -19,8 +19,9 @@
 //!   final release, anything), the guard spawns a cleanup that first waits for the
 //!   in-flight call to finish (a claim may commit after the drop) and then releases
 //!   exactly those tokens, by consumer and tokens, never the consumer's other
-//!   locks. Outside a runtime nothing can be spawned; the lease sweep is then the
-//!   backstop.
+//!   locks, retrying a failing store for a while: a selection left
+//!   behind would be spent by a later Confirmed of the transaction. Outside a
+//!   runtime nothing can be spawned; the lock then expires with the lease.
 //! - **Replayable.** Every call runs with its own RNG seeded from a per-call seed,
 //!   drawn from the selector's RNG (seeded from the configuration, or from the OS).
 //!   The seed is in the call's span and in [`SelectReport::seed`];
@@ -309,7 +310,13 @@ impl TokenSelector {
                 selected.tokens.clone(),
             );
             if let Err(e) = guard.perform(call).await {
-                tracing::warn!(error = %e, "could not give back a pass's tokens; the lease sweep will");
+                tracing::warn!(error = %e, "could not give back a pass's tokens; retrying in the background");
+                tokio::spawn(give_back(
+                    self.locks.clone(),
+                    request.consumer.clone(),
+                    selected.tokens.clone(),
+                    "renewal",
+                ));
             }
             guard.held.clear();
             if pass > self.config.max_retries {
@@ -387,7 +394,7 @@ impl TokenSelector {
             };
         };
         // What is still held beyond the answer: tokens whose release failed. One
-        // more attempt; the lease sweep is the backstop. The guard keeps covering
+        // more attempt, then retries in the background. The guard keeps covering
         // the selected tokens too until the answer is returned: dropped during this
         // release, the call must not leave them locked for a caller that never got
         // them.
@@ -404,13 +411,23 @@ impl TokenSelector {
             .collect();
         if !leftover.is_empty() {
             let count = leftover.len();
-            let call = release(self.locks.clone(), request.consumer.clone(), leftover);
+            let call = release(
+                self.locks.clone(),
+                request.consumer.clone(),
+                leftover.clone(),
+            );
             if let Err(e) = guard.perform(call).await {
                 tracing::warn!(
                     tokens = count,
                     error = %e,
-                    "could not release this call's leftover locks; the lease sweep will"
+                    "could not release this call's leftover locks; retrying in the background"
                 );
+                tokio::spawn(give_back(
+                    self.locks.clone(),
+                    request.consumer.clone(),
+                    leftover,
+                    "leftover",
+                ));
             }
         }
         guard.held = keep;
@@ -463,6 +480,43 @@ async fn release(
 
 fn failure(e: impl std::fmt::Display) -> StoreFailure {
     StoreFailure::new(e.to_string())
+}
+
+/// Attempts of [`give_back`], and the backoff before its second attempt (doubling).
+const GIVE_BACK_ATTEMPTS: u32 = 8;
+const GIVE_BACK_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Gives back tokens a select call won but does not answer with (it failed, was
+/// cancelled, or lost some to the sweep): releases their locks and forgets their
+/// selections, retrying a failing store with a doubling backoff (about 25 s in
+/// all). Forgetting matters beyond the lease: a selection left behind would be
+/// spent by a later Confirmed of the same transaction.
+async fn give_back(
+    locks: Arc<dyn LockStore>,
+    consumer: TxId,
+    tokens: Vec<TokenId>,
+    reason: &'static str,
+) {
+    let mut delay = GIVE_BACK_BACKOFF;
+    for attempt in 1..=GIVE_BACK_ATTEMPTS {
+        match locks.release_tokens(&consumer, &tokens).await {
+            Ok(released) => {
+                metrics::counter!(m::LOCKS_RELEASED, "reason" => reason).increment(released);
+                return;
+            }
+            Err(e) if attempt == GIVE_BACK_ATTEMPTS => tracing::error!(
+                %consumer,
+                tokens = tokens.len(),
+                error = %e,
+                "could not give back a select's tokens; their locks expire with the lease, \
+                 but a Confirmed of this transaction would spend them"
+            ),
+            Err(_) => {
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2);
+            }
+        }
+    }
 }
 
 /// Covers what a select call holds or may hold, and its store call in flight, for
@@ -523,18 +577,7 @@ impl Drop for HeldGuard {
                     if let Some(call) = in_flight {
                         let _ = call.await;
                     }
-                    match locks.release_tokens(&consumer, &tokens).await {
-                        Ok(released) => {
-                            metrics::counter!(m::LOCKS_RELEASED, "reason" => "cancelled")
-                                .increment(released);
-                        }
-                        Err(e) => tracing::warn!(
-                            %consumer,
-                            tokens = tokens.len(),
-                            error = %e,
-                            "could not release a cancelled select's locks; the lease sweep will"
-                        ),
-                    }
+                    give_back(locks, consumer, tokens, "cancelled").await;
                 });
             }
             Err(_) => tracing::warn!(

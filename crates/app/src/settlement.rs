@@ -1,6 +1,6 @@
 //! Settlement: applies the domain's lock lifecycle rules ([`holdfast_domain::lease`])
-//! when a transaction's status is reported, and once at start-up to every consumer
-//! that still holds locks.
+//! when a transaction's status is reported, and once at start-up to every
+//! transaction with selections that has not settled.
 //!
 //! - Confirmed: [`LockStore::spend_consumer`] records the status, marks every token
 //!   the transaction selected spent by it (also tokens whose lock the lease sweep
@@ -12,10 +12,10 @@
 //! - Pending and Orphan are recorded and keep the locks (the sweep releases Orphan).
 //! - Busy, Unknown and unrecognised codes change nothing: not recorded, not released.
 //! - A releasing settlement is retried per [`PersistPolicy`] (tokio time); when the
-//!   retries are exhausted the locks are released (or spent) once more without
-//!   recording the status, exactly once. Dropping the future during a retry backoff
-//!   releases nothing (the listener was cancelled): [`Settlement::recover`] and the
-//!   lease sweep are the backstops.
+//!   retries are exhausted the settlement (status with it) is tried once more,
+//!   exactly once, and its error returned if that fails too. Dropping the future
+//!   during a retry backoff changes nothing (the listener was cancelled):
+//!   [`Settlement::recover`] and the lease sweep are the backstops.
 
 use std::sync::Arc;
 
@@ -94,6 +94,9 @@ pub struct Settled {
 pub struct Recovery {
     /// Consumers with selections not settled yet.
     pub consumers: u64,
+    /// Of them, those whose settlement failed (a double spend, or the store): they
+    /// are logged, counted here and left for the next pass.
+    pub failed: u64,
     /// Of them, those with a releasing status whose locks were released.
     pub settled: u64,
     /// Locks released without spending.
@@ -205,9 +208,10 @@ impl Settlement {
                     settled.persist_attempts = attempt;
                     settled.action = action;
                     if action == LockAction::ReleaseAll && result == PersistResult::Failed {
-                        // Final either way: release (or spend) once more, without
-                        // the status, rather than leak the locks until the lease.
-                        self.apply(tx, to_record, false, &mut settled).await?;
+                        // Final either way: one last try rather than leak the locks
+                        // until the lease. Status and effect stay one transaction.
+                        self.apply(tx, to_record, true, &mut settled).await?;
+                        settled.recorded = Some(to_record);
                     }
                     return Ok(settled);
                 }
@@ -293,7 +297,11 @@ impl Settlement {
                     released: 0,
                     spent: Vec::new(),
                 };
-                self.apply(&tx, status, false, &mut settled).await?;
+                if let Err(e) = self.apply(&tx, status, false, &mut settled).await {
+                    tracing::error!(%tx, error = %e, "recovery could not settle a transaction");
+                    report.failed += 1;
+                    continue;
+                }
                 report.settled += 1;
                 report.released += settled.released;
                 report.spent += u64::try_from(settled.spent.len()).unwrap_or(u64::MAX);

@@ -330,6 +330,7 @@ async fn a_select_cancelled_during_its_backoff_releases_what_it_still_holds() {
     tokens
         .expect_candidates()
         .returning(|_| Ok(vec![cand("a", 4), cand("b", 8)]));
+    tokens.expect_balance().returning(|_, _| Ok(q(12)));
     let (locks, mut events) = FakeLocks::with_events();
     let locks = Arc::new(FakeLocks {
         fail_releases: AtomicUsize::new(1),
@@ -485,8 +486,8 @@ async fn contention_through_the_last_leg_is_funds_locked_not_insufficient_funds(
     tokens
         .expect_candidates()
         .returning(|_| Ok(vec![cand("a", 10)]));
-    // Even a balance below the amount must not turn contention into "no money".
-    tokens.expect_balance().returning(|_, _| Ok(q(3)));
+    // The money is there (locks ignored): contention means "retry later".
+    tokens.expect_balance().returning(|_, _| Ok(q(10)));
     let mut locks = MockLockStore::new();
     locks
         .expect_claim()
@@ -503,9 +504,43 @@ async fn contention_through_the_last_leg_is_funds_locked_not_insufficient_funds(
         .await;
     assert_eq!(report.result, Err(SelectError::FundsLocked));
     assert_eq!(report.stats.legs, 3);
-    assert_eq!(report.stats.balance_checks, 0);
+    assert_eq!(report.stats.balance_checks, 3, "one balance read per leg");
     assert!(report.stats.conflicts >= 3, "{:?}", report.stats);
     assert_eq!(report.stats.distinct_tokens_attempted, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn contention_in_a_short_wallet_is_insufficient_funds_in_the_first_leg() {
+    let mut tokens = MockTokenStore::new();
+    tokens
+        .expect_candidates()
+        .returning(|_| Ok(vec![cand("a", 3)]));
+    tokens.expect_balance().returning(|_, _| Ok(q(3)));
+    let mut locks = MockLockStore::new();
+    locks
+        .expect_claim()
+        .returning(|_, _, _| Ok(ClaimVerdict::Contended));
+    let selector = TokenSelector::new(
+        stores(tokens, locks, MockTxStatusStore::new()),
+        TokioClock::new(),
+        config(3, 2),
+        Some(3),
+    )
+    .expect("config");
+    let report = selector
+        .select_with_stats(&wallet(), &chf(), q(10), &tx("t1"))
+        .await;
+    assert_eq!(
+        report.result,
+        Err(SelectError::InsufficientFunds {
+            available: q(3),
+            requested: q(10)
+        })
+    );
+    assert_eq!(
+        report.stats.legs, 1,
+        "no backoff when the money is not there"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -133,7 +133,7 @@ async fn a_terminal_status_whose_persistence_is_exhausted_releases_exactly_once(
         .returning(|_, _, _| Err(busy()));
     locks
         .expect_release_consumer()
-        .withf(|t, _, record| *t == tx("t1") && !*record)
+        .withf(|t, _, record| *t == tx("t1") && *record)
         .times(1)
         .in_sequence(&mut seq)
         .returning(|_, _, _| Ok(2));
@@ -145,7 +145,11 @@ async fn a_terminal_status_whose_persistence_is_exhausted_releases_exactly_once(
         .expect("released despite the status");
     assert_eq!(settled.persist_attempts, 3);
     assert_eq!(settled.action, LockAction::ReleaseAll);
-    assert_eq!(settled.recorded, None);
+    assert_eq!(
+        settled.recorded,
+        Some(TxStatus::Deleted),
+        "the last try records the status with the release"
+    );
     assert_eq!(settled.released, 2);
     // Backoffs of 1 s then 2 s, on tokio time.
     assert_eq!(started.elapsed(), Duration::from_secs(3));
@@ -196,12 +200,24 @@ async fn recovery_settles_consumers_whose_recorded_status_releases() {
     locks.expect_unsettled().times(1).returning(|| {
         Ok(vec![
             (tx("busy"), Some(TxStatus::Busy)),
+            (tx("clash"), Some(TxStatus::Confirmed)),
             (tx("confirmed"), Some(TxStatus::Confirmed)),
             (tx("deleted"), Some(TxStatus::Deleted)),
             (tx("none"), None),
             (tx("pending"), Some(TxStatus::Pending)),
         ])
     });
+    // One failing transaction (a double spend) does not stop the pass.
+    locks
+        .expect_spend_consumer()
+        .withf(|t, _, _| *t == tx("clash"))
+        .times(1)
+        .returning(|_, _, _| {
+            Err(LockStoreError::DoubleSpend {
+                token: tok("z"),
+                spent_by: tx("other"),
+            })
+        });
     // Recovery re-applies a recorded status: it records nothing itself.
     locks
         .expect_spend_consumer()
@@ -215,7 +231,8 @@ async fn recovery_settles_consumers_whose_recorded_status_releases() {
         .returning(|_, _, _| Ok(1));
     let s = settlement(locks, MockTxStatusStore::new());
     let report = s.recover().await.expect("recovered");
-    assert_eq!(report.consumers, 5);
+    assert_eq!(report.consumers, 6);
+    assert_eq!(report.failed, 1);
     assert_eq!(report.settled, 2);
     assert_eq!(report.spent, 2);
     assert_eq!(report.released, 1);

@@ -43,7 +43,7 @@ pub struct SoakArgs {
     /// Stop after this many selects (0: run until killed)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub selects: u64,
-    /// Append one line per step to this file (`selected TX TOKEN...`,
+    /// Append one line per step to this file (`selected TX AMOUNT TOKEN...`,
     /// `settling TX STATUS`, `settled TX STATUS`, `double-spend TX TOKEN BY`,
     /// `minted TOKEN AMOUNT`, `failed TX REASON`)
     #[arg(long, value_name = "FILE")]
@@ -150,11 +150,13 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
             Err(e) => {
                 report.failed += 1;
                 history.line(format!("failed {tx} {}", e.outcome_label().as_str()));
+                // A drained or locked wallet: pause instead of spinning.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 continue;
             }
         };
         let tokens: Vec<String> = selected.tokens.iter().map(ToString::to_string).collect();
-        history.line(format!("selected {tx} {}", tokens.join(" ")));
+        history.line(format!("selected {tx} {amount} {}", tokens.join(" ")));
         let confirm = rng.random_range(0..100u8) < args.confirm_percent;
         let status = if confirm {
             TxStatus::Confirmed

@@ -8,9 +8,12 @@
 //!   transaction recorded Confirmed (in the history or the database) is spent by
 //!   it, and every spent token's spender is recorded Confirmed (status and spend
 //!   commit together, whatever moment the kill hit);
-//! - no token is locked twice, and every lock of a dead process is swept within
-//!   the lease (one replica outlives the others by the lease and a sweep period);
-//! - balance = minted - spent, over every token the run could have made.
+//! - every spent token was answered to its spender by a select;
+//! - every lock of a dead process is swept within the lease (one replica outlives
+//!   the others by the lease and a sweep period);
+//! - no money made: a change token is exactly what its confirmed transaction
+//!   selected beyond its amount, and balance = minted - spent over every token the
+//!   run could have made.
 //!
 //! On SQLite the processes share one file; on PostgreSQL one server (skipped
 //! loudly without one, as the support module says). Replay the kill times with
@@ -110,6 +113,7 @@ fn seed() -> u64 {
 #[derive(Debug, Default)]
 struct History {
     selected: BTreeMap<TxId, Vec<TokenId>>,
+    amounts: BTreeMap<TxId, u128>,
     confirmed: BTreeSet<TxId>,
     deleted: BTreeSet<TxId>,
     double_spends: u64,
@@ -140,7 +144,10 @@ fn read_history(files: &[PathBuf]) -> History {
             let tx = || TxId::new(line.split_whitespace().nth(1).expect("tx")).expect("tx");
             match kind {
                 "selected" => {
-                    h.selected.insert(tx(), words.skip(1).map(token).collect());
+                    let mut words = words.skip(1);
+                    let amount = words.next().and_then(|a| a.parse().ok()).expect("amount");
+                    h.amounts.insert(tx(), amount);
+                    h.selected.insert(tx(), words.map(token).collect());
                 }
                 "settled" if line.ends_with(" confirmed") => {
                     h.confirmed.insert(tx());
@@ -197,16 +204,11 @@ async fn kill_and_check(h: Holdfast, backend_name: &str) {
     std::thread::sleep(Duration::from_millis(LEASE_MS + 2 * SWEEP_MS + 300));
     let locks = h.json(&["locks", "list"]);
     replicas[0].kill();
-    let mut locked = BTreeSet::new();
     for lock in locks["locks"].as_array().expect("locks") {
         let age = lock["age_ms"].as_u64().expect("age");
         assert!(
             age <= LEASE_MS + 2 * SWEEP_MS + 300,
             "a lock outlived the lease and the sweep: {lock}"
-        );
-        assert!(
-            locked.insert(lock["token"].as_str().expect("token").to_owned()),
-            "a token is locked twice: {lock}"
         );
     }
 
@@ -266,6 +268,13 @@ async fn check(s: &Stores, history: &History, funding: &[(&str, &str); 3]) {
                     Some(TxStatus::Confirmed),
                     "{id} is spent by {by}, whose Confirmed status is missing"
                 );
+                assert!(
+                    history
+                        .selected
+                        .get(by)
+                        .is_some_and(|inputs| inputs.contains(&id)),
+                    "{id} is spent by {by}, which never answered it from a select"
+                );
             }
             tokens.insert(id, t);
         }
@@ -287,6 +296,27 @@ async fn check(s: &Stores, history: &History, funding: &[(&str, &str); 3]) {
                 assert_ne!(by, Some(tx), "{tx} was deleted but spent {t}");
             }
         }
+    }
+    // No money made: a change token is exactly what its confirmed transaction
+    // selected beyond its amount.
+    for (tx, inputs) in &history.selected {
+        let Some(change) = tokens.get(&TokenId::new(tx.clone(), 0)) else {
+            continue;
+        };
+        let total: u128 = inputs
+            .iter()
+            .map(|t| tokens.get(t).map_or(0, |t| t.quantity.value()))
+            .sum();
+        assert_eq!(
+            change.quantity.value(),
+            total - history.amounts[tx],
+            "{tx}: change = selected - amount"
+        );
+        assert_eq!(
+            status(tx.clone()).await,
+            Some(TxStatus::Confirmed),
+            "{tx} minted change"
+        );
     }
     let balance = s
         .tokens

@@ -54,8 +54,9 @@ pub struct SweepReport {
 #[async_trait]
 pub trait LockStore: Send + Sync {
     /// Claims one token for `consumer` at `at`: won, stale (not spendable, spent or
-    /// missing) or contended (locked by anyone, including `consumer` itself). A won
-    /// token is recorded as selected by `consumer` in the same transaction.
+    /// missing) or contended (locked by anyone, including `consumer` itself, or
+    /// already selected by `consumer` in an earlier select whose lock was swept). A
+    /// won token is recorded as selected by `consumer` in the same transaction.
     async fn claim(
         &self,
         consumer: &TxId,

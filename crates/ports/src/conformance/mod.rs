@@ -119,6 +119,7 @@ macro_rules! conformance_tests {
             settlement::a_second_confirmed_spender_is_a_double_spend_that_changes_nothing,
             settlement::renew_restamps_held_locks_and_reports_lost_ones,
             settlement::release_tokens_forgets_the_selection,
+            settlement::a_consumer_cannot_win_its_own_swept_token_twice,
             statuses::status_round_trips_and_replaces,
             queues::create_request_dedups_and_numbers,
             queues::create_request_concurrent_dedups,

@@ -2,7 +2,8 @@
 //! kept apart from its locks, so a confirmed spend is never lost; a token selected
 //! twice (its lease expired in between) is spent once and the second spender gets
 //! a typed double-spend error that changes nothing; a select can re-stamp its
-//! locks; a status is recorded in the same transaction as its spend or release.
+//! locks; a status is recorded in the same transaction as its spend or release; a
+//! transaction never wins a token it already selected.
 
 use holdfast_domain::{ClaimVerdict, LeaseConfig, SweepRule, TxStatus};
 
@@ -163,7 +164,8 @@ pub async fn renew_restamps_held_locks_and_reports_lost_ones(db: &dyn TestDataba
         .claim(&b, &token_id("t", 2), T0)
         .await
         .expect("claim");
-    // The sweep takes a's t:1 only (its other lock is renewed first).
+    // a renews t:0 (and cannot renew b's t:2); the sweep then takes a's t:1 and
+    // b's t:2.
     let renewed = s
         .locks
         .renew(&a, &[token_id("t", 0), token_id("t", 2)], at(LATER - 1_000))
@@ -211,4 +213,40 @@ pub async fn release_tokens_forgets_the_selection(db: &dyn TestDatabase) {
     );
     let given_back = s.tokens.token(&token_id("t", 1)).await.expect("token");
     assert_eq!(given_back.and_then(|t| t.spent_by), None);
+}
+
+/// A transaction whose lock on X was swept cannot win X again in a later select:
+/// that claim is contended (the earlier select has X), so a failure of the later
+/// select cannot give X back, and Confirmed still spends it.
+pub async fn a_consumer_cannot_win_its_own_swept_token_twice(db: &dyn TestDatabase) {
+    let s = db.stores();
+    add(&s, &[chf("w", "t", 0, 10), chf("w", "t", 1, 10)]).await;
+    let a = tx("a");
+    assert_eq!(
+        s.locks.claim(&a, &token_id("t", 0), T0).await,
+        Ok(ClaimVerdict::Won)
+    );
+    s.locks.sweep(expired_at(LATER)).await.expect("sweep");
+    assert_eq!(
+        s.locks.claim(&a, &token_id("t", 0), at(LATER)).await,
+        Ok(ClaimVerdict::Contended),
+        "single claim"
+    );
+    assert_eq!(
+        s.locks
+            .claim_window(&a, &[token_id("t", 0), token_id("t", 1)], at(LATER))
+            .await,
+        Ok(vec![
+            (token_id("t", 0), ClaimVerdict::Contended),
+            (token_id("t", 1), ClaimVerdict::Won)
+        ]),
+        "window claim"
+    );
+    // The later select fails and gives back what it won: t:1 only.
+    assert_eq!(s.locks.release_tokens(&a, &[token_id("t", 1)]).await, Ok(1));
+    assert_eq!(
+        s.locks.spend_consumer(&a, at(LATER + 1), true).await,
+        Ok(vec![token_id("t", 0)]),
+        "the earlier select's token is still the transaction's"
+    );
 }

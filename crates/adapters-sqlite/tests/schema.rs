@@ -59,7 +59,6 @@ async fn schema_after_migrations() {
 async fn upgrading_from_version_1_keeps_held_locks_spendable_by_their_transaction() {
     use holdfast_adapters_sqlite::MIGRATIONS;
     use holdfast_domain::{Timestamp, TokenId, TxId};
-    use holdfast_ports::LockStore as _;
 
     let file = TempDb::new();
     {

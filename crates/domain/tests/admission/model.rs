@@ -363,6 +363,10 @@ struct Delivery {
     memo: ProcessMemo,
     applied: Vec<&'static str>,
     fault: Option<(&'static str, Fault)>,
+    /// Whether the subject owned a slot (ghost) when this delivery last read the
+    /// queue: a hold decided on such a read is a wedge; one decided on a read from
+    /// before the claim is only stale (the redelivery resumes).
+    owned_at_load: bool,
 }
 
 /// The in-memory store.
@@ -575,6 +579,7 @@ impl<D: Design> World<D> {
                 memo: ProcessMemo::new(),
                 applied: Vec::new(),
                 fault: None,
+                owned_at_load: false,
             },
         );
         id
@@ -741,6 +746,10 @@ impl<D: Design> World<D> {
             }
             Phase::LoadQueue => {
                 d.row = self.store.queue.clone();
+                d.owned_at_load = d
+                    .subject
+                    .as_ref()
+                    .is_some_and(|id| self.ghost.get(id).copied().unwrap_or(0) > 0);
                 d.phase = Phase::Decide;
                 StepResult::Loaded
             }
@@ -1214,6 +1223,7 @@ impl<D: Design> World<D> {
             End::Reply(Reply::Hold(_)) => {
                 self.holds += 1;
                 if let Some(id) = &d.subject
+                    && d.owned_at_load
                     && self.ghost.get(id).copied().unwrap_or(0) > 0
                 {
                     self.violations

@@ -41,6 +41,8 @@ const KILLING: Duration = Duration::from_secs(25);
 /// The lease of the run, and the sweep period.
 const LEASE_MS: u64 = 1_500;
 const SWEEP_MS: u64 = 200;
+/// Scheduling slack on a loaded machine for the surviving replica's sweeper.
+const SLACK_MS: u64 = 1_000;
 const REPLICAS: usize = 3;
 const SEED_ENV: &str = "HOLDFAST_KILL_SEED";
 
@@ -201,13 +203,13 @@ async fn kill_and_check(h: Holdfast, backend_name: &str) {
     for r in &mut replicas[1..] {
         r.kill();
     }
-    std::thread::sleep(Duration::from_millis(LEASE_MS + 2 * SWEEP_MS + 300));
+    std::thread::sleep(Duration::from_millis(LEASE_MS + 2 * SWEEP_MS + SLACK_MS));
     let locks = h.json(&["locks", "list"]);
     replicas[0].kill();
     for lock in locks["locks"].as_array().expect("locks") {
         let age = lock["age_ms"].as_u64().expect("age");
         assert!(
-            age <= LEASE_MS + 2 * SWEEP_MS + 300,
+            age <= LEASE_MS + 2 * SWEEP_MS + SLACK_MS,
             "a lock outlived the lease and the sweep: {lock}"
         );
     }

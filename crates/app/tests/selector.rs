@@ -480,14 +480,16 @@ async fn a_failed_select_releases_its_own_wins_and_keeps_earlier_selects_of_the_
     assert_eq!(second, Err(SelectError::FundsLocked));
 }
 
-#[tokio::test(start_paused = true)]
-async fn contention_through_the_last_leg_is_funds_locked_not_insufficient_funds() {
+/// A select of 10 over one token of `token_amount` that every claim loses, in a
+/// wallet whose lock-ignoring balance is `balance` (3 legs).
+async fn always_contended(token_amount: u128, balance: u128) -> holdfast::SelectReport {
     let mut tokens = MockTokenStore::new();
     tokens
         .expect_candidates()
-        .returning(|_| Ok(vec![cand("a", 10)]));
-    // The money is there (locks ignored): contention means "retry later".
-    tokens.expect_balance().returning(|_, _| Ok(q(10)));
+        .returning(move |_| Ok(vec![cand("a", token_amount)]));
+    tokens
+        .expect_balance()
+        .returning(move |_, _| Ok(q(balance)));
     let mut locks = MockLockStore::new();
     locks
         .expect_claim()
@@ -499,9 +501,15 @@ async fn contention_through_the_last_leg_is_funds_locked_not_insufficient_funds(
         Some(3),
     )
     .expect("config");
-    let report = selector
+    selector
         .select_with_stats(&wallet(), &chf(), q(10), &tx("t1"))
-        .await;
+        .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn contention_through_the_last_leg_is_funds_locked_not_insufficient_funds() {
+    // The money is there (locks ignored): contention means "retry later".
+    let report = always_contended(10, 10).await;
     assert_eq!(report.result, Err(SelectError::FundsLocked));
     assert_eq!(report.stats.legs, 3);
     assert_eq!(report.stats.balance_checks, 3, "one balance read per leg");
@@ -511,25 +519,7 @@ async fn contention_through_the_last_leg_is_funds_locked_not_insufficient_funds(
 
 #[tokio::test(start_paused = true)]
 async fn contention_in_a_short_wallet_is_insufficient_funds_in_the_first_leg() {
-    let mut tokens = MockTokenStore::new();
-    tokens
-        .expect_candidates()
-        .returning(|_| Ok(vec![cand("a", 3)]));
-    tokens.expect_balance().returning(|_, _| Ok(q(3)));
-    let mut locks = MockLockStore::new();
-    locks
-        .expect_claim()
-        .returning(|_, _, _| Ok(ClaimVerdict::Contended));
-    let selector = TokenSelector::new(
-        stores(tokens, locks, MockTxStatusStore::new()),
-        TokioClock::new(),
-        config(3, 2),
-        Some(3),
-    )
-    .expect("config");
-    let report = selector
-        .select_with_stats(&wallet(), &chf(), q(10), &tx("t1"))
-        .await;
+    let report = always_contended(3, 3).await;
     assert_eq!(
         report.result,
         Err(SelectError::InsufficientFunds {

@@ -116,14 +116,7 @@ pub fn suite(args: &[String]) -> Result<Summary, Error> {
     // Doc tests first, so the last runner output of the run is nextest's summary.
     let doc_tests = args.is_empty();
     let mut doc = process::cargo();
-    // The same features as nextest below, so both share one build of the libraries.
-    doc.args([
-        "test",
-        "--doc",
-        "--workspace",
-        "--features",
-        "holdfast/failpoints",
-    ]);
+    doc.args(["test", "--doc", "--workspace"]);
     prepare(&mut doc, &server, &tally);
     let junit = junit_path();
     let _ = std::fs::remove_file(&junit);

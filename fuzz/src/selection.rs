@@ -96,6 +96,17 @@ impl Store {
             })
     }
 
+    /// What the store reports to the select: the balance less what this consumer
+    /// holds (the engine adds its own wins back).
+    fn balance_for_me(&self) -> Quantity {
+        self.tokens
+            .values()
+            .filter(|(_, o)| matches!(o, Owner::Free | Owner::Other))
+            .fold(Quantity::ZERO, |sum, (q, _)| {
+                sum.checked_add(*q).unwrap_or(sum)
+            })
+    }
+
     /// The honest verdict for one token, applying a win.
     fn claim(&mut self, token: &TokenId) -> ClaimVerdict {
         match self.tokens.get_mut(token) {
@@ -233,9 +244,10 @@ pub fn run(data: &[u8]) {
                 if input.fault(10) {
                     selection.on_balance(Err(StoreFailure::new("balance failed")), &mut rng)
                 } else {
-                    let balance = store.balance();
-                    last_balance = Some(balance);
-                    selection.on_balance(Ok(balance), &mut rng)
+                    // An insufficient-funds verdict must name the whole balance:
+                    // what others can take plus what this call holds.
+                    last_balance = Some(store.balance());
+                    selection.on_balance(Ok(store.balance_for_me()), &mut rng)
                 }
             }
             Action::Release(tokens) => {

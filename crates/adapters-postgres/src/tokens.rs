@@ -62,10 +62,15 @@ const LIST_TOKENS: &str = "
     ORDER BY t.amount, t.tx_id, t.idx
     LIMIT $3";
 
+/// The spendable, unspent sum of wallet `$1` and type `$2`, locks ignored, less the
+/// tokens consumer `$3` (when not null) has selected.
 const BALANCE: &str = "
-    SELECT COALESCE(SUM(amount), 0)::text
-    FROM tokens
-    WHERE wallet = $1 AND token_type = $2 AND spendable AND spent_by IS NULL";
+    SELECT COALESCE(SUM(t.amount), 0)::text
+    FROM tokens t
+    WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+      AND ($3::text IS NULL OR NOT EXISTS (
+           SELECT 1 FROM selections s
+           WHERE s.consumer = $3 AND s.tx_id = t.tx_id AND s.idx = t.idx))";
 
 const SET_SPENDABLE: &str = "
     UPDATE tokens SET spendable = $3 WHERE tx_id = $1 AND idx = $2 AND spent_by IS NULL";
@@ -131,6 +136,34 @@ pub(crate) async fn explain_candidates(
         .map(|row| get::<String>(row, 0))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(lines.join("\n"))
+}
+
+impl PgBackend {
+    /// The spendable, unspent sum of the wallet and type, locks ignored, less the
+    /// tokens `consumer` (if any) has selected.
+    async fn sum_unspent(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        consumer: Option<&TxId>,
+    ) -> Result<Quantity, TokenStoreError> {
+        let row = self
+            .note(
+                sqlx::query(BALANCE)
+                    .bind(wallet.as_str())
+                    .bind(token_type.as_str())
+                    .bind(consumer.map(TxId::as_str))
+                    .fetch_one(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        let sum: String = get(&row, 0)?;
+        Quantity::parse(&sum, holdfast_domain::Precision::MAX).map_err(|e| {
+            TokenStoreError::Fault(StoreFault::Corrupt(format!(
+                "balance of wallet {wallet} type {token_type} does not fit 128 bits: {e}"
+            )))
+        })
+    }
 }
 
 #[async_trait]
@@ -283,21 +316,16 @@ impl TokenStore for PgBackend {
         wallet: &WalletId,
         token_type: &TokenType,
     ) -> Result<Quantity, TokenStoreError> {
-        let row = self
-            .note(
-                sqlx::query(BALANCE)
-                    .bind(wallet.as_str())
-                    .bind(token_type.as_str())
-                    .fetch_one(self.pool())
-                    .await,
-            )
-            .map_err(|e| fault(&e))?;
-        let sum: String = get(&row, 0)?;
-        Quantity::parse(&sum, holdfast_domain::Precision::MAX).map_err(|e| {
-            TokenStoreError::Fault(StoreFault::Corrupt(format!(
-                "balance of wallet {wallet} type {token_type} does not fit 128 bits: {e}"
-            )))
-        })
+        self.sum_unspent(wallet, token_type, None).await
+    }
+
+    async fn balance_for(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        consumer: &TxId,
+    ) -> Result<Quantity, TokenStoreError> {
+        self.sum_unspent(wallet, token_type, Some(consumer)).await
     }
 
     async fn list_tokens(

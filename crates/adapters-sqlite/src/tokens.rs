@@ -1,7 +1,7 @@
 //! The token store over SQLite.
 
 use async_trait::async_trait;
-use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, WalletId};
+use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError};
 use rusqlite::{OptionalExtension, params};
 
@@ -54,6 +54,53 @@ fn token_row(r: &rusqlite::Row<'_>) -> Result<Token, StoreFault> {
         spent_by: spent_by.map(|s| tx_from_sql(&row, s)).transpose()?,
         spent_at: spent_at.map(|s| time_from_sql(&row, &s)).transpose()?,
     })
+}
+
+impl SqliteBackend {
+    /// The spendable, unspent tokens of the wallet and type, locks ignored, less
+    /// those `consumer` (if any) has selected.
+    async fn sum_unspent(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        consumer: Option<&TxId>,
+    ) -> Result<Quantity, TokenStoreError> {
+        let (wallet, token_type) = (wallet.clone(), token_type.clone());
+        let consumer = consumer.map(|c| c.as_str().to_owned());
+        self.pool
+            .read(move |tx| {
+                // Amounts are 128-bit hex text, which SQL cannot sum; the rows are
+                // streamed from the covering candidate index and summed with checks.
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT t.tx, t.output, t.amount FROM tokens AS t
+                         WHERE t.wallet = ?1 AND t.token_type = ?2
+                           AND t.spendable = 1 AND t.spent_by IS NULL
+                           AND (?3 IS NULL OR NOT EXISTS (
+                                SELECT 1 FROM selections AS s
+                                WHERE s.consumer = ?3 AND s.tx = t.tx AND s.output = t.output))",
+                    )
+                    .db()?;
+                let mut rows = stmt
+                    .query(params![wallet.as_str(), token_type.as_str(), consumer])
+                    .db()?;
+                let mut total = Quantity::ZERO;
+                while let Some(r) = rows.next().db()? {
+                    let txid: String = r.get(0).db()?;
+                    let output: i64 = r.get(1).db()?;
+                    let amount: String = r.get(2).db()?;
+                    let row = format!("tokens row {txid}:{output}");
+                    let q = amount_from_sql(&row, &amount)?;
+                    total = total.checked_add(q).ok_or_else(|| {
+                        StoreFault::Corrupt(format!(
+                            "the balance of wallet {wallet} type {token_type} exceeds 128 bits"
+                        ))
+                    })?;
+                }
+                Ok(total)
+            })
+            .await
+    }
 }
 
 #[async_trait]
@@ -203,34 +250,16 @@ impl TokenStore for SqliteBackend {
         wallet: &WalletId,
         token_type: &TokenType,
     ) -> Result<Quantity, TokenStoreError> {
-        let (wallet, token_type) = (wallet.clone(), token_type.clone());
-        self.pool
-            .read(move |tx| {
-                // Amounts are 128-bit hex text, which SQL cannot sum; the rows are
-                // streamed from the covering candidate index and summed with checks.
-                let mut stmt = tx
-                    .prepare_cached(
-                        "SELECT tx, output, amount FROM tokens
-                         WHERE wallet = ?1 AND token_type = ?2 AND spendable = 1 AND spent_by IS NULL",
-                    )
-                    .db()?;
-                let mut rows = stmt.query(params![wallet.as_str(), token_type.as_str()]).db()?;
-                let mut total = Quantity::ZERO;
-                while let Some(r) = rows.next().db()? {
-                    let txid: String = r.get(0).db()?;
-                    let output: i64 = r.get(1).db()?;
-                    let amount: String = r.get(2).db()?;
-                    let row = format!("tokens row {txid}:{output}");
-                    let q = amount_from_sql(&row, &amount)?;
-                    total = total.checked_add(q).ok_or_else(|| {
-                        StoreFault::Corrupt(format!(
-                            "the balance of wallet {wallet} type {token_type} exceeds 128 bits"
-                        ))
-                    })?;
-                }
-                Ok(total)
-            })
-            .await
+        self.sum_unspent(wallet, token_type, None).await
+    }
+
+    async fn balance_for(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        consumer: &TxId,
+    ) -> Result<Quantity, TokenStoreError> {
+        self.sum_unspent(wallet, token_type, Some(consumer)).await
     }
 
     async fn list_tokens(

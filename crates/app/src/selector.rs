@@ -3,7 +3,7 @@
 //!
 //! - Fetch -> [`TokenStore::candidates`]; a claim of one token ->
 //!   [`LockStore::claim`], of several -> [`LockStore::claim_window`]; the balance ->
-//!   [`TokenStore::balance`]; a release -> [`LockStore::release_tokens`] (by consumer
+//!   [`TokenStore::balance_for`] (the consumer's own selections left out); a release -> [`LockStore::release_tokens`] (by consumer
 //!   *and* tokens, never by consumer alone, so earlier selects of the same
 //!   transaction keep their locks); a backoff -> [`tokio::time::sleep`] (tests can
 //!   pause tokio time).
@@ -367,9 +367,13 @@ impl TokenSelector {
                 Action::CheckBalance => {
                     let tokens = self.tokens.clone();
                     let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
+                    let consumer = request.consumer.clone();
                     let balance = guard
                         .perform(async move {
-                            tokens.balance(&wallet, &token_type).await.map_err(failure)
+                            tokens
+                                .balance_for(&wallet, &token_type, &consumer)
+                                .await
+                                .map_err(failure)
                         })
                         .await;
                     selection.on_balance(balance, rng)

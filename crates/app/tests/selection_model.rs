@@ -111,6 +111,16 @@ impl TokenStore for InFlight {
         let (s, w, t) = (self.tokens.clone(), w.clone(), t.clone());
         self.track(async move { s.balance(&w, &t).await }).await
     }
+    async fn balance_for(
+        &self,
+        w: &WalletId,
+        t: &TokenType,
+        c: &TxId,
+    ) -> Result<Quantity, TokenStoreError> {
+        let (s, w, t, c) = (self.tokens.clone(), w.clone(), t.clone(), c.clone());
+        self.track(async move { s.balance_for(&w, &t, &c).await })
+            .await
+    }
     async fn list_tokens(
         &self,
         w: &WalletId,

@@ -330,7 +330,7 @@ async fn a_select_cancelled_during_its_backoff_releases_what_it_still_holds() {
     tokens
         .expect_candidates()
         .returning(|_| Ok(vec![cand("a", 4), cand("b", 8)]));
-    tokens.expect_balance().returning(|_, _| Ok(q(12)));
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(12)));
     let (locks, mut events) = FakeLocks::with_events();
     let locks = Arc::new(FakeLocks {
         fail_releases: AtomicUsize::new(1),
@@ -431,7 +431,7 @@ async fn a_failed_select_releases_its_own_wins_and_keeps_earlier_selects_of_the_
             }
         });
     }
-    tokens.expect_balance().returning(|_, _| Ok(q(22)));
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(22)));
     let mut locks = MockLockStore::new();
     locks
         .expect_claim()
@@ -488,8 +488,8 @@ async fn always_contended(token_amount: u128, balance: u128) -> holdfast::Select
         .expect_candidates()
         .returning(move |_| Ok(vec![cand("a", token_amount)]));
     tokens
-        .expect_balance()
-        .returning(move |_, _| Ok(q(balance)));
+        .expect_balance_for()
+        .returning(move |_, _, _| Ok(q(balance)));
     let mut locks = MockLockStore::new();
     locks
         .expect_claim()
@@ -539,9 +539,10 @@ async fn below_the_balance_without_contention_is_insufficient_funds() {
     tokens
         .expect_candidates()
         .returning(|_| Ok(vec![cand("a", 3)]));
-    tokens.expect_balance().returning(|_, _| Ok(q(3)));
-    // The scan claims what there is, then the balance check fails the call, which
-    // releases its win.
+    // The store leaves out what t1 selected (a, won by this call): nothing else.
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(0)));
+    // The scan claims what there is, then the balance check (0 + the 3 this call
+    // holds) fails the call, which releases its win.
     let mut locks = MockLockStore::new();
     locks
         .expect_claim()
@@ -627,7 +628,7 @@ async fn one_failed_attempt(how: FirstClaim) -> [u64; 3] {
             })
         });
     }
-    tokens.expect_balance().returning(|_, _| Ok(q(20)));
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(20)));
     let mut locks = MockLockStore::new();
     locks.expect_claim().returning(move |_, t, _| {
         if *t == tok("b") {
@@ -702,7 +703,7 @@ async fn a_failed_window_claim_counts_a_store_error_per_token_and_a_failed_fetch
             }
         });
     }
-    tokens.expect_balance().returning(|_, _| Ok(q(10)));
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(10)));
     let claims = Arc::new(AtomicUsize::new(0));
     let mut locks = MockLockStore::new();
     {

@@ -1,5 +1,6 @@
 //! The token selector on the real SQLite adapter: a failed select releases only
-//! its own locks; earlier selects of the same transaction keep theirs.
+//! its own locks; earlier selects of the same transaction keep theirs, and what
+//! they hold does not count as available to the transaction's next select.
 
 use std::sync::Arc;
 
@@ -55,17 +56,20 @@ async fn a_failed_select_keeps_the_locks_of_an_earlier_select_of_the_same_tx() {
     assert_eq!(first.tokens, vec![TokenId::new(tx("funding"), 0)]);
 
     // The second select of t1 claims what is left (4 and 10), then the balance
-    // (17) is below 100: insufficient funds, and it releases its own wins only.
+    // available to t1 (17, less the 3 its first select holds) is below 15:
+    // insufficient funds, not "locked" (the 3 is t1's own), and it releases its own
+    // wins only.
     let second = selector
-        .select_with_stats(&wallet(), &chf(), q(100), &tx("t1"))
+        .select_with_stats(&wallet(), &chf(), q(15), &tx("t1"))
         .await;
     assert_eq!(
         second.result,
         Err(SelectError::InsufficientFunds {
-            available: q(17),
-            requested: q(100)
+            available: q(14),
+            requested: q(15)
         })
     );
+    assert_eq!(second.stats.legs, 1, "no backoff: the money is not there");
     assert_eq!(second.stats.lock_attempts, 2, "{:?}", second.stats);
     assert_eq!(second.stats.releases, 1, "{:?}", second.stats);
 

@@ -21,9 +21,11 @@
 //!   blacklisted, not contention, and the next fetch asks for a refresh. Contended:
 //!   blacklisted and counted as contention. A store error blacklists nothing,
 //!   costs one immediate retry, and the window's tokens count as possibly held.
-//! - **End of a scan.** When candidates run out, the lock-ignoring balance is
-//!   compared with the *full* amount, at most once per leg, contention or not:
-//!   below it is [`SelectionFailure::InsufficientFunds`]. Otherwise a scan that met
+//! - **End of a scan.** When candidates run out, the balance available to the
+//!   consumer (other transactions' locks ignored; tokens the consumer selected in
+//!   earlier selects left out, this call's wins counted) is compared with the
+//!   *full* amount, at most once per leg, contention or not: below it is
+//!   [`SelectionFailure::InsufficientFunds`]. Otherwise a scan that met
 //!   only blacklisted tokens clears the blacklist, and a new scan starts, costing
 //!   one immediate retry.
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
@@ -142,7 +144,9 @@ pub enum Action {
     /// Claim these tokens (1 to 256) for the consumer in one round trip, then call
     /// [`Selection::on_claim`] with a verdict per token.
     Claim(Vec<TokenId>),
-    /// Read the wallet's spendable balance, ignoring locks, then call
+    /// Read the wallet's spendable balance available to the consumer: other
+    /// transactions' locks ignored, the consumer's own selected tokens left out
+    /// (this call's wins included: the engine adds them back). Then call
     /// [`Selection::on_balance`].
     CheckBalance,
     /// Release these tokens' locks held by the consumer (only these: never the
@@ -519,7 +523,10 @@ impl Selection {
         self.advance(rng)
     }
 
-    /// Feeds the answer to [`Action::CheckBalance`]: the lock-ignoring balance.
+    /// Feeds the answer to [`Action::CheckBalance`]: the balance available to the
+    /// consumer, without its own selections. This call's wins are added back; while
+    /// a claim's outcome is unknown or a release failed, the call cannot tell what
+    /// it holds, so it never fails fast then (it rescans instead).
     pub fn on_balance(
         &mut self,
         balance: Result<Quantity, StoreFailure>,
@@ -540,13 +547,18 @@ impl Selection {
                 self.stats.balance_checks += 1;
                 Action::CheckBalance
             }
-            Ok(available) if available < self.request.amount => {
-                self.fail(SelectionFailure::InsufficientFunds {
-                    available,
-                    requested: self.request.amount,
-                })
+            Ok(others) => {
+                let certain = self.leg.maybe_held.is_empty() && self.unreleased.is_empty();
+                match others.checked_add(self.leg.sum) {
+                    Some(available) if certain && available < self.request.amount => {
+                        self.fail(SelectionFailure::InsufficientFunds {
+                            available,
+                            requested: self.request.amount,
+                        })
+                    }
+                    _ => self.rescan(rng),
+                }
             }
-            Ok(_) => self.rescan(rng),
         }
     }
 

@@ -629,16 +629,13 @@ fn a_missing_or_contradictory_verdict_is_a_store_error_and_possibly_held() {
     // Both proposed tokens lack a clear verdict: two lock store errors.
     assert_eq!(s.stats().store_errors, 2);
     assert_eq!(s.held(), vec![tid(0), tid(1)]);
-    // Nothing left in the scan, no contention: the balance is asked.
+    // Nothing left in the scan: the balance is asked.
     assert_eq!(next, Action::CheckBalance);
+    // 3 is short of 5, but the call may hold tokens it cannot account for: it does
+    // not fail fast on a guess, it scans again (and still covers both).
     let next = s.on_balance(Ok(q(3)), &mut rng);
-    assert_eq!(next, Action::Release(vec![tid(0), tid(1)]));
-    let done = s.on_released(Ok(()), &mut rng);
-    assert!(matches!(
-        done,
-        Action::Done(Err(SelectionFailure::InsufficientFunds { .. }))
-    ));
-    assert!(s.held().is_empty());
+    assert!(matches!(next, Action::Fetch(_)), "{next:?}");
+    assert_eq!(s.held(), vec![tid(0), tid(1)]);
 }
 
 #[test]

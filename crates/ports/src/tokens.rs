@@ -1,7 +1,7 @@
 //! The token store port: tokens, spendable candidates and balances.
 
 use async_trait::async_trait;
-use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, WalletId};
+use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 
 use crate::error::TokenStoreError;
 
@@ -63,6 +63,16 @@ pub trait TokenStore: Send + Sync {
         &self,
         wallet: &WalletId,
         token_type: &TokenType,
+    ) -> Result<Quantity, TokenStoreError>;
+
+    /// What a new select of `consumer` could still get: like [`TokenStore::balance`]
+    /// (other transactions' locks ignored), less the tokens `consumer` has selected
+    /// and not settled (its earlier selects hold them, and it cannot win them again).
+    async fn balance_for(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        consumer: &TxId,
     ) -> Result<Quantity, TokenStoreError>;
 
     /// Unspent tokens of a wallet (of one type, or all), in ascending quantity, at

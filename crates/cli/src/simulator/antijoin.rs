@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, WalletId};
+use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{CandidateQuery, NewToken, TokenStore, TokenStoreError};
 
 /// Forwards everything to the inner store except [`TokenStore::candidates`], which
@@ -92,6 +92,15 @@ impl TokenStore for LockBlindTokens {
         token_type: &TokenType,
     ) -> Result<Quantity, TokenStoreError> {
         self.inner.balance(wallet, token_type).await
+    }
+
+    async fn balance_for(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        consumer: &TxId,
+    ) -> Result<Quantity, TokenStoreError> {
+        self.inner.balance_for(wallet, token_type, consumer).await
     }
 
     async fn list_tokens(

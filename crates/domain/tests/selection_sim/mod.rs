@@ -153,6 +153,18 @@ impl Wallet {
             })
     }
 
+    /// What the store reports to the select: the balance less what "consumer"
+    /// holds (the engine adds its own wins back).
+    pub fn balance_for_consumer(&self) -> Quantity {
+        self.tokens
+            .iter()
+            .filter(|t| t.spendable)
+            .filter(|t| self.locks.get(&t.id).is_none_or(|h| h != "consumer"))
+            .fold(Quantity::ZERO, |sum, t| {
+                sum.checked_add(t.quantity).expect("test balance")
+            })
+    }
+
     fn release(&mut self, ids: &[TokenId]) {
         for id in ids {
             if self.locks.get(id).is_some_and(|h| h == "consumer") {
@@ -295,7 +307,7 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                     let _ = writeln!(trace, "store error");
                     selection.on_balance(Err(StoreFailure::new("balance failed")), &mut rng)
                 } else {
-                    let balance = wallet.balance();
+                    let balance = wallet.balance_for_consumer();
                     let _ = writeln!(trace, "{balance}");
                     selection.on_balance(Ok(balance), &mut rng)
                 }

@@ -321,7 +321,8 @@ pub async fn amounts_beyond_u64_round_trip_and_order(db: &dyn TestDatabase) {
     );
 }
 
-/// The balance counts locked tokens but not spent or non-spendable ones.
+/// The balance counts locked tokens but not spent or non-spendable ones;
+/// `balance_for` also leaves out what the consumer itself selected.
 pub async fn balance_ignores_locks_excludes_spent_and_unspendable(db: &dyn TestDatabase) {
     let s = db.stores();
     let chf_t = token_type("CHF");
@@ -358,6 +359,18 @@ pub async fn balance_ignores_locks_excludes_spent_and_unspendable(db: &dyn TestD
         s.tokens.balance(&wallet("w"), &chf_t).await,
         Ok(amount(111)),
         "a locked token still counts"
+    );
+    assert_eq!(
+        s.tokens
+            .balance_for(&wallet("w"), &chf_t, &tx("other"))
+            .await,
+        Ok(amount(111)),
+        "another transaction's lock still counts for a consumer"
+    );
+    assert_eq!(
+        s.tokens.balance_for(&wallet("w"), &chf_t, &tx("l")).await,
+        Ok(amount(11)),
+        "but not for the consumer that selected it"
     );
     s.locks
         .claim(&tx("sp"), &token_id("a", 1), T0)

@@ -8,6 +8,7 @@ mod pg_support;
 mod config;
 mod lease_shorter_than_select;
 mod reference_docs;
+mod round_trips;
 mod selection_model;
 mod selector;
 mod selector_sqlite;

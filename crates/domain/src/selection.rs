@@ -12,7 +12,8 @@
 //! - **Scan.** Candidates arrive in ascending pages (keyset cursor: `after` is the
 //!   last candidate of the previous page; a page shorter than asked ends the scan).
 //!   Runs of equal amounts are shuffled, also when split across pages
-//!   ([`MAX_SHUFFLE_BUCKET`] bounds how much is held back).
+//!   ([`MAX_SHUFFLE_BUCKET`] bounds how much is held back), unless what is at hand
+//!   already covers the amount: then no page more is read before the claim.
 //! - **Window.** Small tokens are accumulated smallest first; the first token that
 //!   covers the rest is the anchor, and one member of its sufficiency window is
 //!   picked at random (see [`crate::window`]). The claim names that minimal
@@ -454,10 +455,16 @@ impl Selection {
                 self.pending()
             }
             Ok(page) => {
+                let needed = self
+                    .request
+                    .amount
+                    .checked_sub(self.leg.sum)
+                    .unwrap_or(Quantity::ZERO);
                 self.scan.ingest(
                     page,
                     request.limit,
                     self.config.ascending,
+                    needed,
                     &self.leg.won_ids,
                     rng,
                 );

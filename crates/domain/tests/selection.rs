@@ -68,20 +68,49 @@ fn equal_amounts_are_shuffled() {
 }
 
 #[test]
-fn an_equal_run_split_across_pages_is_shuffled_as_one_bucket() {
-    // Window 1 isolates the bucket shuffle: without holding the trailing run of a
-    // full page back, only the first page's two tokens could ever be picked.
+fn a_first_page_that_covers_the_amount_is_planned_without_reading_more() {
+    // Window 1, pages of 2: the first page (10, 10) covers 10, so the run of 10s is
+    // not held back for later pages: one read, then the claim (2 round trips),
+    // spread over the page read.
     let config = SelectionConfig {
         sufficiency_window: 1,
         page_size: 2,
         ..defaults()
     };
-    let counts = picks(&Wallet::of(&[10, 10, 10, 10, 10]), 10, &config, 60);
-    let later_pages = counts
-        .keys()
-        .filter(|t| **t != tid(0) && **t != tid(1))
-        .count();
-    assert!(later_pages > 0, "{counts:?}");
+    let wallet = Wallet::of(&[10, 10, 10, 10, 10]);
+    let counts = picks(&wallet, 10, &config, 60);
+    assert_eq!(
+        counts.keys().cloned().collect::<Vec<_>>(),
+        vec![tid(0), tid(1)],
+        "{counts:?}"
+    );
+    for seed in 0..10 {
+        let r = run(wallet.clone(), 10, config.clone(), seed);
+        assert_eq!((r.stats.fetches, r.stats.claims), (1, 1), "{}", r.trace);
+    }
+}
+
+#[test]
+fn an_equal_run_split_across_pages_is_shuffled_as_one_bucket_until_it_covers() {
+    // Pages of 2 over five 1s, for 3: the first page (2) does not cover, so its run
+    // is held back and shuffled with the later pages': the first token is not
+    // always picked.
+    let config = SelectionConfig {
+        page_size: 2,
+        ..defaults()
+    };
+    let wallet = Wallet::of(&[1, 1, 1, 1, 1]);
+    let mut without_first = 0;
+    for seed in 0..60 {
+        let r = run(wallet.clone(), 3, config.clone(), seed);
+        let picked = r.picked();
+        assert_eq!(picked.len(), 3, "{}", r.trace);
+        without_first += u32::from(!picked.contains(&tid(0)));
+    }
+    assert!(
+        without_first > 0,
+        "the first page's tokens were always picked"
+    );
 }
 
 #[test]

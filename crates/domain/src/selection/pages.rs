@@ -8,6 +8,7 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 
 use crate::ids::TokenId;
+use crate::quantity::Quantity;
 use crate::token::Candidate;
 
 /// The largest run of equal amounts held back across pages to be shuffled as one
@@ -49,11 +50,16 @@ impl Scan {
     /// cursor would otherwise be fetched from for ever). With `ascending`, the page
     /// is sorted by amount (stable, so a correct store's order is kept) and every
     /// run of equal amounts is shuffled; without it the page is shuffled whole.
+    ///
+    /// The trailing run of equal amounts of a full page is held back for the next
+    /// page (to shuffle the whole run), unless what is at hand already covers
+    /// `needed`: then planning goes on without another round trip.
     pub(crate) fn ingest(
         &mut self,
         page: Vec<Candidate>,
         limit: usize,
         ascending: bool,
+        needed: Quantity,
         won: &HashSet<TokenId>,
         rng: &mut (impl Rng + ?Sized),
     ) {
@@ -84,7 +90,13 @@ impl Scan {
         let mut merged = std::mem::take(&mut self.held_back);
         merged.append(&mut fresh);
         merged.sort_by_key(|c| c.quantity);
-        if !self.exhausted {
+        let at_hand = self
+            .buffer
+            .iter()
+            .chain(&merged)
+            .try_fold(Quantity::ZERO, |sum, c| sum.checked_add(c.quantity));
+        let covers = at_hand.is_none_or(|sum| sum >= needed);
+        if !self.exhausted && !covers {
             let tail = trailing_run_start(&merged);
             if merged.len() - tail < MAX_SHUFFLE_BUCKET {
                 self.held_back = merged.split_off(tail);
@@ -130,6 +142,10 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
+    fn q(v: u128) -> Quantity {
+        Quantity::new(v, Precision::MAX).unwrap()
+    }
+
     fn c(tx: &str, v: u128) -> Candidate {
         Candidate {
             id: TokenId::new(TxId::new(tx).unwrap(), 0),
@@ -146,16 +162,38 @@ mod tests {
             vec![c("a", 1), c("b", 5), c("c", 5)],
             3,
             true,
+            q(100),
             &won,
             &mut rng,
         );
         assert_eq!(scan.buffer, vec![c("a", 1)]);
         assert!(!scan.exhausted);
         assert_eq!(scan.cursor, Some(c("c", 5)));
-        scan.ingest(vec![c("d", 5), c("e", 7)], 3, true, &won, &mut rng);
+        scan.ingest(vec![c("d", 5), c("e", 7)], 3, true, q(100), &won, &mut rng);
         assert!(scan.exhausted);
         let amounts: Vec<u128> = scan.buffer.iter().map(|c| c.quantity.value()).collect();
         assert_eq!(amounts, vec![1, 5, 5, 5, 7]);
+    }
+
+    #[test]
+    fn holds_nothing_back_when_the_page_already_covers_the_amount() {
+        // 1 + 5 + 5 covers 6: the run of 5s is planned now, no page more is read.
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut scan = Scan::default();
+        let won = HashSet::new();
+        scan.ingest(
+            vec![c("a", 1), c("b", 5), c("c", 5)],
+            3,
+            true,
+            q(6),
+            &won,
+            &mut rng,
+        );
+        assert_eq!(scan.buffer.len(), 3);
+        assert!(
+            !scan.exhausted,
+            "the scan may still go on if the claim fails"
+        );
     }
 
     #[test]
@@ -163,9 +201,9 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let mut scan = Scan::default();
         let won = HashSet::new();
-        scan.ingest(vec![c("a", 1), c("b", 2)], 2, true, &won, &mut rng);
+        scan.ingest(vec![c("a", 1), c("b", 2)], 2, true, q(10), &won, &mut rng);
         assert!(!scan.exhausted);
-        scan.ingest(vec![c("a", 1), c("b", 2)], 2, true, &won, &mut rng);
+        scan.ingest(vec![c("a", 1), c("b", 2)], 2, true, q(10), &won, &mut rng);
         assert!(scan.exhausted);
         assert_eq!(scan.buffer.len(), 2);
     }

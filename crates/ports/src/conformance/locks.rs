@@ -313,7 +313,7 @@ pub async fn window_claim_is_one_round_trip(db: &dyn TestDatabase) {
 
 /// Three tokens of wallet `w`: consumer `a` holds `t:0` and `t:1` (one window),
 /// consumer `b` holds `t:2`.
-async fn two_holders(s: &Stores) -> (TxId, TxId) {
+pub(crate) async fn two_holders(s: &Stores) -> (TxId, TxId) {
     add(
         s,
         &[

@@ -8,7 +8,7 @@
 use holdfast_domain::{ClaimVerdict, LeaseConfig, SweepRule, TxStatus};
 
 use super::TestDatabase;
-use super::locks::holders;
+use super::locks::{holders, two_holders};
 use super::support::{T0, add, all_candidates, amount, at, chf, token_id, token_type, tx, wallet};
 use crate::LockStoreError;
 
@@ -153,17 +153,7 @@ pub async fn a_second_confirmed_spender_is_a_double_spend_that_changes_nothing(
 /// and leaves out the ones it lost.
 pub async fn renew_restamps_held_locks_and_reports_lost_ones(db: &dyn TestDatabase) {
     let s = db.stores();
-    let batch: Vec<_> = (0..3u32).map(|i| chf("w", "t", i, 1)).collect();
-    add(&s, &batch).await;
-    let (a, b) = (tx("a"), tx("b"));
-    s.locks
-        .claim_window(&a, &[token_id("t", 0), token_id("t", 1)], T0)
-        .await
-        .expect("claim");
-    s.locks
-        .claim(&b, &token_id("t", 2), T0)
-        .await
-        .expect("claim");
+    let (a, _b) = two_holders(&s).await;
     // a renews t:0 (and cannot renew b's t:2); the sweep then takes a's t:1 and
     // b's t:2.
     let renewed = s

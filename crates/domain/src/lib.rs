@@ -38,8 +38,9 @@ pub use request::{
     Version,
 };
 pub use selection::{
-    Action, FetchRequest, SelectRequest, Selected, Selection, SelectionConfig,
-    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
+    Action, Bands, FetchRequest, SelectRequest, Selected, Selection, SelectionConfig,
+    SelectionConfigError, SelectionError, SelectionFailure, SelectionPolicy, SelectionStats,
+    StoreFailure, UnknownPolicy,
 };
 pub use timestamp::Timestamp;
 pub use token::{Candidate, ClaimVerdict, Token};

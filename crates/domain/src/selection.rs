@@ -9,15 +9,25 @@
 //!
 //! # How a call proceeds
 //!
-//! - **Scan.** Candidates arrive in ascending pages (keyset cursor: `after` is the
-//!   last candidate of the previous page; a page shorter than asked ends the scan).
-//!   Runs of equal amounts are shuffled, also when split across pages
-//!   ([`MAX_SHUFFLE_BUCKET`] bounds how much is held back), unless what is at hand
-//!   already covers the amount: then no page more is read before the claim.
-//! - **Window.** Small tokens are accumulated smallest first; the first token that
-//!   covers the rest is the anchor, and one member of its sufficiency window is
-//!   picked at random (see [`crate::window`]). The claim names that minimal
-//!   covering prefix, at most `batch_window` tokens.
+//! - **Read** (`cover_first`, the default). With R the amount still to cover, one
+//!   fetch asks for [`Bands`]: a cover band of up to `cover_band` candidates >= R,
+//!   ascending, and a fill band of up to `page_size` candidates < R, largest
+//!   first. Further fill pages (keyset, descending) only when no cover candidate
+//!   is left and the fill read cannot cover R.
+//! - **Choice** (`cover_first`): exact (opt-in), single cover, fill, dust
+//!   (opt-in); see `cover.rs` and `docs/selection.md`. After a loss the next pick
+//!   comes from what was read; a read used up is read again (a rescan), and the
+//!   blacklist is scoped to one read (a fresh read hides what is still locked).
+//! - **Scan** (`smallest_first`, the upstream order). Candidates arrive in
+//!   ascending pages (keyset cursor: `after` is the last candidate of the previous
+//!   page; a page shorter than asked ends the scan). Runs of equal amounts are
+//!   shuffled, also when split across pages ([`MAX_SHUFFLE_BUCKET`] bounds how
+//!   much is held back), unless what is at hand already covers the amount: then
+//!   no page more is read before the claim.
+//! - **Window** (`smallest_first`). Small tokens are accumulated smallest first;
+//!   the first token that covers the rest is the anchor, and one member of its
+//!   sufficiency window is picked at random (see [`crate::window`]). The claim
+//!   names that minimal covering prefix, at most `batch_window` tokens.
 //! - **Verdicts.** Won: kept, and the leg's immediate-retry count resets. Stale:
 //!   blacklisted, not contention, and the next fetch asks for a refresh. Contended:
 //!   blacklisted and counted as contention. A store error blacklists nothing,
@@ -26,9 +36,9 @@
 //!   consumer (other transactions' locks ignored; tokens the consumer selected in
 //!   earlier selects left out, this call's wins counted) is compared with the
 //!   *full* amount, at most once per leg, contention or not: below it is
-//!   [`SelectionFailure::InsufficientFunds`]. Otherwise a scan that met
-//!   only blacklisted tokens clears the blacklist, and a new scan starts, costing
-//!   one immediate retry.
+//!   [`SelectionFailure::InsufficientFunds`]. Otherwise a new scan starts, costing
+//!   one immediate retry; under `smallest_first` a scan that met only blacklisted
+//!   tokens clears the blacklist first, under `cover_first` every new scan does.
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
 //!   possibly held tokens) are released, the engine backs off a random time in
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
@@ -60,6 +70,7 @@
 //! treated as a store error for that token (possibly held, not blacklisted).
 
 mod config;
+mod cover;
 mod pages;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -74,11 +85,13 @@ use crate::token::{Candidate, ClaimVerdict};
 use crate::window::{self, WindowLimits, WindowPlan};
 
 pub use config::{
-    MAX_BATCH_WINDOW, MAX_IMMEDIATE_RETRIES, MAX_LEGS, MAX_PAGE_SIZE, MAX_RETRY_INTERVAL,
-    MAX_SUFFICIENCY_WINDOW, SelectionConfig, SelectionConfigError,
+    MAX_BATCH_WINDOW, MAX_CONSOLIDATE_DUST, MAX_COVER_BAND, MAX_IMMEDIATE_RETRIES, MAX_LEGS,
+    MAX_PAGE_SIZE, MAX_RETRY_INTERVAL, MAX_SUFFICIENCY_WINDOW, SelectionConfig,
+    SelectionConfigError, SelectionPolicy, UnknownPolicy,
 };
 pub use pages::MAX_SHUFFLE_BUCKET;
 
+use cover::{CoverLimits, CoverPlan};
 use pages::Scan;
 
 /// What to select: an amount of one token type from one wallet, for one consumer
@@ -127,13 +140,31 @@ impl StoreFailure {
 /// One page of candidates to read from the token store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchRequest {
-    /// Keyset cursor: candidates strictly after this one, in ascending
-    /// `(quantity, tx, index)` order; `None` starts from the smallest.
+    /// Keyset cursor. Without [`bands`](FetchRequest::bands): candidates strictly
+    /// after this one, in ascending `(quantity, tx, index)` order; `None` starts
+    /// from the smallest. With bands: fill candidates strictly before this one,
+    /// descending.
     pub after: Option<Candidate>,
-    /// At most this many candidates; a shorter page means there are no more.
+    /// At most this many candidates (with bands: fill candidates); a shorter page
+    /// means there are no more.
     pub limit: usize,
+    /// `cover_first`: read the cover and fill bands around a threshold instead of
+    /// an ascending page.
+    pub bands: Option<Bands>,
     /// Bypass any candidate cache (a stale token was found, or a new leg starts).
     pub refresh: bool,
+}
+
+/// A `cover_first` read (`docs/selection.md`, "Read"): up to `cover` candidates
+/// with amount >= `threshold`, ascending, and up to the fetch's `limit` candidates
+/// with amount < `threshold`, descending (strictly before the fetch's `after` when
+/// it is set), in one round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bands {
+    /// The amount still to cover when the read was planned.
+    pub threshold: Quantity,
+    /// How many cover candidates to read (0 on a further fill page).
+    pub cover: usize,
 }
 
 /// What the caller must do next.
@@ -460,14 +491,24 @@ impl Selection {
                     .amount
                     .checked_sub(self.leg.sum)
                     .unwrap_or(Quantity::ZERO);
-                self.scan.ingest(
-                    page,
-                    request.limit,
-                    self.config.ascending,
-                    needed,
-                    &self.leg.won_ids,
-                    rng,
-                );
+                match request.bands {
+                    Some(bands) => self.scan.ingest_bands(
+                        page,
+                        bands.threshold,
+                        bands.cover,
+                        request.limit,
+                        &self.leg.won_ids,
+                        rng,
+                    ),
+                    None => self.scan.ingest(
+                        page,
+                        request.limit,
+                        self.config.ascending,
+                        needed,
+                        &self.leg.won_ids,
+                        rng,
+                    ),
+                }
                 self.advance(rng)
             }
         }
@@ -609,7 +650,12 @@ impl Selection {
     fn pending(&self) -> Action {
         match &self.phase {
             // Callers route NotStarted to `start`; a fetch is what start asks.
-            Phase::NotStarted => Action::Fetch(self.first_fetch(false)),
+            Phase::NotStarted => Action::Fetch(FetchRequest {
+                after: None,
+                limit: self.config.page_size,
+                refresh: false,
+                bands: self.bands(None),
+            }),
             Phase::Fetching(request) => Action::Fetch(request.clone()),
             Phase::Claiming(window) => Action::Claim(window.iter().map(|c| c.id.clone()).collect()),
             Phase::CheckingBalance => Action::CheckBalance,
@@ -619,11 +665,21 @@ impl Selection {
         }
     }
 
-    fn first_fetch(&self, refresh: bool) -> FetchRequest {
-        FetchRequest {
-            after: None,
-            limit: self.config.page_size,
-            refresh,
+    /// What a fetch continuing after `after` reads: bands under `cover_first`
+    /// (the cover band only on a scan's first read), else an ascending page.
+    fn bands(&self, after: Option<&Candidate>) -> Option<Bands> {
+        match self.config.policy {
+            SelectionPolicy::SmallestFirst => None,
+            SelectionPolicy::CoverFirst => Some(match (after, self.scan.threshold) {
+                (Some(_), Some(threshold)) => Bands {
+                    threshold,
+                    cover: 0,
+                },
+                _ => Bands {
+                    threshold: self.request.amount.saturating_sub(self.leg.sum),
+                    cover: self.config.cover_band,
+                },
+            }),
         }
     }
 
@@ -643,10 +699,15 @@ impl Selection {
     }
 
     fn fetch(&mut self, after: Option<Candidate>, refresh: bool) -> Action {
+        let bands = self.bands(after.as_ref());
+        if let Some(bands) = bands {
+            self.scan.threshold = Some(bands.threshold);
+        }
         let request = FetchRequest {
             after,
             limit: self.config.page_size,
             refresh: refresh || std::mem::take(&mut self.refresh_pending),
+            bands,
         };
         self.stats.fetches += 1;
         self.phase = Phase::Fetching(request.clone());
@@ -661,12 +722,32 @@ impl Selection {
         let remaining = self.request.amount.saturating_sub(self.leg.sum);
         self.drop_unusable();
         let quantities: Vec<Quantity> = self.scan.buffer.iter().map(|c| c.quantity).collect();
+        let headroom = u128::MAX - self.leg.sum.value();
+        if self.config.policy == SelectionPolicy::CoverFirst {
+            let limits = CoverLimits {
+                batch_window: self.config.batch_window.min(MAX_BATCH_WINDOW),
+                sufficiency_window: self.config.sufficiency_window,
+                max_sufficiency_ratio: self.config.max_sufficiency_ratio,
+                prefer_exact: self.config.prefer_exact,
+                consolidate_dust: self.config.consolidate_dust,
+            };
+            // Further fill pages only while no more cover candidates may exist: a
+            // full cover band that was all lost is read afresh instead.
+            let more_fill = !self.scan.exhausted && !self.scan.more_cover;
+            return match cover::plan(&quantities, remaining, headroom, more_fill, limits, rng) {
+                CoverPlan::Claim(chosen) => self.claim(&chosen),
+                CoverPlan::MoreFill => {
+                    let after = self.scan.cursor.clone();
+                    self.fetch(after, false)
+                }
+                CoverPlan::Nothing => self.end_of_scan(rng),
+            };
+        }
         let limits = WindowLimits {
             batch_window: self.config.batch_window.min(MAX_BATCH_WINDOW),
             sufficiency_window: self.config.sufficiency_window,
             max_sufficiency_ratio: self.config.max_sufficiency_ratio,
         };
-        let headroom = u128::MAX - self.leg.sum.value();
         let plan = window::plan(
             &quantities,
             remaining,
@@ -723,8 +804,8 @@ impl Selection {
         scan.saw_clean |= clean;
     }
 
-    /// Takes the buffer entries at `indices` (ascending except possibly the last)
-    /// out as the claim window, keeping the others in order.
+    /// Takes the buffer entries at `indices` out as the claim window (in that
+    /// order), keeping the others in order.
     fn claim(&mut self, indices: &[usize]) -> Action {
         let taken: HashSet<usize> = indices.iter().copied().collect();
         let mut window = Vec::with_capacity(indices.len());
@@ -822,7 +903,15 @@ impl Selection {
     }
 
     fn rescan(&mut self, rng: &mut impl Rng) -> Action {
-        if self.scan.saw_any && !self.scan.saw_clean && !self.blacklist.is_empty() {
+        // `cover_first` scopes the blacklist to one read: a fresh read hides what
+        // is still locked (the anti-join), so a lost token it shows again was
+        // released and may be tried again. `smallest_first` keeps the upstream
+        // escape hatch: clear only when a whole scan saw nothing else.
+        let clear = match self.config.policy {
+            SelectionPolicy::CoverFirst => true,
+            SelectionPolicy::SmallestFirst => self.scan.saw_any && !self.scan.saw_clean,
+        };
+        if clear && !self.blacklist.is_empty() {
             self.blacklist.clear();
             self.stats.blacklist_clears += 1;
         }

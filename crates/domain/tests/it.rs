@@ -5,5 +5,6 @@ mod selection_sim;
 
 mod admission;
 mod selection;
+mod selection_cover;
 mod selection_props;
 mod selection_snapshots;

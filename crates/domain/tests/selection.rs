@@ -8,14 +8,24 @@ use std::time::Duration;
 
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionError, SelectionFailure,
+    SelectionPolicy,
     StoreFailure, TokenId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use selection_sim::{Run, Wallet, q, request, run, tid};
 
+/// The upstream order, which most window tests below pin; the `cover_first`
+/// tests are in `selection_cover.rs`.
 fn defaults() -> SelectionConfig {
-    SelectionConfig::default()
+    smallest_first()
+}
+
+pub(crate) fn smallest_first() -> SelectionConfig {
+    SelectionConfig {
+        policy: SelectionPolicy::SmallestFirst,
+        ..SelectionConfig::default()
+    }
 }
 
 /// Small budgets so contended runs stay short.
@@ -24,7 +34,7 @@ fn tight() -> SelectionConfig {
         max_immediate_retries: 2,
         max_retries: 3,
         retry_interval: Duration::from_millis(100),
-        ..SelectionConfig::default()
+        ..smallest_first()
     }
 }
 

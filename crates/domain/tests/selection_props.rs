@@ -8,7 +8,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionFailure, StoreFailure,
+    Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionFailure, SelectionPolicy,
+    StoreFailure,
     TokenId,
 };
 use proptest::prelude::*;
@@ -62,13 +63,24 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
         ),
         (1usize..=8, 0u32..=3, 1u32..=3),
         (any::<bool>(), prop::bool::weighted(0.8)),
+        (
+            prop::sample::select(SelectionPolicy::ALL.to_vec()),
+            1usize..=4,
+            any::<bool>(),
+            0usize..=2,
+        ),
     )
         .prop_map(
             |(
                 (sufficiency_window, max_sufficiency_ratio, batch_window),
                 (page_size, max_immediate_retries, max_retries),
                 (blacklist, ascending),
+                (policy, cover_band, prefer_exact, consolidate_dust),
             )| SelectionConfig {
+                policy,
+                cover_band,
+                prefer_exact,
+                consolidate_dust,
                 sufficiency_window,
                 max_sufficiency_ratio,
                 batch_window,
@@ -232,9 +244,18 @@ fn verdict(code: u8) -> ClaimVerdict {
 }
 
 fn small_config() -> impl Strategy<Value = SelectionConfig> {
-    (1usize..=4, 1usize..=4, 0u32..=2, 1u32..=2, any::<bool>()).prop_map(
-        |(batch_window, page_size, max_immediate_retries, max_retries, blacklist)| {
+    (
+        1usize..=4,
+        1usize..=4,
+        0u32..=2,
+        1u32..=2,
+        any::<bool>(),
+        prop::sample::select(SelectionPolicy::ALL.to_vec()),
+    )
+        .prop_map(
+        |(batch_window, page_size, max_immediate_retries, max_retries, blacklist, policy)| {
             SelectionConfig {
+                policy,
                 batch_window,
                 page_size,
                 max_immediate_retries,

@@ -7,6 +7,8 @@ use crate::selection_sim;
 use std::time::Duration;
 
 use holdfast_domain::SelectionConfig;
+
+use crate::selection::smallest_first;
 use selection_sim::{Wallet, run};
 
 /// One snapshot: the wallet, the request, the config deltas and the trace.
@@ -35,7 +37,7 @@ fn trace_hot_wallet_with_paging() {
         .stale(7);
     let config = SelectionConfig {
         page_size: 4,
-        ..SelectionConfig::default()
+        ..smallest_first()
     };
     insta::assert_snapshot!(
         "hot_wallet_with_paging",
@@ -55,7 +57,7 @@ fn trace_dust_then_anchor() {
             "dust then anchor",
             Wallet::of(&amounts),
             320,
-            SelectionConfig::default(),
+            smallest_first(),
             22
         )
     );
@@ -71,7 +73,7 @@ fn trace_locked_funds_through_every_leg() {
         max_immediate_retries: 2,
         max_retries: 3,
         retry_interval: Duration::from_secs(5),
-        ..SelectionConfig::default()
+        ..smallest_first()
     };
     insta::assert_snapshot!(
         "locked_funds_through_every_leg",

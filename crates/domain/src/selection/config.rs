@@ -20,12 +20,76 @@ pub const MAX_LEGS: u32 = 1_000;
 /// The longest accepted `retry_interval`.
 pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(3_600);
 
+/// The largest accepted `cover_band`.
+pub const MAX_COVER_BAND: usize = 256;
+
+/// The largest accepted `consolidate_dust`.
+pub const MAX_CONSOLIDATE_DUST: usize = 64;
+
+/// Which tokens a select prefers (`docs/selection.md`, "Choice").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SelectionPolicy {
+    /// Few inputs: one token that covers the amount when a near-sized one exists,
+    /// else a few of the largest smaller tokens drawn at random, then trimmed.
+    #[default]
+    CoverFirst,
+    /// The upstream order: accumulate the smallest tokens until one covers the rest.
+    SmallestFirst,
+}
+
+impl SelectionPolicy {
+    /// Every policy, default first.
+    pub const ALL: [SelectionPolicy; 2] = [SelectionPolicy::CoverFirst, SelectionPolicy::SmallestFirst];
+
+    /// The name used in configuration (`cover_first`, `smallest_first`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SelectionPolicy::CoverFirst => "cover_first",
+            SelectionPolicy::SmallestFirst => "smallest_first",
+        }
+    }
+}
+
+impl std::fmt::Display for SelectionPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy name that is neither `cover_first` nor `smallest_first`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown selection policy {0:?}; expected cover_first or smallest_first")]
+pub struct UnknownPolicy(pub String);
+
+impl std::str::FromStr for SelectionPolicy {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SelectionPolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s.trim())
+            .ok_or_else(|| UnknownPolicy(s.to_owned()))
+    }
+}
+
 /// How one Select call behaves. A plain struct: set the fields, then
 /// [`SelectionConfig::validate`] (which [`crate::selection::Selection::new`] calls).
 ///
 /// The defaults are listed in `docs/configuration.md`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelectionConfig {
+    /// Which tokens a select prefers (default [`SelectionPolicy::CoverFirst`]).
+    pub policy: SelectionPolicy,
+    /// `cover_first`: how many candidates at least as large as the amount one read
+    /// returns, smallest first (default 16).
+    pub cover_band: usize,
+    /// `cover_first`: prefer a token, or a pair or triple of the largest smaller
+    /// tokens, that sums to the amount exactly, so the select needs no change
+    /// (default false).
+    pub prefer_exact: bool,
+    /// `cover_first`: add up to this many of the smallest candidates read as
+    /// optional inputs, to consolidate dust (default 0: none).
+    pub consolidate_dust: usize,
     /// How many candidates the sufficiency window may hold, the anchor included
     /// (default 4). One of them is picked uniformly at random.
     pub sufficiency_window: usize,
@@ -34,7 +98,8 @@ pub struct SelectionConfig {
     pub max_sufficiency_ratio: u32,
     /// The most tokens one claim names (default 256; 1 gives single-token claims).
     pub batch_window: usize,
-    /// How many candidates one fetch asks for (default 256).
+    /// How many candidates one fetch asks for (default 256); under `cover_first`,
+    /// the size of the fill band (candidates smaller than the amount).
     pub page_size: usize,
     /// Refetches (or store errors) without a won lock allowed in one leg (default 5).
     pub max_immediate_retries: u32,
@@ -45,14 +110,18 @@ pub struct SelectionConfig {
     /// Skip tokens that lost a race or were stale for the rest of the call
     /// (default true; false only to measure what the blacklist buys).
     pub blacklist: bool,
-    /// Scan candidates smallest first (default true; false shuffles each page
-    /// randomly, only to measure what ordering buys).
+    /// `smallest_first`: scan candidates smallest first (default true; false
+    /// shuffles each page randomly, only to measure what ordering buys).
     pub ascending: bool,
 }
 
 impl Default for SelectionConfig {
     fn default() -> Self {
         SelectionConfig {
+            policy: SelectionPolicy::CoverFirst,
+            cover_band: 16,
+            prefer_exact: false,
+            consolidate_dust: 0,
             sufficiency_window: 4,
             max_sufficiency_ratio: 5,
             batch_window: MAX_BATCH_WINDOW,
@@ -107,6 +176,12 @@ impl SelectionConfig {
                 "at least 1 (times the anchor)",
             );
         }
+        if !(1..=MAX_COVER_BAND).contains(&self.cover_band) {
+            return bad("cover_band", self.cover_band, "1 to 256 candidates");
+        }
+        if self.consolidate_dust > MAX_CONSOLIDATE_DUST {
+            return bad("consolidate_dust", self.consolidate_dust, "0 to 64 tokens");
+        }
         if !(1..=MAX_BATCH_WINDOW).contains(&self.batch_window) {
             return bad("batch_window", self.batch_window, "1 to 256 tokens");
         }
@@ -152,6 +227,19 @@ mod tests {
         );
         assert_eq!((c.max_immediate_retries, c.max_retries), (5, 10));
         assert_eq!(c.retry_interval, Duration::from_secs(5));
+        assert_eq!(
+            (c.policy, c.cover_band, c.prefer_exact, c.consolidate_dust),
+            (SelectionPolicy::CoverFirst, 16, false, 0)
+        );
+    }
+
+    #[test]
+    fn policies_parse_by_name_and_reject_others() {
+        for policy in SelectionPolicy::ALL {
+            assert_eq!(policy.as_str().parse(), Ok(policy));
+        }
+        let err = "largest_first".parse::<SelectionPolicy>().unwrap_err();
+        assert!(err.to_string().contains("expected cover_first or smallest_first"));
     }
 
     #[test]
@@ -165,6 +253,9 @@ mod tests {
                 "max_sufficiency_ratio",
                 "0",
             ),
+            (|c| c.cover_band = 0, "cover_band", "0"),
+            (|c| c.cover_band = 257, "cover_band", "257"),
+            (|c| c.consolidate_dust = 65, "consolidate_dust", "65"),
             (|c| c.batch_window = 0, "batch_window", "0"),
             (|c| c.batch_window = 257, "batch_window", "257"),
             (|c| c.page_size = 0, "page_size", "0"),

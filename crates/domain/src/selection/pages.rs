@@ -36,6 +36,12 @@ pub(crate) struct Scan {
     pub(crate) saw_clean: bool,
     /// The scan met contention (a lost race, or a token blacklisted for one).
     pub(crate) contention: bool,
+    /// `cover_first`: the cover band came back full, so more cover candidates may
+    /// exist beyond it (a fresh read finds them once these are locked).
+    pub(crate) more_cover: bool,
+    /// `cover_first`: the threshold of this scan's first read (later fill pages
+    /// continue below it).
+    pub(crate) threshold: Option<Quantity>,
     /// A store error happened during this scan (a failed page, claim or balance
     /// read, or an unclear claim answer): running out proves nothing about locks.
     pub(crate) store_error: bool,
@@ -104,6 +110,54 @@ impl Scan {
         }
         shuffle_equal_runs(&mut merged, rng);
         self.buffer.append(&mut merged);
+    }
+}
+
+impl Scan {
+    /// `cover_first`: takes one band read (`docs/selection.md`, "Read"): the
+    /// candidates at or above `threshold` are the cover band (at most
+    /// `cover_limit` were asked), those below it the fill band (at most
+    /// `fill_limit`, largest first). A fill band shorter than asked ends the scan,
+    /// as does a read with no id new to the scan; the cursor for the next fill page
+    /// is the smallest fill candidate read. Equal amounts are shuffled among
+    /// themselves; zero amounts, won tokens and ids seen before are dropped.
+    pub(crate) fn ingest_bands(
+        &mut self,
+        page: Vec<Candidate>,
+        threshold: Quantity,
+        cover_limit: usize,
+        fill_limit: usize,
+        won: &HashSet<TokenId>,
+        rng: &mut (impl Rng + ?Sized),
+    ) {
+        let (cover, fill): (Vec<Candidate>, Vec<Candidate>) =
+            page.into_iter().partition(|c| c.quantity >= threshold);
+        if cover_limit > 0 {
+            self.more_cover = cover.len() >= cover_limit;
+        }
+        if let Some(smallest) = fill.iter().min_by(|a, b| {
+            (a.quantity, &a.id).cmp(&(b.quantity, &b.id))
+        }) {
+            self.cursor = Some(smallest.clone());
+        }
+        let full = fill.len() >= fill_limit;
+        let mut any_new = false;
+        let mut fresh = Vec::with_capacity(cover.len() + fill.len());
+        for candidate in cover.into_iter().chain(fill) {
+            if !self.seen.insert(candidate.id.clone()) {
+                continue;
+            }
+            any_new = true;
+            if candidate.quantity.is_zero() || won.contains(&candidate.id) {
+                continue;
+            }
+            fresh.push(candidate);
+        }
+        self.saw_any |= !fresh.is_empty();
+        self.exhausted = !full || !any_new;
+        fresh.sort_by_key(|c| c.quantity);
+        shuffle_equal_runs(&mut fresh, rng);
+        self.buffer.append(&mut fresh);
     }
 }
 
@@ -194,6 +248,29 @@ mod tests {
             !scan.exhausted,
             "the scan may still go on if the claim fails"
         );
+    }
+
+    #[test]
+    fn bands_split_at_the_threshold_and_page_the_fill_from_its_smallest() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut scan = Scan::default();
+        let won = HashSet::new();
+        // Cover band (>= 10) of 2 asked 2: full; fill band (< 10) of 2 asked 2: full.
+        scan.ingest_bands(
+            vec![c("a", 10), c("b", 12), c("c", 9), c("d", 4)],
+            q(10),
+            2,
+            2,
+            &won,
+            &mut rng,
+        );
+        assert!(scan.more_cover && !scan.exhausted);
+        assert_eq!(scan.cursor, Some(c("d", 4)));
+        // The next fill page (cover band not asked) is short: the scan ends.
+        scan.ingest_bands(vec![c("e", 3)], q(10), 0, 2, &won, &mut rng);
+        assert!(scan.more_cover && scan.exhausted);
+        let amounts: Vec<u128> = scan.buffer.iter().map(|c| c.quantity.value()).collect();
+        assert_eq!(amounts, vec![4, 9, 10, 12, 3]);
     }
 
     #[test]

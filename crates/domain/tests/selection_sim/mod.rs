@@ -93,7 +93,7 @@ impl Wallet {
         self
     }
 
-    fn quantity_of(&self, id: &TokenId) -> Option<Quantity> {
+    pub fn quantity_of(&self, id: &TokenId) -> Option<Quantity> {
         self.tokens.iter().find(|t| &t.id == id).map(|t| t.quantity)
     }
 
@@ -114,6 +114,34 @@ impl Wallet {
             .filter(|c| after.is_none_or(|a| (c.quantity, &c.id) > (a.quantity, &a.id)))
             .take(limit)
             .collect()
+    }
+
+    /// The band read of `cover_first`: up to `cover` candidates >= `threshold`,
+    /// ascending, then up to `limit` below it, descending and strictly before the
+    /// cursor.
+    fn bands(
+        &self,
+        threshold: Quantity,
+        cover: usize,
+        before: Option<&Candidate>,
+        limit: usize,
+    ) -> Vec<Candidate> {
+        let rows = self.candidates(None, usize::MAX);
+        let mut out: Vec<Candidate> = rows
+            .iter()
+            .filter(|c| c.quantity >= threshold)
+            .take(cover)
+            .cloned()
+            .collect();
+        out.extend(
+            rows.iter()
+                .rev()
+                .filter(|c| c.quantity < threshold)
+                .filter(|c| before.is_none_or(|b| (c.quantity, &c.id) < (b.quantity, &b.id)))
+                .take(limit)
+                .cloned(),
+        );
+        out
     }
 
     /// The window claim: per token won, stale or contended.
@@ -257,16 +285,24 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                     .after
                     .as_ref()
                     .map_or("-".to_owned(), |c| format!("{}={}", c.id.tx, c.quantity));
+                let bands = fetch.bands.map_or(String::new(), |b| {
+                    format!(" bands>={}:{}", b.threshold, b.cover)
+                });
                 let _ = write!(
                     trace,
-                    "L{leg} fetch after={after} limit={} refresh={} -> ",
+                    "L{leg} fetch after={after} limit={}{bands} refresh={} -> ",
                     fetch.limit, fetch.refresh
                 );
                 if take_fault(&mut wallet.fail_fetches) {
                     let _ = writeln!(trace, "store error");
                     selection.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng)
                 } else {
-                    let page = wallet.candidates(fetch.after.as_ref(), fetch.limit);
+                    let page = match fetch.bands {
+                        Some(b) => {
+                            wallet.bands(b.threshold, b.cover, fetch.after.as_ref(), fetch.limit)
+                        }
+                        None => wallet.candidates(fetch.after.as_ref(), fetch.limit),
+                    };
                     let ids: Vec<TokenId> = page.iter().map(|c| c.id.clone()).collect();
                     let _ = writeln!(trace, "{} rows {}", page.len(), short(&wallet, &ids));
                     selection.on_candidates(Ok(page), &mut rng)

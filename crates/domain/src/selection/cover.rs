@@ -1,0 +1,417 @@
+//! The `cover_first` choice (`docs/selection.md`, "Choice"): which of the
+//! candidates read the next claim names, preferring few inputs.
+//!
+//! With R the amount still to cover, the candidates split into *cover* candidates
+//! (amount >= R, smallest first) and *fill* candidates (amount < R, largest first).
+//! In order:
+//!
+//! 1. **exact** (opt-in): a cover candidate equal to R, or a pair or triple of the
+//!    largest fill candidates summing to R, so the select makes no change;
+//! 2. **single cover**: if the smallest cover candidate (the anchor) is at most
+//!    `max_sufficiency_ratio` x R, one of up to `sufficiency_window` cover
+//!    candidates no larger than the ratio x the anchor, picked at random: one input,
+//!    and concurrent callers spread over near-equal tokens;
+//! 3. **fill**: otherwise a random draw from the largest fill candidates until R is
+//!    covered, then inputs that are not needed are dropped, smallest first. If the
+//!    fill candidates cannot cover R, the anchor after all;
+//! 4. **dust** (opt-in `consolidate_dust = k`): up to k of the smallest remaining
+//!    candidates join as optional inputs.
+//!
+//! Pure: the caller passes its RNG, so a seeded RNG replays the choice.
+
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+use crate::quantity::Quantity;
+
+/// How many of the largest fill candidates the exact search looks at: pairs and
+/// triples among them, at most 64 x 63 / 2 lookups.
+const EXACT_SEARCH_LIMIT: usize = 64;
+
+/// The limits of one choice (taken from the selection config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CoverLimits {
+    pub(crate) batch_window: usize,
+    pub(crate) sufficiency_window: usize,
+    pub(crate) max_sufficiency_ratio: u32,
+    pub(crate) prefer_exact: bool,
+    pub(crate) consolidate_dust: usize,
+}
+
+/// What the next claim should name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CoverPlan {
+    /// Claim the candidates at these indices.
+    Claim(Vec<usize>),
+    /// No cover candidate, and the fill candidates read so far cannot cover R:
+    /// read the next fill page.
+    MoreFill,
+    /// Nothing read can cover R (and no more fill is to be read).
+    Nothing,
+}
+
+/// Chooses among `candidates` (any order, none blacklisted or already won) for
+/// `remaining` still to cover. `headroom` bounds the claim's total (as in
+/// [`crate::window::plan`]); `more_fill` says whether a further fill page may
+/// exist and is worth reading.
+pub(crate) fn plan(
+    candidates: &[Quantity],
+    remaining: Quantity,
+    headroom: u128,
+    more_fill: bool,
+    limits: CoverLimits,
+    rng: &mut (impl Rng + ?Sized),
+) -> CoverPlan {
+    let fits = |q: Quantity| q.value() <= headroom;
+    // Stable sorts keep the caller's shuffle of equal amounts.
+    let mut cover: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i] >= remaining && fits(candidates[i]))
+        .collect();
+    cover.sort_by_key(|&i| candidates[i]);
+    let mut fill: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i] < remaining)
+        .collect();
+    fill.sort_by(|&a, &b| candidates[b].cmp(&candidates[a]));
+
+    let chosen = exact(candidates, &cover, &fill, remaining, headroom, limits, rng)
+        .or_else(|| single_cover(candidates, &cover, remaining, limits, rng))
+        .or_else(|| draw_fill(candidates, &fill, remaining, headroom, limits, rng))
+        .or_else(|| anchor_window(candidates, &cover, limits, rng));
+    let Some(mut chosen) = chosen else {
+        return if more_fill {
+            CoverPlan::MoreFill
+        } else {
+            CoverPlan::Nothing
+        };
+    };
+    add_dust(candidates, &fill, &mut chosen, headroom, limits);
+    CoverPlan::Claim(chosen)
+}
+
+/// A cover candidate equal to R, or a pair or triple of the largest fill
+/// candidates that sums to R (each found set equally likely among the first few).
+fn exact(
+    candidates: &[Quantity],
+    cover: &[usize],
+    fill: &[usize],
+    remaining: Quantity,
+    headroom: u128,
+    limits: CoverLimits,
+    rng: &mut (impl Rng + ?Sized),
+) -> Option<Vec<usize>> {
+    if !limits.prefer_exact || remaining.value() > headroom {
+        return None;
+    }
+    let equal: Vec<usize> = cover
+        .iter()
+        .copied()
+        .take_while(|&i| candidates[i] == remaining)
+        .collect();
+    if !equal.is_empty() {
+        return Some(vec![equal[rng.random_range(0..equal.len())]]);
+    }
+    const FOUND_LIMIT: usize = 16;
+    let top = &fill[..fill.len().min(EXACT_SEARCH_LIMIT)];
+    let value = |i: usize| candidates[i].value();
+    let target = remaining.value();
+    let mut found: Vec<Vec<usize>> = Vec::new();
+    let size = limits.batch_window.min(3);
+    // Pairs, then triples; `top` is descending, so each inner scan can stop early.
+    if size >= 2 {
+        for (a, &i) in top.iter().enumerate() {
+            for &j in &top[a + 1..] {
+                match value(i).saturating_add(value(j)).cmp(&target) {
+                    std::cmp::Ordering::Equal => found.push(vec![i, j]),
+                    std::cmp::Ordering::Less => break,
+                    std::cmp::Ordering::Greater => {}
+                }
+            }
+            if found.len() >= FOUND_LIMIT {
+                break;
+            }
+        }
+    }
+    if found.is_empty() && size >= 3 {
+        'outer: for (a, &i) in top.iter().enumerate() {
+            for (b, &j) in top.iter().enumerate().skip(a + 1) {
+                let pair = value(i).saturating_add(value(j));
+                if pair >= target {
+                    continue;
+                }
+                for &k in &top[b + 1..] {
+                    match pair.saturating_add(value(k)).cmp(&target) {
+                        std::cmp::Ordering::Equal => found.push(vec![i, j, k]),
+                        std::cmp::Ordering::Less => break,
+                        std::cmp::Ordering::Greater => {}
+                    }
+                }
+                if found.len() >= FOUND_LIMIT {
+                    break 'outer;
+                }
+            }
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    let pick = rng.random_range(0..found.len());
+    Some(found.swap_remove(pick))
+}
+
+/// One of the anchor's sufficiency window, if the anchor is near-sized.
+fn single_cover(
+    candidates: &[Quantity],
+    cover: &[usize],
+    remaining: Quantity,
+    limits: CoverLimits,
+    rng: &mut (impl Rng + ?Sized),
+) -> Option<Vec<usize>> {
+    let &anchor = cover.first()?;
+    let bound = remaining
+        .value()
+        .saturating_mul(u128::from(limits.max_sufficiency_ratio));
+    if candidates[anchor].value() > bound {
+        return None;
+    }
+    anchor_window(candidates, cover, limits, rng)
+}
+
+/// One member of the anchor's sufficiency window, picked uniformly.
+fn anchor_window(
+    candidates: &[Quantity],
+    cover: &[usize],
+    limits: CoverLimits,
+    rng: &mut (impl Rng + ?Sized),
+) -> Option<Vec<usize>> {
+    let &anchor = cover.first()?;
+    let bound = candidates[anchor]
+        .value()
+        .saturating_mul(u128::from(limits.max_sufficiency_ratio));
+    let window: Vec<usize> = cover
+        .iter()
+        .copied()
+        .take(limits.sufficiency_window.max(1))
+        .take_while(|&i| candidates[i].value() <= bound)
+        .collect();
+    match window.len() {
+        0 | 1 => Some(vec![anchor]),
+        n => Some(vec![window[rng.random_range(0..n)]]),
+    }
+}
+
+/// A random draw from the largest fill candidates until R is covered, trimmed of
+/// inputs that are not needed (smallest first); `None` when the fill candidates
+/// cannot cover R. More than a batch window of inputs: the largest batch window
+/// (a partial claim; the rest is chosen after it).
+fn draw_fill(
+    candidates: &[Quantity],
+    fill: &[usize],
+    remaining: Quantity,
+    headroom: u128,
+    limits: CoverLimits,
+    rng: &mut (impl Rng + ?Sized),
+) -> Option<Vec<usize>> {
+    let value = |i: usize| candidates[i].value();
+    let target = remaining.value();
+    // How many of the largest cover R.
+    let mut sum = 0u128;
+    let needed = fill.iter().position(|&i| {
+        sum = sum.saturating_add(value(i));
+        sum >= target
+    })? + 1;
+    let batch = limits.batch_window.max(1);
+    if needed > batch {
+        return Some(fill[..batch].to_vec());
+    }
+    let pool_size = (needed + limits.sufficiency_window.max(1) - 1).min(fill.len());
+    let mut pool = fill[..pool_size].to_vec();
+    pool.shuffle(rng);
+    let mut chosen = Vec::new();
+    let mut total = 0u128;
+    for i in pool {
+        if total >= target {
+            break;
+        }
+        total = total.saturating_add(value(i));
+        chosen.push(i);
+    }
+    // Drop what is not needed, smallest first.
+    chosen.sort_by_key(|&i| candidates[i]);
+    let mut kept = Vec::with_capacity(chosen.len());
+    for (n, &i) in chosen.iter().enumerate() {
+        if total - value(i) >= target {
+            total -= value(i);
+        } else {
+            kept.push(i);
+            kept.extend_from_slice(&chosen[n + 1..]);
+            break;
+        }
+    }
+    kept.sort_by(|&a, &b| candidates[b].cmp(&candidates[a]));
+    kept.truncate(batch);
+    (total <= headroom).then_some(kept)
+}
+
+/// Adds up to `consolidate_dust` of the smallest fill candidates not chosen yet,
+/// within the batch window and the headroom.
+fn add_dust(
+    candidates: &[Quantity],
+    fill: &[usize],
+    chosen: &mut Vec<usize>,
+    headroom: u128,
+    limits: CoverLimits,
+) {
+    if limits.consolidate_dust == 0 {
+        return;
+    }
+    let mut total = chosen
+        .iter()
+        .fold(0u128, |sum, &i| sum.saturating_add(candidates[i].value()));
+    let room = limits.batch_window.saturating_sub(chosen.len());
+    let dust: Vec<usize> = fill
+        .iter()
+        .rev()
+        .copied()
+        .filter(|i| !chosen.contains(i))
+        .take(limits.consolidate_dust.min(room))
+        .collect();
+    for i in dust {
+        match total.checked_add(candidates[i].value()) {
+            Some(t) if t <= headroom => {
+                total = t;
+                chosen.push(i);
+            }
+            _ => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantity::Precision;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn qs(vs: &[u128]) -> Vec<Quantity> {
+        vs.iter()
+            .map(|v| Quantity::new(*v, Precision::MAX).unwrap())
+            .collect()
+    }
+
+    fn q(v: u128) -> Quantity {
+        Quantity::new(v, Precision::MAX).unwrap()
+    }
+
+    const LIMITS: CoverLimits = CoverLimits {
+        batch_window: 256,
+        sufficiency_window: 4,
+        max_sufficiency_ratio: 5,
+        prefer_exact: false,
+        consolidate_dust: 0,
+    };
+
+    /// The amounts a plan claims, ascending.
+    fn claimed(c: &[Quantity], plan: CoverPlan) -> Vec<u128> {
+        let CoverPlan::Claim(indices) = plan else {
+            panic!("expected a claim, got {plan:?}");
+        };
+        let mut v: Vec<u128> = indices.iter().map(|&i| c[i].value()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn one_near_sized_token_covers_alone() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let c = qs(&[1, 1, 1, 50]);
+        assert_eq!(claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)), [50]);
+        let mut c = qs(&[1; 300]);
+        c.push(q(1000));
+        assert_eq!(claimed(&c, plan(&c, q(1000), u128::MAX, false, LIMITS, &mut rng)), [1000]);
+    }
+
+    #[test]
+    fn single_cover_spreads_over_the_sufficiency_window() {
+        let c = qs(&[10, 11, 12, 13, 14, 49]);
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            seen.extend(claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)));
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn a_far_too_large_anchor_gives_way_to_a_few_large_fill_tokens() {
+        // 1000 > 5 x 60: fill from the largest smaller tokens instead.
+        let c = qs(&[1, 2, 3, 30, 31, 32, 1000]);
+        for seed in 0..32 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let got = claimed(&c, plan(&c, q(60), u128::MAX, false, LIMITS, &mut rng));
+            assert_eq!(got.len(), 2, "{got:?}");
+            assert!(got.iter().sum::<u128>() >= 60, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn the_anchor_is_used_when_the_fill_cannot_cover() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let c = qs(&[1, 2, 1000]);
+        assert_eq!(claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)), [1000]);
+        let c = qs(&[1, 2]);
+        assert_eq!(plan(&c, q(10), u128::MAX, true, LIMITS, &mut rng), CoverPlan::MoreFill);
+        assert_eq!(plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng), CoverPlan::Nothing);
+    }
+
+    #[test]
+    fn trimming_drops_inputs_that_are_not_needed() {
+        // The largest two (9 + 8) cover 15; a draw that took 7 or 6 as well drops
+        // what is not needed.
+        let c = qs(&[9, 8, 7, 6]);
+        for seed in 0..32 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let got = claimed(&c, plan(&c, q(15), u128::MAX, false, LIMITS, &mut rng));
+            let total: u128 = got.iter().sum();
+            assert!(total >= 15, "{got:?}");
+            assert!(got.iter().all(|v| total - v < 15), "{got:?} keeps an input it does not need");
+        }
+    }
+
+    #[test]
+    fn exact_prefers_a_changeless_set_when_asked() {
+        let exact = CoverLimits {
+            prefer_exact: true,
+            ..LIMITS
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let c = qs(&[5, 12, 20, 21]);
+        assert_eq!(claimed(&c, plan(&c, q(20), u128::MAX, false, exact, &mut rng)), [20]);
+        let c = qs(&[3, 5, 9, 11, 40]);
+        assert_eq!(claimed(&c, plan(&c, q(16), u128::MAX, false, exact, &mut rng)), [5, 11]);
+        assert_eq!(claimed(&c, plan(&c, q(17), u128::MAX, false, exact, &mut rng)), [3, 5, 9]);
+        // Without it, the near-sized cover token.
+        assert_eq!(claimed(&c, plan(&c, q(16), u128::MAX, false, LIMITS, &mut rng)), [40]);
+    }
+
+    #[test]
+    fn dust_joins_as_optional_inputs() {
+        let dust = CoverLimits {
+            consolidate_dust: 2,
+            ..LIMITS
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let c = qs(&[1, 1, 2, 3, 50]);
+        assert_eq!(claimed(&c, plan(&c, q(40), u128::MAX, false, dust, &mut rng)), [1, 1, 50]);
+    }
+
+    #[test]
+    fn never_beyond_the_batch_window_or_the_headroom() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let c = qs(&[1; 300]);
+        let got = claimed(&c, plan(&c, q(290), u128::MAX, false, LIMITS, &mut rng));
+        assert_eq!(got.len(), 256);
+        let c = qs(&[100]);
+        assert_eq!(plan(&c, q(10), 50, false, LIMITS, &mut rng), CoverPlan::Nothing);
+    }
+}

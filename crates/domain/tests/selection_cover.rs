@@ -1,0 +1,168 @@
+//! The `cover_first` policy (`docs/selection.md`, "Choice") through the engine,
+//! driven against the in-memory wallet: few inputs, spread, re-picks from what was
+//! read, and the same fast-fail and budget rules as `smallest_first`.
+
+use crate::selection_sim;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use holdfast_domain::{SelectionConfig, SelectionFailure, SelectionPolicy};
+use selection_sim::{Wallet, q, run, tid};
+
+fn tight() -> SelectionConfig {
+    SelectionConfig {
+        max_immediate_retries: 2,
+        max_retries: 3,
+        retry_interval: Duration::from_millis(100),
+        ..SelectionConfig::default()
+    }
+}
+
+fn amounts(wallet: &Wallet, picked: &[holdfast_domain::TokenId]) -> Vec<u128> {
+    let mut v: Vec<u128> = picked
+        .iter()
+        .map(|id| wallet.quantity_of(id).expect("a wallet token").value())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn cover_first_is_the_default() {
+    assert_eq!(SelectionConfig::default().policy, SelectionPolicy::CoverFirst);
+}
+
+#[test]
+fn one_covering_token_is_one_input_in_two_round_trips() {
+    // The upstream order claims [1, 1, 1, 50] here, and 301 tokens for the second.
+    let wallet = Wallet::of(&[1, 1, 1, 50]);
+    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    assert_eq!(amounts(&wallet, &r.picked()), [50], "{}", r.trace);
+    assert_eq!((r.stats.fetches, r.stats.claims, r.stats.round_trips()), (1, 1, 2));
+
+    let mut dust = vec![1u128; 300];
+    dust.push(1000);
+    let wallet = Wallet::of(&dust);
+    let r = run(wallet.clone(), 1000, SelectionConfig::default(), 1);
+    assert_eq!(amounts(&wallet, &r.picked()), [1000], "{}", r.trace);
+    assert_eq!(r.stats.round_trips(), 2);
+}
+
+#[test]
+fn a_wallet_of_large_tokens_spreads_callers_over_near_equal_ones() {
+    let wallet = Wallet::of(&[500, 501, 502, 503, 504, 900, 5000]);
+    let mut picked = BTreeSet::new();
+    for seed in 0..64 {
+        let r = run(wallet.clone(), 100, SelectionConfig::default(), seed);
+        assert_eq!(r.picked().len(), 1);
+        picked.extend(amounts(&wallet, &r.picked()));
+    }
+    assert_eq!(picked.into_iter().collect::<Vec<_>>(), [500, 501, 502, 503]);
+}
+
+#[test]
+fn without_a_near_sized_token_a_few_of_the_largest_smaller_ones() {
+    // 40 tokens of 1..=40 and one of 10,000 for 100: the anchor is 100 x the
+    // amount, so three or four of the largest small tokens, never the dust.
+    let mut values: Vec<u128> = (1..=40).collect();
+    values.push(10_000);
+    let wallet = Wallet::of(&values);
+    for seed in 0..32 {
+        let r = run(wallet.clone(), 100, SelectionConfig::default(), seed);
+        let got = amounts(&wallet, &r.picked());
+        assert!((3..=4).contains(&got.len()), "{got:?}");
+        assert!(got.iter().sum::<u128>() >= 100);
+        assert!(got.iter().all(|v| *v >= 30), "{got:?}");
+        assert_eq!(r.stats.round_trips(), 2);
+    }
+    // A fill that cannot cover uses the anchor after all.
+    let wallet = Wallet::of(&[1, 2, 3, 10_000]);
+    let r = run(wallet.clone(), 100, SelectionConfig::default(), 1);
+    assert_eq!(amounts(&wallet, &r.picked()), [10_000]);
+}
+
+#[test]
+fn after_a_loss_the_next_pick_comes_from_what_was_read() {
+    // Four near-equal cover tokens, three of which lose their first race: every
+    // re-pick comes from the one read, never a fetch while it has candidates.
+    let wallet = Wallet::of(&[10, 11, 12, 13]).hot(0, 1).hot(1, 1).hot(2, 1);
+    for seed in 0..16 {
+        let r = run(wallet.clone(), 10, SelectionConfig::default(), seed);
+        assert_eq!(amounts(&wallet, &r.picked()), [13], "{}", r.trace);
+        assert_eq!(r.stats.fetches, 1, "{}", r.trace);
+        assert_eq!(r.stats.claims, r.stats.conflicts + 1);
+    }
+}
+
+#[test]
+fn a_read_used_up_by_losses_is_read_again() {
+    // The only cover token loses twice; the second read finds it free.
+    let wallet = Wallet::of(&[1, 2, 50]).hot(2, 1);
+    let r = run(wallet.clone(), 10, SelectionConfig::default(), 2);
+    assert_eq!(amounts(&wallet, &r.picked()), [50], "{}", r.trace);
+    assert_eq!(r.stats.conflicts, 1);
+    assert_eq!(r.stats.fetches, 2, "read again once the read is used up:\n{}", r.trace);
+}
+
+#[test]
+fn a_short_wallet_is_insufficient_funds_under_contention_too() {
+    let r = run(Wallet::of(&[3, 4]).hot(1, u32::MAX), 10, tight(), 3);
+    assert_eq!(
+        r.outcome,
+        Err(SelectionFailure::InsufficientFunds {
+            available: q(7),
+            requested: q(10),
+        }),
+        "{}",
+        r.trace
+    );
+    assert_eq!(r.stats.legs, 1);
+}
+
+#[test]
+fn locked_funds_are_funds_locked_not_insufficient() {
+    let r = run(Wallet::of(&[50]).locked_by_other(0), 10, tight(), 3);
+    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.stats.legs, 3);
+}
+
+#[test]
+fn prefer_exact_avoids_change_where_a_set_sums_to_the_amount() {
+    let exact = SelectionConfig {
+        prefer_exact: true,
+        ..SelectionConfig::default()
+    };
+    let wallet = Wallet::of(&[7, 9, 13, 30, 31]);
+    let r = run(wallet.clone(), 16, exact.clone(), 1);
+    let selected = r.outcome.clone().expect("selected");
+    assert_eq!(amounts(&wallet, &r.picked()), [7, 9]);
+    assert!(selected.change.is_zero());
+    let r = run(wallet.clone(), 16, SelectionConfig::default(), 1);
+    assert!(!r.outcome.expect("selected").change.is_zero());
+}
+
+#[test]
+fn dust_joins_a_selection_and_losing_it_costs_nothing() {
+    let dust = SelectionConfig {
+        consolidate_dust: 2,
+        ..SelectionConfig::default()
+    };
+    let wallet = Wallet::of(&[1, 1, 2, 60]);
+    let r = run(wallet.clone(), 50, dust.clone(), 1);
+    assert_eq!(amounts(&wallet, &r.picked()), [1, 1, 60]);
+    // One dust token always lost: the selection succeeds without it.
+    let r = run(wallet.clone().hot(0, u32::MAX), 50, dust, 1);
+    let got = amounts(&wallet, &r.picked());
+    assert!(got.contains(&60) && got.len() == 2, "{got:?}\n{}", r.trace);
+}
+
+#[test]
+fn tokens_of_one_run_are_never_claimed_twice() {
+    let wallet = Wallet::of(&[5; 40]);
+    let r = run(wallet, 100, SelectionConfig::default(), 9);
+    let picked = r.picked();
+    assert_eq!(picked.len(), 20);
+    assert_eq!(picked.iter().collect::<BTreeSet<_>>().len(), 20);
+    assert!(picked.iter().all(|t| (0..40).map(tid).any(|x| &x == t)));
+}

@@ -15,8 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Precision, Quantity, SelectRequest, Selection,
-    SelectionConfig, SelectionFailure, StoreFailure, TokenId, TokenType, TxId, WalletId,
+    Action, Bands, Candidate, ClaimVerdict, Precision, Quantity, SelectRequest, Selection,
+    SelectionConfig, SelectionFailure, SelectionPolicy, StoreFailure, TokenId, TokenType, TxId,
+    WalletId,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -87,6 +88,30 @@ impl Store {
             .collect()
     }
 
+    /// A `cover_first` band read over the free tokens.
+    fn bands(&self, bands: Bands, before: Option<&Candidate>, limit: usize) -> Vec<Candidate> {
+        let all = self.page(None, usize::MAX);
+        let key = |c: &Candidate| (c.quantity, c.id.clone());
+        let mut out: Vec<Candidate> = if before.is_some() {
+            Vec::new()
+        } else {
+            all.iter()
+                .filter(|c| c.quantity >= bands.threshold)
+                .take(bands.cover)
+                .cloned()
+                .collect()
+        };
+        out.extend(
+            all.iter()
+                .rev()
+                .filter(|c| c.quantity < bands.threshold)
+                .filter(|c| before.is_none_or(|b| key(c) < key(b)))
+                .take(limit)
+                .cloned(),
+        );
+        out
+    }
+
     fn balance(&self) -> Quantity {
         self.tokens
             .values()
@@ -132,6 +157,14 @@ fn config(input: &mut Input<'_>) -> SelectionConfig {
     let m =
         |input: &mut Input<'_>, lo: u64, hi: u64| u32::try_from(input.range(lo, hi)).unwrap_or(1);
     SelectionConfig {
+        policy: if input.byte().is_multiple_of(2) {
+            SelectionPolicy::CoverFirst
+        } else {
+            SelectionPolicy::SmallestFirst
+        },
+        cover_band: n(input, 1, 4),
+        prefer_exact: input.byte().is_multiple_of(2),
+        consolidate_dust: n(input, 0, 2),
         sufficiency_window: n(input, 1, 4),
         max_sufficiency_ratio: m(input, 1, 5),
         batch_window: n(input, 1, 8),
@@ -193,7 +226,10 @@ pub fn run(data: &[u8]) {
                 if input.fault(10) {
                     selection.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng)
                 } else {
-                    let page = store.page(fetch.after.as_ref(), fetch.limit);
+                    let page = match fetch.bands {
+                        Some(bands) => store.bands(bands, fetch.after.as_ref(), fetch.limit),
+                        None => store.page(fetch.after.as_ref(), fetch.limit),
+                    };
                     selection.on_candidates(Ok(page), &mut rng)
                 }
             }

@@ -168,6 +168,16 @@ impl PgBackend {
         crate::tokens::explain_candidates(self, wallet, token_type, after, limit).await
     }
 
+    /// The plan PostgreSQL chooses for a first band read (`cover_first`), as
+    /// `EXPLAIN` text: both bands should scan `tokens_candidates` (the fill band
+    /// backwards) and contain no sort.
+    pub async fn explain_candidate_bands(
+        &self,
+        query: &holdfast_ports::BandQuery,
+    ) -> Result<String, StoreFault> {
+        crate::tokens::explain_candidate_bands(self, query).await
+    }
+
     /// Counts one statement and, if the server answered with an error, one server
     /// error; passes the result through.
     pub(crate) fn note<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {

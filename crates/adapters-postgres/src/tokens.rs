@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
-use holdfast_ports::{CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError};
+use holdfast_ports::{
+    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError,
+};
 
 use crate::backend::PgBackend;
 use crate::codec::timestamp;
@@ -33,6 +35,36 @@ macro_rules! candidates_sql {
          LIMIT $3"
     };
 }
+
+/// A band read in one round trip: the cover band (>= the threshold, ascending)
+/// and the fill band (below it, the candidate index scanned backwards).
+const CANDIDATE_BANDS: &str = "
+    (SELECT t.tx_id, t.idx, t.amount::text
+     FROM tokens t
+     WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+       AND t.amount >= $3::numeric
+       AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+     ORDER BY t.amount, t.tx_id, t.idx
+     LIMIT $4)
+    UNION ALL
+    (SELECT t.tx_id, t.idx, t.amount::text
+     FROM tokens t
+     WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+       AND t.amount < $3::numeric
+       AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+     ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+     LIMIT $5)";
+
+/// A further fill page: strictly before the keyset cursor, largest first.
+const FILL_BAND_BEFORE: &str = "
+    SELECT t.tx_id, t.idx, t.amount::text
+    FROM tokens t
+    WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+      AND t.amount < $3::numeric
+      AND (t.amount, t.tx_id, t.idx) < ($5::numeric, $6::text COLLATE \"C\", $7::bigint)
+      AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+    ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+    LIMIT $4";
 
 const INSERT_TOKENS: &str = "
     INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
@@ -108,6 +140,26 @@ fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFault> {
     })
 }
 
+pub(crate) async fn explain_candidate_bands(
+    backend: &PgBackend,
+    query: &BandQuery,
+) -> Result<String, StoreFault> {
+    let statement = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {CANDIDATE_BANDS}")))
+        .bind(query.wallet.as_str())
+        .bind(query.token_type.as_str())
+        .bind(query.threshold.to_string())
+        .bind(limit(query.cover))
+        .bind(limit(query.fill));
+    let rows = backend
+        .note(statement.fetch_all(backend.pool()).await)
+        .map_err(|e| to_fault(&e))?;
+    let lines = rows
+        .iter()
+        .map(|row| get::<String>(row, 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(lines.join("\n"))
+}
+
 pub(crate) async fn explain_candidates(
     backend: &PgBackend,
     wallet: &WalletId,
@@ -139,6 +191,26 @@ pub(crate) async fn explain_candidates(
 }
 
 impl PgBackend {
+    /// Runs a candidate read (columns tx_id, idx, amount as text).
+    async fn read_candidates(
+        &self,
+        statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<Candidate>, TokenStoreError> {
+        let found = self
+            .note(statement.fetch_all(self.pool()).await)
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(|row| {
+                Ok(Candidate {
+                    id: codec::token_id(get(row, 0)?, get(row, 1)?)?,
+                    quantity: codec::quantity(&get::<String>(row, 2)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreFault>>()
+            .map_err(TokenStoreError::Fault)
+    }
+
     /// The spendable, unspent sum of the wallet and type, locks ignored, less the
     /// tokens `consumer` (if any) has selected.
     async fn sum_unspent(
@@ -296,19 +368,39 @@ impl TokenStore for PgBackend {
                 .bind(cursor.id.tx.as_str())
                 .bind(i64::from(cursor.id.index)),
         };
-        let found = self
-            .note(statement.fetch_all(self.pool()).await)
-            .map_err(|e| fault(&e))?;
-        found
-            .iter()
-            .map(|row| {
-                Ok(Candidate {
-                    id: codec::token_id(get(row, 0)?, get(row, 1)?)?,
-                    quantity: codec::quantity(&get::<String>(row, 2)?)?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreFault>>()
-            .map_err(TokenStoreError::Fault)
+        self.read_candidates(statement).await
+    }
+
+    async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
+        let threshold = query.threshold.to_string();
+        let statement = match &query.fill_before {
+            None => sqlx::query(CANDIDATE_BANDS)
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(threshold)
+                .bind(limit(query.cover))
+                .bind(limit(query.fill)),
+            Some(cursor) => sqlx::query(FILL_BAND_BEFORE)
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(threshold)
+                .bind(limit(query.fill))
+                .bind(cursor.quantity.to_string())
+                .bind(cursor.id.tx.as_str())
+                .bind(i64::from(cursor.id.index)),
+        };
+        let mut found = self.read_candidates(statement).await?;
+        // The contract's order, whatever order the server appends the bands in.
+        let key = |c: &Candidate| (c.quantity, c.id.clone());
+        found.sort_by(|a, b| {
+            match (a.quantity >= query.threshold, b.quantity >= query.threshold) {
+                (true, true) => key(a).cmp(&key(b)),
+                (false, false) => key(b).cmp(&key(a)),
+                // Cover before fill.
+                (a_cover, b_cover) => b_cover.cmp(&a_cover),
+            }
+        });
+        Ok(found)
     }
 
     async fn balance(

@@ -14,7 +14,7 @@ use holdfast_adapters_postgres::{
 };
 use holdfast_domain::{ClaimVerdict, TokenId, TxId};
 use holdfast_ports::conformance::support::{T0, add, at, chf, token_id, token_type, tx, wallet};
-use holdfast_ports::{CandidateQuery, LockStoreError, StoreFault};
+use holdfast_ports::{BandQuery, CandidateQuery, LockStoreError, StoreFault};
 use sqlx::{Connection, PgConnection, Row};
 use support::TestDb;
 use tokio::sync::Barrier;
@@ -107,7 +107,32 @@ async fn candidate_query_scans_the_partial_index_without_sorting_100k_tokens() {
         .explain_candidates(&w, &t, Some(&cursor), 64)
         .await
         .expect("explain next page");
-    for (which, plan) in [("first page", &first), ("keyset page", &next)] {
+    let bands = backend
+        .explain_candidate_bands(&BandQuery {
+            wallet: w.clone(),
+            token_type: t.clone(),
+            // Mid-wallet: both bands hold tens of thousands of rows.
+            threshold: holdfast_ports::conformance::support::amount(2500),
+            cover: 16,
+            fill: 256,
+            fill_before: None,
+        })
+        .await
+        .expect("explain band read");
+    assert_eq!(
+        bands.matches("using tokens_candidates").count(),
+        2,
+        "both bands scan tokens_candidates:\n{bands}"
+    );
+    assert!(
+        bands.contains("Backward"),
+        "the fill band scans backwards:\n{bands}"
+    );
+    for (which, plan) in [
+        ("first page", &first),
+        ("keyset page", &next),
+        ("bands", &bands),
+    ] {
         assert!(
             plan.contains("Index Scan using tokens_candidates")
                 || plan.contains("Index Only Scan using tokens_candidates"),

@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
-use holdfast_ports::{CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError};
+use holdfast_ports::{
+    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError,
+};
 use rusqlite::{OptionalExtension, params};
 
 use crate::SqliteBackend;
@@ -27,6 +29,35 @@ WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS 
   AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
 ORDER BY t.amount, t.tx, t.output
 LIMIT ?3";
+
+/// The cover band of a band read: candidates >= the threshold, ascending (the
+/// same index scan as a candidate page, started at the threshold).
+pub(crate) const COVER_BAND: &str = "\
+SELECT t.tx, t.output, t.amount FROM tokens AS t
+WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
+  AND t.amount >= ?3
+  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
+ORDER BY t.amount, t.tx, t.output
+LIMIT ?4";
+
+/// The fill band: candidates below the threshold, largest first (the candidate
+/// index scanned backwards).
+pub(crate) const FILL_BAND: &str = "\
+SELECT t.tx, t.output, t.amount FROM tokens AS t
+WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
+  AND t.amount < ?3
+  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
+ORDER BY t.amount DESC, t.tx DESC, t.output DESC
+LIMIT ?4";
+
+/// A further fill page: strictly before the keyset cursor (amount, tx, output).
+pub(crate) const FILL_BAND_BEFORE: &str = "\
+SELECT t.tx, t.output, t.amount FROM tokens AS t
+WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
+  AND t.amount < ?3 AND (t.amount, t.tx, t.output) < (?5, ?6, ?7)
+  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
+ORDER BY t.amount DESC, t.tx DESC, t.output DESC
+LIMIT ?4";
 
 const TOKEN_COLUMNS: &str = "tx, output, wallet, token_type, amount, spendable, spent_by, spent_at";
 
@@ -245,6 +276,73 @@ impl TokenStore for SqliteBackend {
             .await
     }
 
+    async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
+        let query = query.clone();
+        self.pool
+            .read(move |tx| {
+                let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
+                let threshold = query.threshold.to_storage();
+                let mut out = Vec::new();
+                let mut push = |r: &rusqlite::Row<'_>| -> Result<(), StoreFault> {
+                    let txid: String = r.get(0).db()?;
+                    let output: i64 = r.get(1).db()?;
+                    let amount: String = r.get(2).db()?;
+                    let row = format!("tokens row {txid}:{output}");
+                    out.push(Candidate {
+                        id: token_from_sql(&row, txid, output)?,
+                        quantity: amount_from_sql(&row, &amount)?,
+                    });
+                    Ok(())
+                };
+                if query.cover > 0 {
+                    let mut stmt = tx.prepare_cached(COVER_BAND).db()?;
+                    let mut rows = stmt
+                        .query(params![
+                            wallet,
+                            token_type,
+                            threshold,
+                            limit_to_sql(query.cover)
+                        ])
+                        .db()?;
+                    while let Some(r) = rows.next().db()? {
+                        push(r)?;
+                    }
+                }
+                let fill = limit_to_sql(query.fill);
+                match (&query.fill_before, query.fill) {
+                    (_, 0) => {}
+                    (None, _) => {
+                        let mut stmt = tx.prepare_cached(FILL_BAND).db()?;
+                        let mut rows = stmt
+                            .query(params![wallet, token_type, threshold, fill])
+                            .db()?;
+                        while let Some(r) = rows.next().db()? {
+                            push(r)?;
+                        }
+                    }
+                    (Some(cursor), _) => {
+                        let mut stmt = tx.prepare_cached(FILL_BAND_BEFORE).db()?;
+                        let mut rows = stmt
+                            .query(params![
+                                wallet,
+                                token_type,
+                                threshold,
+                                fill,
+                                cursor.quantity.to_storage(),
+                                cursor.id.tx.as_str(),
+                                cursor.id.index
+                            ])
+                            .db()?;
+                        while let Some(r) = rows.next().db()? {
+                            push(r)?;
+                        }
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
     async fn balance(
         &self,
         wallet: &WalletId,
@@ -324,10 +422,11 @@ mod tests {
             .expect("explain");
         let cursor = "00000000000000000000000000000001";
         let detail = |r: &rusqlite::Row<'_>| r.get::<_, String>(3);
-        let rows = if stmt.parameter_count() == 3 {
-            stmt.query_map(params!["w", "CHF", 10], detail)
-        } else {
-            stmt.query_map(params!["w", "CHF", 10, cursor, "tx", 0], detail)
+        let rows = match stmt.parameter_count() {
+            3 => stmt.query_map(params!["w", "CHF", 10], detail),
+            4 => stmt.query_map(params!["w", "CHF", cursor, 10], detail),
+            6 => stmt.query_map(params!["w", "CHF", 10, cursor, "tx", 0], detail),
+            _ => stmt.query_map(params!["w", "CHF", cursor, 10, cursor, "tx", 0], detail),
         };
         rows.expect("query")
             .collect::<Result<Vec<_>, _>>()
@@ -336,7 +435,13 @@ mod tests {
 
     #[test]
     fn candidate_queries_scan_the_partial_index_without_sorting() {
-        for sql in [CANDIDATES_FIRST, CANDIDATES_AFTER] {
+        for sql in [
+            CANDIDATES_FIRST,
+            CANDIDATES_AFTER,
+            COVER_BAND,
+            FILL_BAND,
+            FILL_BAND_BEFORE,
+        ] {
             let steps = plan(sql);
             let text = steps.join("\n");
             assert!(

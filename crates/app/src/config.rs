@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use holdfast_domain::{
     AdmissionConfig, LeaseConfig, PersistPolicy, Precision, QueueName, SelectionConfig,
+    SelectionPolicy,
 };
 use holdfast_ports::LockStrategy;
 use serde::Deserialize;
@@ -112,6 +113,15 @@ impl Default for Config {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SelectionSection {
+    /// `cover_first` (default: few inputs) or `smallest_first` (the upstream order).
+    #[serde(deserialize_with = "de_policy")]
+    pub policy: SelectionPolicy,
+    /// `cover_first`: candidates >= the amount read per select (default 16).
+    pub cover_band: usize,
+    /// `cover_first`: prefer a set that sums to the amount exactly (default false).
+    pub prefer_exact: bool,
+    /// `cover_first`: add up to this many of the smallest candidates (default 0).
+    pub consolidate_dust: usize,
     /// Candidates in the sufficiency window, anchor included (default 4).
     pub sufficiency_window: usize,
     /// Window members are at most this many times the anchor (default 5).
@@ -128,7 +138,7 @@ pub struct SelectionSection {
     pub retry_interval_ms: u64,
     /// Skip tokens that lost a race or were stale for the rest of a call (default true).
     pub blacklist: bool,
-    /// Scan smallest first (default true).
+    /// `smallest_first`: scan smallest first (default true).
     pub ascending: bool,
 }
 
@@ -136,6 +146,10 @@ impl Default for SelectionSection {
     fn default() -> Self {
         let d = SelectionConfig::default();
         SelectionSection {
+            policy: d.policy,
+            cover_band: d.cover_band,
+            prefer_exact: d.prefer_exact,
+            consolidate_dust: d.consolidate_dust,
             sufficiency_window: d.sufficiency_window,
             max_sufficiency_ratio: d.max_sufficiency_ratio,
             batch_window: d.batch_window,
@@ -447,6 +461,10 @@ impl Config {
     pub fn selection_config(&self) -> SelectionConfig {
         let s = &self.selection;
         SelectionConfig {
+            policy: s.policy,
+            cover_band: s.cover_band,
+            prefer_exact: s.prefer_exact,
+            consolidate_dust: s.consolidate_dust,
             sufficiency_window: s.sufficiency_window,
             max_sufficiency_ratio: s.max_sufficiency_ratio,
             batch_window: s.batch_window,
@@ -558,6 +576,11 @@ fn span_hint(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     }
 }
 
+fn de_policy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SelectionPolicy, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
 fn de_strategy<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LockStrategy, D::Error> {
     let text = String::deserialize(d)?;
     text.parse().map_err(serde::de::Error::custom)
@@ -659,6 +682,15 @@ impl EnvValue for LockStrategy {
     }
 }
 
+impl EnvValue for SelectionPolicy {
+    fn parse_env(text: &str) -> Result<Self, &'static str> {
+        text.parse().map_err(|_| "cover_first or smallest_first")
+    }
+    fn show(&self) -> String {
+        format!("`{self}`")
+    }
+}
+
 macro_rules! key {
     ($key:literal, $env:literal, |$c:ident| $field:expr, $meaning:literal) => {
         KeySpec {
@@ -713,6 +745,30 @@ pub static KEYS: &[KeySpec] = &[
         "Bits of token quantities (1 to 128); larger amounts are refused."
     ),
     key!(
+        "selection.policy",
+        "HOLDFAST_SELECTION_POLICY",
+        |c| c.selection.policy,
+        "`cover_first`: few inputs (one near-sized token, else a few of the largest smaller ones); `smallest_first`: the upstream order."
+    ),
+    key!(
+        "selection.cover_band",
+        "HOLDFAST_COVER_BAND",
+        |c| c.selection.cover_band,
+        "`cover_first`: candidates at least as large as the amount read per select, smallest first (1 to 256)."
+    ),
+    key!(
+        "selection.prefer_exact",
+        "HOLDFAST_PREFER_EXACT",
+        |c| c.selection.prefer_exact,
+        "`cover_first`: prefer a token, or a pair or triple of the largest smaller ones, that sums to the amount exactly (no change)."
+    ),
+    key!(
+        "selection.consolidate_dust",
+        "HOLDFAST_CONSOLIDATE_DUST",
+        |c| c.selection.consolidate_dust,
+        "`cover_first`: add up to this many of the smallest candidates as optional inputs (0 to 64)."
+    ),
+    key!(
         "selection.sufficiency_window",
         "HOLDFAST_SUFFICIENCY_WINDOW",
         |c| c.selection.sufficiency_window,
@@ -734,7 +790,7 @@ pub static KEYS: &[KeySpec] = &[
         "selection.page_size",
         "HOLDFAST_PAGE_SIZE",
         |c| c.selection.page_size,
-        "Candidates per fetch (1 to 10000)."
+        "Candidates per fetch; under `cover_first` the fill band, candidates smaller than the amount (1 to 10000)."
     ),
     key!(
         "selection.max_immediate_retries",
@@ -764,7 +820,7 @@ pub static KEYS: &[KeySpec] = &[
         "selection.ascending",
         "HOLDFAST_ASCENDING",
         |c| c.selection.ascending,
-        "Scan candidates smallest first (false only to measure what ordering buys)."
+        "`smallest_first`: scan candidates smallest first (false only to measure what ordering buys)."
     ),
     key!(
         "lease.lease_expiry_ms",

@@ -37,7 +37,7 @@ use holdfast_domain::{
     SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
     Timestamp, TokenId, TokenType, TxId, WalletId,
 };
-use holdfast_ports::{CandidateQuery, Clock, LockStore, Stores, TokenStore};
+use holdfast_ports::{BandQuery, CandidateQuery, Clock, LockStore, Stores, TokenStore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
@@ -342,15 +342,34 @@ impl TokenSelector {
             guard.held = selection.held();
             action = match action {
                 Action::Fetch(fetch) => {
-                    let query = CandidateQuery {
-                        wallet: request.wallet.clone(),
-                        token_type: request.token_type.clone(),
-                        after: fetch.after,
-                        limit: fetch.limit,
-                    };
                     let tokens = self.tokens.clone();
+                    let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
+                    let read = async move {
+                        match fetch.bands {
+                            Some(bands) => {
+                                let query = BandQuery {
+                                    wallet,
+                                    token_type,
+                                    threshold: bands.threshold,
+                                    cover: bands.cover,
+                                    fill: fetch.limit,
+                                    fill_before: fetch.after,
+                                };
+                                tokens.candidate_bands(&query).await
+                            }
+                            None => {
+                                let query = CandidateQuery {
+                                    wallet,
+                                    token_type,
+                                    after: fetch.after,
+                                    limit: fetch.limit,
+                                };
+                                tokens.candidates(&query).await
+                            }
+                        }
+                    };
                     let page = guard
-                        .perform(async move { tokens.candidates(&query).await.map_err(failure) })
+                        .perform(async move { read.await.map_err(failure) })
                         .await;
                     selection.on_candidates(page, rng)
                 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use holdfast::config::{Config, ConfigError, KEYS};
-use holdfast_domain::{QueueName, SelectionConfig};
+use holdfast_domain::{QueueName, SelectionConfig, SelectionPolicy};
 
 fn queue(name: &str) -> QueueName {
     QueueName::new(name).expect("queue")
@@ -28,6 +28,8 @@ fn a_file_sets_sections_and_per_queue_overrides() {
         seed = 42
         pg_lock_strategy = "skip_locked"
         [selection]
+        policy = "smallest_first"
+        prefer_exact = true
         sufficiency_window = 8
         retry_interval_ms = 250
         [lease]
@@ -43,6 +45,8 @@ fn a_file_sets_sections_and_per_queue_overrides() {
     assert_eq!(c.seed, Some(42));
     assert_eq!(c.pg_lock_strategy.as_str(), "skip_locked");
     assert_eq!(c.selection_config().sufficiency_window, 8);
+    assert_eq!(c.selection_config().policy, SelectionPolicy::SmallestFirst);
+    assert!(c.selection_config().prefer_exact);
     assert_eq!(
         c.selection_config().retry_interval,
         Duration::from_millis(250)
@@ -65,6 +69,12 @@ fn unknown_keys_are_errors_naming_the_key() {
     }
     let err = Config::from_toml_str("pg_lock_strategy = \"fast\"").expect_err("bad strategy");
     assert!(err.to_string().contains("skip_locked"), "{err}");
+    let err = Config::from_toml_str("[selection]\npolicy = \"largest\"").expect_err("bad policy");
+    assert!(
+        err.to_string()
+            .contains("expected cover_first or smallest_first"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -145,7 +155,8 @@ fn every_key_is_settable_from_its_environment_variable() {
     let samples = |env: &str| match env {
         "HOLDFAST_DB" => "sqlite::memory:",
         "HOLDFAST_PG_LOCK_STRATEGY" => "on_conflict",
-        "HOLDFAST_BLACKLIST" | "HOLDFAST_ASCENDING" => "true",
+        "HOLDFAST_SELECTION_POLICY" => "smallest_first",
+        "HOLDFAST_BLACKLIST" | "HOLDFAST_ASCENDING" | "HOLDFAST_PREFER_EXACT" => "true",
         _ => "3",
     };
     for k in KEYS {

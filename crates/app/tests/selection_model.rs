@@ -30,8 +30,8 @@ use holdfast_domain::{
     SettlementStatus, SweepRule, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    CandidateQuery, Clock, LockInfo, LockStore, LockStoreError, NewToken, Stores, SweepReport,
-    TokenStore, TokenStoreError,
+    BandQuery, CandidateQuery, Clock, LockInfo, LockStore, LockStoreError, NewToken, Stores,
+    SweepReport, TokenStore, TokenStoreError,
 };
 use proptest::prelude::*;
 use tokio::sync::Notify;
@@ -106,6 +106,10 @@ impl TokenStore for InFlight {
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError> {
         let (s, q) = (self.tokens.clone(), query.clone());
         self.track(async move { s.candidates(&q).await }).await
+    }
+    async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
+        let (s, q) = (self.tokens.clone(), query.clone());
+        self.track(async move { s.candidate_bands(&q).await }).await
     }
     async fn balance(&self, w: &WalletId, t: &TokenType) -> Result<Quantity, TokenStoreError> {
         let (s, w, t) = (self.tokens.clone(), w.clone(), t.clone());

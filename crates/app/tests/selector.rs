@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use common::{TokioClock, cand, q, stores, tok, tx};
 use holdfast::{SelectError, TokenSelector, metrics as hm};
 use holdfast_domain::{
-    ClaimVerdict, SelectionConfig, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus,
-    WalletId,
+    ClaimVerdict, SelectionConfig, SelectionPolicy, SweepRule, Timestamp, TokenId, TokenType, TxId,
+    TxStatus, WalletId,
 };
 use holdfast_ports::{
     LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore,
@@ -32,12 +32,22 @@ fn chf() -> TokenType {
     TokenType::new("CHF").expect("type")
 }
 
+/// The mocked token stores below answer ascending candidate pages, which
+/// `smallest_first` reads; the selector's mechanics do not depend on the policy
+/// (`cover_first` reads bands: `round_trips.rs` and the SQLite tests).
+fn smallest_first() -> SelectionConfig {
+    SelectionConfig {
+        policy: SelectionPolicy::SmallestFirst,
+        ..SelectionConfig::default()
+    }
+}
+
 fn config(legs: u32, immediate: u32) -> SelectionConfig {
     SelectionConfig {
         max_retries: legs,
         max_immediate_retries: immediate,
         retry_interval: Duration::from_secs(5),
-        ..SelectionConfig::default()
+        ..smallest_first()
     }
 }
 
@@ -586,7 +596,7 @@ async fn a_zero_amount_is_an_input_error_before_any_io() {
     assert!(matches!(result, Err(SelectError::Input(_))), "{result:?}");
     let bad = SelectionConfig {
         sufficiency_window: 0,
-        ..SelectionConfig::default()
+        ..smallest_first()
     };
     let err = TokenSelector::new(
         stores(

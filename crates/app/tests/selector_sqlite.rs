@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use holdfast::{SelectError, SystemClock, TokenSelector};
 use holdfast_adapters_sqlite::SqliteBackend;
-use holdfast_domain::{Precision, Quantity, SelectionConfig, TokenId, TokenType, TxId, WalletId};
+use holdfast_domain::{
+    Precision, Quantity, SelectionConfig, SelectionPolicy, TokenId, TokenType, TxId, WalletId,
+};
 use holdfast_ports::NewToken;
 
 fn q(v: u128) -> Quantity {
@@ -41,13 +43,14 @@ async fn a_failed_select_keeps_the_locks_of_an_earlier_select_of_the_same_tx() {
         })
         .collect();
     stores.tokens.add_tokens(&funding).await.expect("funded");
-    let selector = TokenSelector::new(
-        stores.clone(),
-        Arc::new(SystemClock),
-        SelectionConfig::default(),
-        Some(1),
-    )
-    .expect("config");
+    // The upstream order, which claims what it reads before it knows it is short
+    // (`cover_first` claims nothing here: the read shows the 14 cannot cover 15).
+    let config = SelectionConfig {
+        policy: SelectionPolicy::SmallestFirst,
+        ..SelectionConfig::default()
+    };
+    let selector =
+        TokenSelector::new(stores.clone(), Arc::new(SystemClock), config, Some(1)).expect("config");
 
     let first = selector
         .select(&wallet(), &chf(), q(3), &tx("t1"))

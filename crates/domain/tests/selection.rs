@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionError, SelectionFailure,
-    SelectionPolicy,
-    StoreFailure, TokenId,
+    SelectionPolicy, StoreFailure, TokenId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

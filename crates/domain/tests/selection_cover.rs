@@ -30,7 +30,10 @@ fn amounts(wallet: &Wallet, picked: &[holdfast_domain::TokenId]) -> Vec<u128> {
 
 #[test]
 fn cover_first_is_the_default() {
-    assert_eq!(SelectionConfig::default().policy, SelectionPolicy::CoverFirst);
+    assert_eq!(
+        SelectionConfig::default().policy,
+        SelectionPolicy::CoverFirst
+    );
 }
 
 #[test]
@@ -39,7 +42,10 @@ fn one_covering_token_is_one_input_in_two_round_trips() {
     let wallet = Wallet::of(&[1, 1, 1, 50]);
     let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
     assert_eq!(amounts(&wallet, &r.picked()), [50], "{}", r.trace);
-    assert_eq!((r.stats.fetches, r.stats.claims, r.stats.round_trips()), (1, 1, 2));
+    assert_eq!(
+        (r.stats.fetches, r.stats.claims, r.stats.round_trips()),
+        (1, 1, 2)
+    );
 
     let mut dust = vec![1u128; 300];
     dust.push(1000);
@@ -102,7 +108,11 @@ fn a_read_used_up_by_losses_is_read_again() {
     let r = run(wallet.clone(), 10, SelectionConfig::default(), 2);
     assert_eq!(amounts(&wallet, &r.picked()), [50], "{}", r.trace);
     assert_eq!(r.stats.conflicts, 1);
-    assert_eq!(r.stats.fetches, 2, "read again once the read is used up:\n{}", r.trace);
+    assert_eq!(
+        r.stats.fetches, 2,
+        "read again once the read is used up:\n{}",
+        r.trace
+    );
 }
 
 #[test]

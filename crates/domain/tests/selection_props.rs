@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionFailure, SelectionPolicy,
-    StoreFailure,
-    TokenId,
+    StoreFailure, TokenId,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -253,18 +252,18 @@ fn small_config() -> impl Strategy<Value = SelectionConfig> {
         prop::sample::select(SelectionPolicy::ALL.to_vec()),
     )
         .prop_map(
-        |(batch_window, page_size, max_immediate_retries, max_retries, blacklist, policy)| {
-            SelectionConfig {
-                policy,
-                batch_window,
-                page_size,
-                max_immediate_retries,
-                max_retries,
-                blacklist,
-                ..SelectionConfig::default()
-            }
-        },
-    )
+            |(batch_window, page_size, max_immediate_retries, max_retries, blacklist, policy)| {
+                SelectionConfig {
+                    policy,
+                    batch_window,
+                    page_size,
+                    max_immediate_retries,
+                    max_retries,
+                    blacklist,
+                    ..SelectionConfig::default()
+                }
+            },
+        )
 }
 
 proptest! {

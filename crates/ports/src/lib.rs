@@ -29,7 +29,7 @@ pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport, che
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};
 pub use strategy::{LockStrategy, UnknownStrategy};
-pub use tokens::{CandidateQuery, MockTokenStore, NewToken, TokenStore};
+pub use tokens::{BandQuery, CandidateQuery, MockTokenStore, NewToken, TokenStore};
 
 /// One backend's ports, as the app wires them. An adapter returns one of these
 /// from its open/connect function; every field may point at the same object.

@@ -34,6 +34,28 @@ pub struct CandidateQuery {
     pub limit: usize,
 }
 
+/// A `cover_first` read, in one round trip through the candidate index (both
+/// bands exclude locked, spent and non-spendable tokens, as candidates do):
+/// the cover band, up to `cover` candidates with amount >= `threshold` in ascending
+/// `(quantity, tx, index)` order, followed by the fill band, up to `fill`
+/// candidates with amount < `threshold` in descending order, strictly before
+/// `fill_before` when it is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BandQuery {
+    /// The wallet.
+    pub wallet: WalletId,
+    /// The token type.
+    pub token_type: TokenType,
+    /// The amount still to cover: where the bands meet.
+    pub threshold: Quantity,
+    /// At most this many cover candidates (0: none, on a further fill page).
+    pub cover: usize,
+    /// At most this many fill candidates.
+    pub fill: usize,
+    /// Keyset cursor of a further fill page: the smallest fill candidate so far.
+    pub fill_before: Option<Candidate>,
+}
+
 /// Tokens, candidates and balances.
 #[mockall::automock]
 #[async_trait]
@@ -57,6 +79,10 @@ pub trait TokenStore: Send + Sync {
     /// (anti-join); the page is read through the candidate index, never by loading
     /// the whole wallet.
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError>;
+
+    /// The cover and fill bands of a `cover_first` read (see [`BandQuery`]): the
+    /// cover band first, ascending, then the fill band, descending.
+    async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError>;
 
     /// The sum of spendable, unspent tokens of the wallet and type, locks ignored.
     async fn balance(

@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
-use holdfast_ports::{CandidateQuery, NewToken, TokenStore, TokenStoreError};
+use holdfast_ports::{BandQuery, CandidateQuery, NewToken, TokenStore, TokenStoreError};
 
-/// Forwards everything to the inner store except [`TokenStore::candidates`], which
-/// returns spendable unspent tokens whether locked or not, in the same ascending
-/// `(quantity, tx, index)` keyset order.
+/// Forwards everything to the inner store except the candidate reads, which
+/// return spendable unspent tokens whether locked or not, in the same orders.
 pub struct LockBlindTokens {
     inner: Arc<dyn TokenStore>,
 }
@@ -84,6 +83,41 @@ impl TokenStore for LockBlindTokens {
             }
             want = want.saturating_mul(2);
         }
+    }
+
+    /// The bands over the whole wallet as [`TokenStore::list_tokens`] reads it
+    /// (locks ignored), split and ordered in memory.
+    async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
+        let all: Vec<Candidate> = self
+            .inner
+            .list_tokens(&query.wallet, Some(query.token_type.clone()), usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|t| t.spendable && t.spent_by.is_none())
+            .map(|t| Candidate {
+                id: t.id,
+                quantity: t.quantity,
+            })
+            .collect();
+        let mut cover: Vec<Candidate> = if query.fill_before.is_some() {
+            Vec::new()
+        } else {
+            all.iter()
+                .filter(|c| c.quantity >= query.threshold)
+                .cloned()
+                .collect()
+        };
+        cover.sort_by(|a, b| key(a).cmp(&key(b)));
+        cover.truncate(query.cover);
+        let mut fill: Vec<Candidate> = all
+            .into_iter()
+            .filter(|c| c.quantity < query.threshold)
+            .filter(|c| query.fill_before.as_ref().is_none_or(|b| key(c) < key(b)))
+            .collect();
+        fill.sort_by(|a, b| key(b).cmp(&key(a)));
+        fill.truncate(query.fill);
+        cover.append(&mut fill);
+        Ok(cover)
     }
 
     async fn balance(

@@ -51,7 +51,9 @@ use holdfast::config::Config;
 pub enum Ablation {
     /// Candidates include locked tokens (no `NOT EXISTS (lock)`).
     AntiJoin,
-    /// Candidates in random order instead of smallest first (`ascending = false`).
+    /// The upstream order instead of `cover_first` (`policy = smallest_first`).
+    SmallestFirst,
+    /// Candidates in random order: `smallest_first` with `ascending = false`.
     Order,
     /// No sufficiency window (`sufficiency_window = 1`).
     Window,
@@ -69,6 +71,7 @@ impl Ablation {
     pub fn as_str(self) -> &'static str {
         match self {
             Ablation::AntiJoin => "anti-join",
+            Ablation::SmallestFirst => "smallest-first",
             Ablation::Order => "order",
             Ablation::Window => "window",
             Ablation::Blacklist => "blacklist",

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use holdfast_domain::{
-    LeaseConfig, Quantity, SelectRequest, SelectionConfig, SettlementStatus, Timestamp, TokenId,
-    TokenType, TxId, TxStatus, WalletId,
+    LeaseConfig, Quantity, SelectRequest, SelectionConfig, SelectionPolicy, SettlementStatus,
+    Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{Clock, LockStore, NewToken, Stores, TokenStore};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -415,7 +415,11 @@ pub fn selection_for(strategy: Strategy, base: &SelectionConfig) -> SelectionCon
     if let Strategy::Ablated(ablation) = strategy {
         match ablation {
             Ablation::Blacklist => config.blacklist = false,
-            Ablation::Order => config.ascending = false,
+            Ablation::SmallestFirst => config.policy = SelectionPolicy::SmallestFirst,
+            Ablation::Order => {
+                config.policy = SelectionPolicy::SmallestFirst;
+                config.ascending = false;
+            }
             Ablation::Window => config.sufficiency_window = 1,
             Ablation::Batch => config.batch_window = 1,
             Ablation::AntiJoin | Ablation::SettleRelease => {}

@@ -39,7 +39,8 @@ pub enum SelectionPolicy {
 
 impl SelectionPolicy {
     /// Every policy, default first.
-    pub const ALL: [SelectionPolicy; 2] = [SelectionPolicy::CoverFirst, SelectionPolicy::SmallestFirst];
+    pub const ALL: [SelectionPolicy; 2] =
+        [SelectionPolicy::CoverFirst, SelectionPolicy::SmallestFirst];
 
     /// The name used in configuration (`cover_first`, `smallest_first`).
     pub fn as_str(self) -> &'static str {
@@ -239,7 +240,10 @@ mod tests {
             assert_eq!(policy.as_str().parse(), Ok(policy));
         }
         let err = "largest_first".parse::<SelectionPolicy>().unwrap_err();
-        assert!(err.to_string().contains("expected cover_first or smallest_first"));
+        assert!(
+            err.to_string()
+                .contains("expected cover_first or smallest_first")
+        );
     }
 
     #[test]

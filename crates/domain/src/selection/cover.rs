@@ -325,10 +325,16 @@ mod tests {
     fn one_near_sized_token_covers_alone() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let c = qs(&[1, 1, 1, 50]);
-        assert_eq!(claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)), [50]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)),
+            [50]
+        );
         let mut c = qs(&[1; 300]);
         c.push(q(1000));
-        assert_eq!(claimed(&c, plan(&c, q(1000), u128::MAX, false, LIMITS, &mut rng)), [1000]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(1000), u128::MAX, false, LIMITS, &mut rng)),
+            [1000]
+        );
     }
 
     #[test]
@@ -337,7 +343,10 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for seed in 0..64 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            seen.extend(claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)));
+            seen.extend(claimed(
+                &c,
+                plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng),
+            ));
         }
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), [10, 11, 12, 13]);
     }
@@ -358,10 +367,19 @@ mod tests {
     fn the_anchor_is_used_when_the_fill_cannot_cover() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let c = qs(&[1, 2, 1000]);
-        assert_eq!(claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)), [1000]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)),
+            [1000]
+        );
         let c = qs(&[1, 2]);
-        assert_eq!(plan(&c, q(10), u128::MAX, true, LIMITS, &mut rng), CoverPlan::MoreFill);
-        assert_eq!(plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng), CoverPlan::Nothing);
+        assert_eq!(
+            plan(&c, q(10), u128::MAX, true, LIMITS, &mut rng),
+            CoverPlan::MoreFill
+        );
+        assert_eq!(
+            plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng),
+            CoverPlan::Nothing
+        );
     }
 
     #[test]
@@ -374,7 +392,10 @@ mod tests {
             let got = claimed(&c, plan(&c, q(15), u128::MAX, false, LIMITS, &mut rng));
             let total: u128 = got.iter().sum();
             assert!(total >= 15, "{got:?}");
-            assert!(got.iter().all(|v| total - v < 15), "{got:?} keeps an input it does not need");
+            assert!(
+                got.iter().all(|v| total - v < 15),
+                "{got:?} keeps an input it does not need"
+            );
         }
     }
 
@@ -386,12 +407,24 @@ mod tests {
         };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let c = qs(&[5, 12, 20, 21]);
-        assert_eq!(claimed(&c, plan(&c, q(20), u128::MAX, false, exact, &mut rng)), [20]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(20), u128::MAX, false, exact, &mut rng)),
+            [20]
+        );
         let c = qs(&[3, 5, 9, 11, 40]);
-        assert_eq!(claimed(&c, plan(&c, q(16), u128::MAX, false, exact, &mut rng)), [5, 11]);
-        assert_eq!(claimed(&c, plan(&c, q(17), u128::MAX, false, exact, &mut rng)), [3, 5, 9]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(16), u128::MAX, false, exact, &mut rng)),
+            [5, 11]
+        );
+        assert_eq!(
+            claimed(&c, plan(&c, q(17), u128::MAX, false, exact, &mut rng)),
+            [3, 5, 9]
+        );
         // Without it, the near-sized cover token.
-        assert_eq!(claimed(&c, plan(&c, q(16), u128::MAX, false, LIMITS, &mut rng)), [40]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(16), u128::MAX, false, LIMITS, &mut rng)),
+            [40]
+        );
     }
 
     #[test]
@@ -402,7 +435,10 @@ mod tests {
         };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let c = qs(&[1, 1, 2, 3, 50]);
-        assert_eq!(claimed(&c, plan(&c, q(40), u128::MAX, false, dust, &mut rng)), [1, 1, 50]);
+        assert_eq!(
+            claimed(&c, plan(&c, q(40), u128::MAX, false, dust, &mut rng)),
+            [1, 1, 50]
+        );
     }
 
     #[test]
@@ -412,6 +448,9 @@ mod tests {
         let got = claimed(&c, plan(&c, q(290), u128::MAX, false, LIMITS, &mut rng));
         assert_eq!(got.len(), 256);
         let c = qs(&[100]);
-        assert_eq!(plan(&c, q(10), 50, false, LIMITS, &mut rng), CoverPlan::Nothing);
+        assert_eq!(
+            plan(&c, q(10), 50, false, LIMITS, &mut rng),
+            CoverPlan::Nothing
+        );
     }
 }

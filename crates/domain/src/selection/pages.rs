@@ -135,9 +135,10 @@ impl Scan {
         if cover_limit > 0 {
             self.more_cover = cover.len() >= cover_limit;
         }
-        if let Some(smallest) = fill.iter().min_by(|a, b| {
-            (a.quantity, &a.id).cmp(&(b.quantity, &b.id))
-        }) {
+        if let Some(smallest) = fill
+            .iter()
+            .min_by(|a, b| (a.quantity, &a.id).cmp(&(b.quantity, &b.id)))
+        {
             self.cursor = Some(smallest.clone());
         }
         let full = fill.len() >= fill_limit;

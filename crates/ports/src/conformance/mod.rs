@@ -101,6 +101,7 @@ macro_rules! conformance_tests {
             tokens::candidates_ascending_excluding_locked_spent_unspendable,
             tokens::candidates_equal_amounts_compare_exactly,
             tokens::candidates_keyset_paging_is_exact,
+            tokens::candidate_bands_split_at_the_threshold,
             tokens::amounts_beyond_u64_round_trip_and_order,
             tokens::balance_ignores_locks_excludes_spent_and_unspendable,
             tokens::list_tokens_filters_orders_and_limits,

@@ -4,7 +4,7 @@ use holdfast_domain::{Quantity, TokenId};
 
 use super::TestDatabase;
 use super::support::{T0, add, all_candidates, amount, chf, ids, token_id, token_type, tx, wallet};
-use crate::{CandidateQuery, NewToken, TokenStoreError};
+use crate::{BandQuery, CandidateQuery, NewToken, TokenStoreError};
 
 /// Adding the same tokens twice adds them once; the stored token is exact.
 pub async fn add_tokens_is_idempotent(db: &dyn TestDatabase) {
@@ -177,6 +177,99 @@ pub async fn candidates_ascending_excluding_locked_spent_unspendable(db: &dyn Te
     assert!(
         again.contains(&token_id("locked", 0)),
         "a released token is a candidate again"
+    );
+}
+
+/// A band read: the cover band (amount >= threshold, ascending, at most `cover`),
+/// then the fill band (amount < threshold, descending, at most `fill`), both
+/// without locked, spent or non-spendable tokens; further fill pages continue
+/// strictly before the cursor and return every smaller candidate exactly once.
+pub async fn candidate_bands_split_at_the_threshold(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let mut batch: Vec<NewToken> = [(0, 5), (1, 10), (2, 10), (3, 12), (4, 30), (5, 9)]
+        .into_iter()
+        .map(|(i, v)| chf("w", "a", i, v))
+        .collect();
+    for i in 0..7u32 {
+        // Small amounts with a run of equal ones: 1, 2, 2, 2, 3, 4, 4.
+        batch.push(chf(
+            "w",
+            &format!("s{i}"),
+            0,
+            [1, 2, 2, 2, 3, 4, 4][i as usize],
+        ));
+    }
+    batch.push(chf("w", "locked", 0, 11));
+    batch.push(chf("w", "off", 0, 8));
+    batch.push(chf("other", "o", 0, 10));
+    add(&s, &batch).await;
+    assert_eq!(
+        s.locks
+            .claim(&tx("holder"), &token_id("locked", 0), T0)
+            .await,
+        Ok(holdfast_domain::ClaimVerdict::Won)
+    );
+    s.tokens
+        .set_spendable(&token_id("off", 0), false)
+        .await
+        .expect("set_spendable");
+    let query = |cover: usize, fill: usize, fill_before| BandQuery {
+        wallet: wallet("w"),
+        token_type: token_type("CHF"),
+        threshold: amount(10),
+        cover,
+        fill,
+        fill_before,
+    };
+    let read = |q: BandQuery| {
+        let tokens = s.tokens.clone();
+        async move {
+            tokens
+                .candidate_bands(&q)
+                .await
+                .unwrap_or_else(|e| panic!("conformance: candidate_bands failed: {e}"))
+        }
+    };
+    let got = read(query(3, 2, None)).await;
+    let amounts: Vec<u128> = got.iter().map(|c| c.quantity.value()).collect();
+    assert_eq!(
+        amounts,
+        [10, 10, 12, 9, 5],
+        "cover band ascending (3 of 4), then fill band descending (2), no locked or unspendable"
+    );
+    assert_eq!(
+        ids(&got)[..2],
+        [token_id("a", 1), token_id("a", 2)],
+        "equal amounts in id order"
+    );
+    // Page the fill band to its end, two at a time.
+    let mut fill: Vec<holdfast_domain::Candidate> = got[3..].to_vec();
+    loop {
+        let page = read(query(0, 2, fill.last().cloned())).await;
+        assert!(page.iter().all(|c| c.quantity < amount(10)), "{page:?}");
+        let done = page.len() < 2;
+        fill.extend(page);
+        if done {
+            break;
+        }
+    }
+    let amounts: Vec<u128> = fill.iter().map(|c| c.quantity.value()).collect();
+    assert_eq!(
+        amounts,
+        [9, 5, 4, 4, 3, 2, 2, 2, 1],
+        "every fill candidate once"
+    );
+    for pair in fill.windows(2) {
+        let key = |c: &holdfast_domain::Candidate| (c.quantity, c.id.clone());
+        assert!(
+            key(&pair[0]) > key(&pair[1]),
+            "strictly descending: {pair:?}"
+        );
+    }
+    assert_eq!(
+        read(query(0, 0, None)).await,
+        Vec::new(),
+        "nothing asked, nothing read"
     );
 }
 

@@ -101,6 +101,11 @@ async fn hot_lineage_keeps_the_invariants_and_holdfast_never_fails_spuriously() 
     assert_eq!(holdfast.spurious_failures, 0);
     assert_eq!(holdfast.succeeded, 60);
     assert_eq!(holdfast.insufficient_funds, 0);
+    // Each request of 1 takes one token whatever the order; the 56 and its change
+    // lineage (56, 55, ..., 2) leave change, the four 1s and the lineage's last 1
+    // do not: 55 of 60.
+    assert_eq!(holdfast.inputs_per_select, 1.0);
+    assert_eq!(holdfast.change_share, 0.917);
     // The run's fresh databases are gone: nothing but what the test made is left.
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("read dir")
@@ -301,6 +306,8 @@ fn the_command_prints_the_documented_json_and_writes_the_report() {
             "top_1pct_conflict_share",
             "distinct_tokens_attempted",
             "round_trips_per_select",
+            "inputs_per_select",
+            "change_share",
             "peak_memory_bytes",
             "locks_left",
         ] {

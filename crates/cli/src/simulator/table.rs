@@ -48,6 +48,8 @@ fn figure_rows() -> Vec<(&'static str, Getter)> {
             Some(to_f64(f.distinct_tokens_attempted))
         }),
         ("round trips/select", |f| Some(f.round_trips_per_select)),
+        ("inputs/select", |f| Some(f.inputs_per_select)),
+        ("change share", |f| Some(f.change_share)),
         ("latency p50 ms", |f| Some(f.latency_ms.p50)),
         ("latency p95 ms", |f| Some(f.latency_ms.p95)),
         ("latency p99 ms", |f| Some(f.latency_ms.p99)),

@@ -323,6 +323,18 @@ fn the_command_prints_the_documented_json_and_writes_the_report() {
     let page = std::fs::read_to_string(&html).expect("report written");
     assert!(page.starts_with("<!DOCTYPE html>"));
     assert_eq!(page.matches("<svg").count(), 3, "three charts");
+    // The figures are an HTML table, one row per figure of the text table.
+    assert_eq!(page.matches("<table").count(), 1, "{page}");
+    assert!(
+        !page.contains("<pre"),
+        "the figures are not preformatted text"
+    );
+    for figure in ["selects/s", "inputs/select", "change share"] {
+        assert!(
+            page.contains(&format!("<th scope=\"row\">{figure}</th>")),
+            "row {figure} missing"
+        );
+    }
     assert!(
         !page.contains("http://") || !page.contains("src="),
         "no external assets"

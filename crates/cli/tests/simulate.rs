@@ -6,8 +6,8 @@
 use assert_cmd::Command;
 use holdfast::Config;
 use holdfast_cli::simulator::{
-    self, SimOptions, SimulationReport, Strategy, StrategyEntry, StrategyFigures, Workload,
-    WorkloadError,
+    self, RequestMode, SimOptions, SimulationReport, Strategy, StrategyEntry, StrategyFigures,
+    Workload, WorkloadError,
 };
 
 fn options(workload: Workload, dir: &tempfile::TempDir) -> SimOptions {
@@ -165,6 +165,53 @@ async fn unlocked_requests_leave_no_locks_for_holdfast_and_the_ablation_keeps_th
         ablated.locks_left > 0,
         "without settlement release the last holders' locks wait for the lease"
     );
+}
+
+/// `many-wallets` cut down to 8 wallets of 50 tokens and 8 requests each, every
+/// request unlocked: nothing is spent, so no change is minted and the wallets
+/// keep only their seeded tokens.
+fn few_wallets_unlocked() -> Workload {
+    let mut w = Workload::preset("many-wallets").expect("preset");
+    w.tokens.truncate(8);
+    w.requests.truncate(8);
+    for block in &mut w.tokens {
+        block.count = 50;
+    }
+    for block in &mut w.requests {
+        block.count = 8;
+        block.mode = RequestMode::Unlock;
+    }
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_seeded_token_covers_each_many_wallets_request_for_both_strategies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = simulator::simulate(options(few_wallets_unlocked(), &dir))
+        .await
+        .expect("simulation runs");
+    assert_eq!(tokens(&report).len(), 2);
+    for f in tokens(&report) {
+        assert_eq!(f.succeeded, 64, "{}", f.strategy);
+        assert_eq!(f.invariant_violations, 0, "{}", f.strategy);
+        // Every request (1..100) is covered by any one token (100..1000), and
+        // almost always with change (none only when both are exactly 100).
+        assert_eq!(f.inputs_per_select, 1.0, "{}", f.strategy);
+        assert!(f.change_share > 0.9, "{}: {}", f.strategy, f.change_share);
+    }
+}
+
+#[test]
+fn the_many_wallets_unlock_file_is_the_preset_unlocked() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench/workloads/many-wallets-unlock.toml");
+    let file = Workload::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let mut preset = Workload::preset("many-wallets").expect("preset");
+    preset.name = "many-wallets-unlock".to_owned();
+    for block in &mut preset.requests {
+        block.mode = RequestMode::Unlock;
+    }
+    assert_eq!(file, preset);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

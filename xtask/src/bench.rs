@@ -35,13 +35,15 @@ const WALLETS: &[u64] = &[1_000, 10_000, 100_000, 1_000_000];
 /// The seed of every run.
 const SEED: &str = "42";
 
-fn root() -> PathBuf {
+/// The workspace root.
+pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` under `root`).
+pub fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 

@@ -1,8 +1,9 @@
-//! `cargo xtask bench`: the simulator's presets on SQLite and PostgreSQL, the
-//! physical limit of the lock statements, and select latency and peak memory as
-//! the wallet grows from 1k to 1M tokens. Builds `holdfast` in release once, runs
-//! `holdfast simulate --json` for every measurement, writes `bench/results.json`
-//! and prints a markdown table. Numbers are reported, never asserted.
+//! `cargo xtask bench`: the simulator's presets and the workload files named in
+//! [`WORKLOAD_FILES`] on SQLite and PostgreSQL, the physical limit of the lock
+//! statements, and select latency and peak memory as the wallet grows from 1k to
+//! 1M tokens. Builds `holdfast` in release once, runs `holdfast simulate --json`
+//! for every measurement, writes `bench/results.json` and prints a markdown
+//! table. Numbers are reported, never asserted.
 //!
 //! Options: `--quick` stops the scaling series at 100k tokens; `--sqlite-only`
 //! skips PostgreSQL. PostgreSQL is `DATABASE_URL`, or a throwaway cluster as for
@@ -18,19 +19,31 @@ use serde_json::{Value, json};
 use crate::{Error, postgres, process};
 
 /// The presets, in report order.
-const PRESETS: &[&str] = &["hot-lineage", "pareto", "dust", "big-wallet", "admission"];
+const PRESETS: &[&str] = &[
+    "many-wallets",
+    "hot-lineage",
+    "pareto",
+    "dust",
+    "big-wallet",
+    "admission",
+];
+/// Workload files of `bench/workloads/` run after the presets, in report order.
+/// (The `*-defaults` files are run by hand: their 5 s backoff takes minutes.)
+const WORKLOAD_FILES: &[&str] = &["many-wallets-unlock"];
 /// Wallet sizes of the scaling series.
 const WALLETS: &[u64] = &[1_000, 10_000, 100_000, 1_000_000];
 /// The seed of every run.
 const SEED: &str = "42";
 
-fn root() -> PathBuf {
+/// The workspace root.
+pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` under `root`).
+pub fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
 }
 
@@ -166,6 +179,20 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             let report = json_of(&mut simulate(db, &extra))?;
             presets.push(json!({ "backend": backend, "preset": preset, "report": report }));
         }
+        for name in WORKLOAD_FILES {
+            let file = root
+                .join("bench")
+                .join("workloads")
+                .join(format!("{name}.toml"));
+            let file_arg = file.display().to_string();
+            let report = json_of(&mut simulate(db, &["--workload", &file_arg, "--raw-limit"]))?;
+            presets.push(json!({
+                "backend": backend,
+                "preset": name,
+                "file": format!("bench/workloads/{name}.toml"),
+                "report": report,
+            }));
+        }
     }
 
     let mut scaling = Vec::new();
@@ -207,6 +234,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         "commands": [
             "cargo xtask bench",
             format!("holdfast simulate --workload <preset> --seed {SEED} --json --raw-limit [--db postgres://...]"),
+            format!("holdfast simulate --workload bench/workloads/<file>.toml --seed {SEED} --json --raw-limit [--db postgres://...]"),
             format!("holdfast simulate --workload wallet-<n>.toml --strategy holdfast --seed {SEED} --json"),
         ],
         "seconds": started.elapsed().as_secs(),
@@ -280,8 +308,8 @@ pub fn markdown(results: &Value) -> String {
         results["commit"].as_str().unwrap_or("?"),
         results["seconds"],
     );
-    out.push_str("| backend | preset | strategy | selects/s | spurious | insufficient | lock attempts/select | conflicts/select | hottest share | top 1% share | round trips/select | p50 ms | p99 ms | peak MiB | locks left | % of raw limit |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| backend | workload | strategy | selects/s | spurious | insufficient | lock attempts/select | conflicts/select | hottest share | top 1% share | round trips/select | inputs/select | change share | p50 ms | p99 ms | peak MiB | locks left | % of raw limit |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let empty = Vec::new();
     for entry in results["presets"].as_array().unwrap_or(&empty) {
         let report = &entry["report"];
@@ -298,7 +326,7 @@ pub fn markdown(results: &Value) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 entry["backend"].as_str().unwrap_or("?"),
                 entry["preset"].as_str().unwrap_or("?"),
                 s["strategy"].as_str().unwrap_or("?"),
@@ -310,6 +338,8 @@ pub fn markdown(results: &Value) -> String {
                 num(&s["hottest_token_conflict_share"]),
                 num(&s["top_1pct_conflict_share"]),
                 num(&s["round_trips_per_select"]),
+                num(&s["inputs_per_select"]),
+                num(&s["change_share"]),
                 num(&s["latency_ms"]["p50"]),
                 num(&s["latency_ms"]["p99"]),
                 mib(&s["peak_memory_bytes"]),
@@ -351,4 +381,42 @@ pub fn markdown(results: &Value) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_markdown_row_of_a_workload_file_carries_inputs_and_change() {
+        let results = json!({
+            "presets": [{
+                "backend": "sqlite",
+                "preset": "many-wallets-unlock",
+                "file": "bench/workloads/many-wallets-unlock.toml",
+                "report": {
+                    "strategies": [{"strategy": "holdfast", "inputs_per_select": 1.405, "change_share": 0.998}],
+                    "raw_limit": {"holdfast_fraction": 0.5},
+                },
+            }],
+        });
+        let md = markdown(&results);
+        let row = md
+            .lines()
+            .find(|l| l.contains("many-wallets-unlock"))
+            .unwrap_or_else(|| panic!("no row in {md}"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let header: Vec<&str> = md
+            .lines()
+            .find(|l| l.starts_with("| backend | workload |"))
+            .unwrap_or_default()
+            .split('|')
+            .map(str::trim)
+            .collect();
+        assert_eq!(cells.len(), header.len(), "{row}");
+        let at = |name: &str| header.iter().position(|h| *h == name).map(|i| cells[i]);
+        assert_eq!(at("inputs/select"), Some("1.41"));
+        assert_eq!(at("change share"), Some("1.00"));
+        assert_eq!(at("% of raw limit"), Some("50%"));
+    }
 }

@@ -1,12 +1,13 @@
 //! `cargo xtask ci`: what `.ci/run` runs, in order — formatting, clippy with
 //! warnings denied (the workspace, then the library with each backend feature
 //! alone), `cargo doc` with warnings denied, the whole test suite (see [`crate::testing`]; it includes the
-//! fuzz targets' proptest fallback), the tidy checks (see [`crate::tidy`]). The
+//! fuzz targets' proptest fallback), the HTML report rendered in headless
+//! Chromium (see [`crate::browser`]), the tidy checks (see [`crate::tidy`]). The
 //! first failing step stops the run.
 
 use std::time::Instant;
 
-use crate::{Error, process, testing, tidy};
+use crate::{Error, browser, process, testing, tidy};
 
 /// The `ci` task.
 pub fn run(args: &[String]) -> Result<(), Error> {
@@ -59,6 +60,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         )
     })?;
     let summary = step("test", || testing::suite(&[]))?;
+    step("browser", || browser::run(&[]))?;
     step("tidy", tidy::run)?;
     eprintln!(
         "xtask ci: all steps passed in {:.0}s",

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The first argument named no task.
-    #[error("unknown task {0:?}; expected one of: ci, test, fuzz, help")]
+    #[error("unknown task {0:?}; expected one of: ci, test, fuzz, demo, bench, browser, help")]
     UnknownTask(String),
     /// A task got an argument it does not take.
     #[error("task {task} takes no argument {arg:?}")]
@@ -53,6 +53,9 @@ pub enum Error {
     /// PostgreSQL is needed (CI=true) but no server could be provided.
     #[error("no PostgreSQL: {0}")]
     NoPostgres(String),
+    /// Chromium is needed (CI=true) but could not be provided.
+    #[error("no Chromium: {0}")]
+    NoBrowser(String),
     /// The throwaway PostgreSQL cluster did not come up.
     #[error("throwaway PostgreSQL cluster failed: {0}")]
     Cluster(String),

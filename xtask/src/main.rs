@@ -9,6 +9,7 @@
 //! [`process::run`] so they are echoed and their failures become [`Error`]s.
 
 mod bench;
+mod browser;
 mod ci;
 mod demo;
 mod error;
@@ -44,6 +45,10 @@ const TASKS: &[(&str, &str)] = &[
         "bench [--quick] [--sqlite-only]",
         "simulator presets on SQLite and PostgreSQL, raw lock limit, wallet scaling -> bench/results.json",
     ),
+    (
+        "browser [--screenshot FILE.png]",
+        "the simulator's HTML report rendered in headless Chromium: charts and figures table present",
+    ),
     ("help", "this list"),
 ];
 
@@ -65,6 +70,7 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
     };
     match task {
         "bench" => bench::run(rest),
+        "browser" => browser::run(rest),
         "ci" => ci::run(rest),
         "test" => testing::run(rest),
         "fuzz" => fuzz::run(rest),
@@ -88,6 +94,7 @@ fn print_help() {
     println!(
         "\nenvironment:\n  DATABASE_URL       use this PostgreSQL server instead of a throwaway cluster\n  \
          HOLDFAST_PG_BIN    directory with initdb/pg_ctl (default: newest /usr/lib/postgresql/*/bin)\n  \
-         CI=true            a missing PostgreSQL is an error instead of a loud skip"
+         CI=true            a missing PostgreSQL is an error instead of a loud skip;\n                     \
+         a missing Chromium is installed (apt-get) instead of a loud skip"
     );
 }

@@ -14,7 +14,7 @@ use holdfast::config::Config;
 /// `simulate`.
 #[derive(Debug, Args)]
 pub struct SimulateArgs {
-    /// A preset (hot-lineage, pareto, dust, big-wallet, admission) or a workload TOML file
+    /// A preset (hot-lineage, pareto, dust, big-wallet, many-wallets, admission) or a workload TOML file
     #[arg(long, value_name = "NAME|FILE")]
     pub workload: String,
     /// Seed of the run: every strategy gets the same wallets, requests and per-call seeds

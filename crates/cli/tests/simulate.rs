@@ -6,8 +6,8 @@
 use assert_cmd::Command;
 use holdfast::Config;
 use holdfast_cli::simulator::{
-    self, SimOptions, SimulationReport, Strategy, StrategyEntry, StrategyFigures, Workload,
-    WorkloadError,
+    self, RequestMode, SimOptions, SimulationReport, Strategy, StrategyEntry, StrategyFigures,
+    Workload, WorkloadError,
 };
 
 fn options(workload: Workload, dir: &tempfile::TempDir) -> SimOptions {
@@ -101,6 +101,11 @@ async fn hot_lineage_keeps_the_invariants_and_holdfast_never_fails_spuriously() 
     assert_eq!(holdfast.spurious_failures, 0);
     assert_eq!(holdfast.succeeded, 60);
     assert_eq!(holdfast.insufficient_funds, 0);
+    // Each request of 1 takes one token whatever the order; the 56 and its change
+    // lineage (56, 55, ..., 2) leave change, the four 1s and the lineage's last 1
+    // do not: 55 of 60.
+    assert_eq!(holdfast.inputs_per_select, 1.0);
+    assert_eq!(holdfast.change_share, 0.917);
     // The run's fresh databases are gone: nothing but what the test made is left.
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("read dir")
@@ -160,6 +165,53 @@ async fn unlocked_requests_leave_no_locks_for_holdfast_and_the_ablation_keeps_th
         ablated.locks_left > 0,
         "without settlement release the last holders' locks wait for the lease"
     );
+}
+
+/// `many-wallets` cut down to 8 wallets of 50 tokens and 8 requests each, every
+/// request unlocked: nothing is spent, so no change is minted and the wallets
+/// keep only their seeded tokens.
+fn few_wallets_unlocked() -> Workload {
+    let mut w = Workload::preset("many-wallets").expect("preset");
+    w.tokens.truncate(8);
+    w.requests.truncate(8);
+    for block in &mut w.tokens {
+        block.count = 50;
+    }
+    for block in &mut w.requests {
+        block.count = 8;
+        block.mode = RequestMode::Unlock;
+    }
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_seeded_token_covers_each_many_wallets_request_for_both_strategies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = simulator::simulate(options(few_wallets_unlocked(), &dir))
+        .await
+        .expect("simulation runs");
+    assert_eq!(tokens(&report).len(), 2);
+    for f in tokens(&report) {
+        assert_eq!(f.succeeded, 64, "{}", f.strategy);
+        assert_eq!(f.invariant_violations, 0, "{}", f.strategy);
+        // Every request (1..100) is covered by any one token (100..1000), and
+        // almost always with change (none only when both are exactly 100).
+        assert_eq!(f.inputs_per_select, 1.0, "{}", f.strategy);
+        assert!(f.change_share > 0.9, "{}: {}", f.strategy, f.change_share);
+    }
+}
+
+#[test]
+fn the_many_wallets_unlock_file_is_the_preset_unlocked() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench/workloads/many-wallets-unlock.toml");
+    let file = Workload::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let mut preset = Workload::preset("many-wallets").expect("preset");
+    preset.name = "many-wallets-unlock".to_owned();
+    for block in &mut preset.requests {
+        block.mode = RequestMode::Unlock;
+    }
+    assert_eq!(file, preset);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,6 +353,8 @@ fn the_command_prints_the_documented_json_and_writes_the_report() {
             "top_1pct_conflict_share",
             "distinct_tokens_attempted",
             "round_trips_per_select",
+            "inputs_per_select",
+            "change_share",
             "peak_memory_bytes",
             "locks_left",
         ] {
@@ -316,6 +370,18 @@ fn the_command_prints_the_documented_json_and_writes_the_report() {
     let page = std::fs::read_to_string(&html).expect("report written");
     assert!(page.starts_with("<!DOCTYPE html>"));
     assert_eq!(page.matches("<svg").count(), 3, "three charts");
+    // The figures are an HTML table, one row per figure of the text table.
+    assert_eq!(page.matches("<table").count(), 1, "{page}");
+    assert!(
+        !page.contains("<pre"),
+        "the figures are not preformatted text"
+    );
+    for figure in ["selects/s", "inputs/select", "change share"] {
+        assert!(
+            page.contains(&format!("<th scope=\"row\">{figure}</th>")),
+            "row {figure} missing"
+        );
+    }
     assert!(
         !page.contains("http://") || !page.contains("src="),
         "no external assets"

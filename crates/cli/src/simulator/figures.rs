@@ -53,6 +53,12 @@ pub struct StrategyFigures {
     /// Store round trips of the select calls (fetches, claims, balance reads,
     /// releases), per select.
     pub round_trips_per_select: f64,
+    /// Tokens in a successful selection, on average (the inputs a transaction
+    /// spends): fewer means fewer locks held and fewer change outputs to come.
+    pub inputs_per_select: f64,
+    /// Share of the successful selects whose tokens exceeded the amount, leaving
+    /// a non-zero change (0 to 1).
+    pub change_share: f64,
     /// Select latency, backoffs included.
     pub latency_ms: LatencyMs,
     /// Peak resident memory of the process during the request phase (VmHWM).
@@ -136,6 +142,8 @@ impl StrategyFigures {
         let succeeded = count(|s| s.ok);
         let lock_attempts: u64 = samples.iter().map(|s| s.lock_attempts).sum();
         let round_trips: u64 = samples.iter().map(|s| s.round_trips).sum();
+        let inputs: u64 = samples.iter().filter(|s| s.ok).map(|s| s.inputs).sum();
+        let with_change = count(|s| s.ok && s.change);
         let per_token = conflicts_by_token(run);
         let total_conflicts: u64 = per_token.iter().sum();
         let top_n = usize::try_from(run.population.div_ceil(100).max(1)).unwrap_or(usize::MAX);
@@ -168,6 +176,8 @@ impl StrategyFigures {
             )
             .unwrap_or(u64::MAX),
             round_trips_per_select: ratio(round_trips, selects),
+            inputs_per_select: ratio(inputs, succeeded),
+            change_share: ratio(with_change, succeeded),
             latency_ms: LatencyMs {
                 p50: ms(percentile(&latencies, 50)),
                 p95: ms(percentile(&latencies, 95)),
@@ -191,6 +201,7 @@ impl StrategyFigures {
 
 #[cfg(test)]
 mod tests {
+    use super::super::runner::{Sample, Violations};
     use super::*;
 
     #[test]
@@ -200,6 +211,53 @@ mod tests {
         assert_eq!(percentile(&v, 99), Duration::from_millis(99));
         assert_eq!(percentile(&v[..1], 99), Duration::from_millis(1));
         assert_eq!(percentile(&[], 50), Duration::ZERO);
+    }
+
+    fn sample(ok: bool, inputs: u64, change: bool) -> Sample {
+        Sample {
+            ok,
+            insufficient: !ok,
+            spurious: false,
+            error: false,
+            lock_attempts: inputs,
+            conflicts: 0,
+            round_trips: 2,
+            inputs,
+            change,
+            latency: Duration::from_millis(1),
+            finished_at: Duration::from_millis(1),
+        }
+    }
+
+    #[test]
+    fn inputs_and_change_count_successful_selects_only() {
+        let run = StrategyRun {
+            strategy: crate::simulator::Strategy::Holdfast,
+            samples: vec![
+                sample(true, 1, false),
+                sample(true, 3, true),
+                sample(true, 2, true),
+                sample(true, 2, false),
+                // A failure selects nothing and must not dilute either figure.
+                sample(false, 0, false),
+            ],
+            claims: Vec::new(),
+            population: 10,
+            wall: Duration::from_secs(1),
+            peak_memory_bytes: None,
+            locks_left: 0,
+            violations: Violations::default(),
+        };
+        let f = StrategyFigures::of(&run);
+        assert_eq!(f.succeeded, 4);
+        assert_eq!(f.inputs_per_select, 2.0);
+        assert_eq!(f.change_share, 0.5);
+        let none = StrategyRun {
+            samples: vec![sample(false, 0, false)],
+            ..run
+        };
+        let f = StrategyFigures::of(&none);
+        assert_eq!((f.inputs_per_select, f.change_share), (0.0, 0.0));
     }
 
     #[test]

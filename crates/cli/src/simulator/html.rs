@@ -1,7 +1,7 @@
 //! The `--report FILE.html` page: one self-contained HTML file (inline CSS and SVG,
-//! no scripts, no external assets) with the figure table and three charts: the
-//! per-token conflict distribution, the select latency histogram, and successful
-//! selects over time.
+//! no scripts, no external assets) with the figure table (an HTML `<table>` with
+//! the cells of the text table) and three charts: the per-token conflict
+//! distribution, the select latency histogram, and successful selects over time.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::figures::{conflicts_by_token, to_f64};
 use super::runner::StrategyRun;
 use super::{SimulationReport, Strategy};
+use crate::output::Table;
 
 const COLORS: &[&str] = &["#d9534f", "#2a7ab0", "#5cb85c", "#9b59b6"];
 const WIDTH: f64 = 760.0;
@@ -20,11 +21,37 @@ const TOP: f64 = 16.0;
 /// Latency histogram bucket upper bounds, in milliseconds (the last is open).
 const LATENCY_BUCKETS_MS: &[u64] = &[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
 
+/// `text` with the characters HTML gives a meaning escaped, for element content
+/// and quoted attribute values alike.
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// `table` as an HTML `<table>`: the headers as column headers, the first cell of
+/// each row (the figure's name) as its row header, every cell escaped.
+fn html_table(table: &Table) -> String {
+    let mut out = String::from(r#"<table class="figures"><thead><tr>"#);
+    for header in table.headers() {
+        let _ = write!(out, r#"<th scope="col">{}</th>"#, escape(header));
+    }
+    out.push_str("</tr></thead><tbody>");
+    for row in table.rows() {
+        out.push_str("<tr>");
+        for (i, cell) in row.iter().enumerate() {
+            if i == 0 {
+                let _ = write!(out, r#"<th scope="row">{}</th>"#, escape(cell));
+            } else {
+                let _ = write!(out, "<td>{}</td>", escape(cell));
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table>");
+    out
 }
 
 fn color(run: &StrategyRun, index: usize) -> &'static str {
@@ -305,13 +332,27 @@ impl SimulationReport {
             page,
             r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{t}</title><style>
 body{{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:900px}}
-pre{{background:#f6f6f6;padding:12px;overflow-x:auto;font-size:12px;white-space:pre-wrap}}
+table.figures{{border-collapse:collapse;font-size:12px;margin:12px 0}}
+.figures th,.figures td{{border:1px solid #ddd;padding:3px 8px}}
+.figures thead th{{background:#f0f0f0}} .figures tbody th{{text-align:left;font-weight:normal}}
+.figures td{{text-align:right;font-variant-numeric:tabular-nums}}
+.settings{{font-size:13px;color:#444}}
 h2{{margin-top:28px;font-size:18px}} .legend span{{margin-right:18px}}
 .legend i{{display:inline-block;width:12px;height:12px;margin-right:6px;vertical-align:middle}}
 </style></head><body><h1>{t}</h1>"#,
             t = escape(&title)
         );
-        let _ = write!(page, "<pre>{}</pre>", escape(&self.text()));
+        page.push_str(r#"<div class="settings">"#);
+        for line in self.settings_lines() {
+            let _ = write!(page, "<p>{}</p>", escape(&line));
+        }
+        page.push_str("</div><h2>Figures</h2>");
+        for table in self.figure_tables() {
+            page.push_str(&html_table(&table));
+        }
+        if let Some(line) = self.raw_limit_line() {
+            let _ = write!(page, "<p>{}</p>", escape(&line));
+        }
         if self.runs.is_empty() {
             page.push_str("<p>No token strategies in this run (admission figures above).</p>");
         } else {
@@ -327,5 +368,24 @@ h2{{margin-top:28px;font-size:18px}} .legend span{{margin-right:18px}}
         }
         page.push_str("</body></html>\n");
         page
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_html_tables_with_every_cell_escaped() {
+        let mut table = Table::new(["figure", "a<b"]);
+        table.row(["x & y", "<script>\"'</script>"]);
+        let html = html_table(&table);
+        assert_eq!(
+            html,
+            "<table class=\"figures\"><thead><tr><th scope=\"col\">figure</th>\
+             <th scope=\"col\">a&lt;b</th></tr></thead><tbody><tr>\
+             <th scope=\"row\">x &amp; y</th>\
+             <td>&lt;script&gt;&quot;&#39;&lt;/script&gt;</td></tr></tbody></table>"
+        );
     }
 }

@@ -67,6 +67,10 @@ pub struct Sample {
     pub conflicts: u64,
     /// Store round trips of the call.
     pub round_trips: u64,
+    /// Tokens in the selection (zero unless it succeeded).
+    pub inputs: u64,
+    /// The selection left a non-zero change (false unless it succeeded).
+    pub change: bool,
     /// Wall time of the call, backoffs included.
     pub latency: Duration,
     /// When it finished, from the start of the run.
@@ -537,12 +541,16 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
         lock_attempts: report.stats.lock_attempts,
         conflicts: report.stats.conflicts,
         round_trips: report.stats.round_trips(),
+        inputs: 0,
+        change: false,
         latency: report.elapsed,
         finished_at: Duration::ZERO,
     };
     match report.result {
         Ok(selected) => {
             sample.ok = true;
+            sample.inputs = u64::try_from(selected.tokens.len()).unwrap_or(u64::MAX);
+            sample.change = !selected.change.is_zero();
             let checker = &shared.checker;
             checker.on_selected(
                 &consumer,

@@ -48,6 +48,8 @@ fn figure_rows() -> Vec<(&'static str, Getter)> {
             Some(to_f64(f.distinct_tokens_attempted))
         }),
         ("round trips/select", |f| Some(f.round_trips_per_select)),
+        ("inputs/select", |f| Some(f.inputs_per_select)),
+        ("change share", |f| Some(f.change_share)),
         ("latency p50 ms", |f| Some(f.latency_ms.p50)),
         ("latency p95 ms", |f| Some(f.latency_ms.p95)),
         ("latency p99 ms", |f| Some(f.latency_ms.p99)),
@@ -70,24 +72,36 @@ fn figure_rows() -> Vec<(&'static str, Getter)> {
 }
 
 impl SimulationReport {
-    /// The report as text: settings, the figure table with ratios, notes.
-    pub fn text(&self) -> String {
-        let mut out = String::new();
+    /// The lines that open every report: workload, settings, the backoff note.
+    pub fn settings_lines(&self) -> Vec<String> {
         let s = &self.settings;
-        let _ = writeln!(
-            out,
-            "workload {} on {} (seed {}): {} tokens, {} requests, {} replicas, concurrency {}",
-            self.workload, self.backend, self.seed, s.tokens, s.requests, s.replicas, s.concurrency
-        );
-        let _ = writeln!(
-            out,
-            "legs {}, backoff uniform in [0, {} ms), lease {} s simulated at {}x (each strategy on a fresh database)",
-            s.legs,
-            s.retry_interval_ms,
-            s.lease_expiry_ms / 1000,
-            s.time_scale
-        );
-        let _ = writeln!(out, "note: {}\n", s.note);
+        vec![
+            format!(
+                "workload {} on {} (seed {}): {} tokens, {} requests, {} replicas, concurrency {}",
+                self.workload,
+                self.backend,
+                self.seed,
+                s.tokens,
+                s.requests,
+                s.replicas,
+                s.concurrency
+            ),
+            format!(
+                "legs {}, backoff uniform in [0, {} ms), lease {} s simulated at {}x (each strategy on a fresh database)",
+                s.legs,
+                s.retry_interval_ms,
+                s.lease_expiry_ms / 1000,
+                s.time_scale
+            ),
+            format!("note: {}", s.note),
+        ]
+    }
+
+    /// The figure tables, cells as shown: the token strategies' (one row per
+    /// figure, a column per strategy, then the ratios), then one per admission
+    /// entry. The text and the HTML report both render these.
+    pub fn figure_tables(&self) -> Vec<Table> {
+        let mut tables = Vec::new();
         let tokens: Vec<&StrategyFigures> = self
             .strategies
             .iter()
@@ -97,7 +111,7 @@ impl SimulationReport {
             })
             .collect();
         if !tokens.is_empty() {
-            out.push_str(&token_table(&tokens));
+            tables.push(token_table(&tokens));
         }
         for entry in &self.strategies {
             if let StrategyEntry::Admission(a) = entry {
@@ -120,24 +134,43 @@ impl SimulationReport {
                 ] {
                     t.row([name.to_owned(), value]);
                 }
-                out.push_str(&t.render());
+                tables.push(t);
             }
         }
-        if let Some(limit) = &self.raw_limit {
-            let _ = writeln!(
-                out,
-                "\nphysical limit: {} claim+release cycles/s raw on the same database and concurrency; holdfast reaches {}",
+        tables
+    }
+
+    /// The physical limit and holdfast's share of it, when it was measured.
+    pub fn raw_limit_line(&self) -> Option<String> {
+        self.raw_limit.as_ref().map(|limit| {
+            format!(
+                "physical limit: {} claim+release cycles/s raw on the same database and concurrency; holdfast reaches {}",
                 number(limit.lock_cycles_per_second),
                 limit
                     .holdfast_fraction
                     .map_or_else(|| "n/a".to_owned(), |f| format!("{:.1}% of it", f * 100.0))
-            );
+            )
+        })
+    }
+
+    /// The report as text: settings, the figure table with ratios, notes.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for line in self.settings_lines() {
+            let _ = writeln!(out, "{line}");
+        }
+        out.push('\n');
+        for table in self.figure_tables() {
+            out.push_str(&table.render());
+        }
+        if let Some(line) = self.raw_limit_line() {
+            let _ = writeln!(out, "\n{line}");
         }
         out
     }
 }
 
-fn token_table(strategies: &[&StrategyFigures]) -> String {
+fn token_table(strategies: &[&StrategyFigures]) -> Table {
     let naive = strategies.iter().find(|f| f.strategy == "naive");
     let holdfast = strategies.iter().find(|f| f.strategy == "holdfast");
     let ablated: Vec<&&StrategyFigures> = strategies
@@ -179,5 +212,5 @@ fn token_table(strategies: &[&StrategyFigures]) -> String {
         }
         table.row(row);
     }
-    table.render()
+    table
 }

@@ -13,7 +13,21 @@ use rand::rngs::StdRng;
 use serde::Deserialize;
 
 /// The preset names, in the order `--help` lists them.
-pub const PRESETS: &[&str] = &["hot-lineage", "pareto", "dust", "big-wallet", "admission"];
+pub const PRESETS: &[&str] = &[
+    "hot-lineage",
+    "pareto",
+    "dust",
+    "big-wallet",
+    "many-wallets",
+    "admission",
+];
+
+/// Wallets of the `many-wallets` preset.
+pub const MANY_WALLETS: u32 = 64;
+/// Tokens in each wallet of the `many-wallets` preset.
+pub const MANY_WALLETS_TOKENS: u64 = 400;
+/// Requests to each wallet of the `many-wallets` preset.
+pub const MANY_WALLETS_REQUESTS: u64 = 8;
 
 /// The most replicas a workload may ask for.
 pub const MAX_REPLICAS: usize = 64;
@@ -355,6 +369,30 @@ impl Workload {
                 )?],
                 ..base(name)
             },
+            // The ordinary case beside the incident shapes: many wallets of
+            // mid-sized tokens, each request small against them, the requests
+            // spread over the wallets, so selects rarely meet. Both strategies
+            // spend (settle), so they make the same writes.
+            "many-wallets" => {
+                let mut wallets = Vec::new();
+                let mut asks = Vec::new();
+                for w in 0..MANY_WALLETS {
+                    let name = format!("wallet-{w:02}");
+                    wallets.push(tokens(&name, "CHF", range(100, 1000), MANY_WALLETS_TOKENS)?);
+                    asks.push(requests(
+                        &name,
+                        "CHF",
+                        range(1, 100),
+                        MANY_WALLETS_REQUESTS,
+                        RequestMode::Settle,
+                    )?);
+                }
+                Workload {
+                    tokens: wallets,
+                    requests: asks,
+                    ..base(name)
+                }
+            }
             "admission" => Workload {
                 replicas: 1,
                 concurrency: 8,
@@ -665,6 +703,26 @@ mod tests {
             Workload::preset("hot-lineage").map(|w| (w.token_count(), w.request_count())),
             Some((5, 300))
         );
+    }
+
+    #[test]
+    fn many_wallets_spreads_small_settled_requests_over_distinct_wallets() {
+        let w = Workload::preset("many-wallets").expect("preset");
+        assert_eq!(w.token_count(), 64 * 400);
+        assert_eq!(w.request_count(), 64 * 8);
+        let wallets: std::collections::HashSet<_> =
+            w.tokens.iter().map(|b| b.wallet.clone()).collect();
+        assert_eq!(wallets.len(), 64);
+        assert!(w.requests.iter().all(|r| wallets.contains(&r.wallet)));
+        assert!(w.requests.iter().all(|r| r.mode == RequestMode::Settle));
+        // Every request is at most the smallest token: one token covers it.
+        let range = |a: AmountSpec| match a {
+            AmountSpec::Range { low, high } => (low.value(), high.value()),
+            AmountSpec::Fixed(q) => (q.value(), q.value()),
+        };
+        let smallest = w.tokens.iter().map(|b| range(b.amount).0).min();
+        let largest_ask = w.requests.iter().map(|r| range(r.amount).1).max();
+        assert_eq!((smallest, largest_ask), (Some(100), Some(100)));
     }
 
     #[test]

@@ -187,16 +187,30 @@ fn anchor_window(
     let bound = candidates[anchor]
         .value()
         .saturating_mul(u128::from(limits.max_sufficiency_ratio));
-    let window: Vec<usize> = cover
+    let mut window: Vec<usize> = cover
         .iter()
         .copied()
         .take(limits.sufficiency_window.max(1))
         .take_while(|&i| candidates[i].value() <= bound)
         .collect();
+    extend_through_equal_run(candidates, cover, &mut window);
     match window.len() {
         0 | 1 => Some(vec![anchor]),
         n => Some(vec![window[rng.random_range(0..n)]]),
     }
+}
+
+/// Extends `prefix` (a prefix of `sorted`) with the rest of the run of amounts
+/// equal to its last member: equal tokens serve alike, and every one more to draw
+/// from spreads concurrent callers thinner.
+fn extend_through_equal_run(candidates: &[Quantity], sorted: &[usize], prefix: &mut Vec<usize>) {
+    let Some(&last) = prefix.last() else {
+        return;
+    };
+    let run = sorted[prefix.len()..]
+        .iter()
+        .take_while(|&&i| candidates[i] == candidates[last]);
+    prefix.extend(run);
 }
 
 /// A random draw from the largest fill candidates until R is covered, trimmed of
@@ -225,6 +239,7 @@ fn draw_fill(
     }
     let pool_size = (needed + limits.sufficiency_window.max(1) - 1).min(fill.len());
     let mut pool = fill[..pool_size].to_vec();
+    extend_through_equal_run(candidates, fill, &mut pool);
     pool.shuffle(rng);
     let mut chosen = Vec::new();
     let mut total = 0u128;
@@ -349,6 +364,21 @@ mod tests {
             ));
         }
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), [10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn equal_amounts_beyond_the_window_join_it() {
+        // Six tokens of 10: the window of four takes the whole run.
+        let c = qs(&[10, 10, 10, 10, 10, 10, 11]);
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let CoverPlan::Claim(i) = plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng) else {
+                panic!("a claim");
+            };
+            seen.extend(i);
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: the simulator's presets on SQLite and PostgreSQL, the
-//! physical limit of the lock statements, and select latency and peak memory as
+//! physical limit (a raw select cycle), and select latency and peak memory as
 //! the wallet grows from 1k to 1M tokens. Builds `holdfast` in release once, runs
 //! `holdfast simulate --json` for every measurement, writes `bench/results.json`
 //! and prints a markdown table. Numbers are reported, never asserted.
@@ -290,7 +290,7 @@ pub fn markdown(results: &Value) -> String {
         }
         for s in report["strategies"].as_array().unwrap_or(&empty) {
             let raw = if s["strategy"] == "holdfast" {
-                report["raw_limit"]["holdfast_fraction"]
+                report["raw_limit"]["fraction_of_raw_limit"]
                     .as_f64()
                     .map_or_else(|| "n/a".to_owned(), |f| format!("{:.0}%", f * 100.0))
             } else {

@@ -17,7 +17,7 @@ fn options(workload: Workload, dir: &tempfile::TempDir) -> SimOptions {
         seed: 7,
         ablate: None,
         only: None,
-        raw_limit: false,
+        raw_limit: None,
         progress: false,
         config: Config::default(),
     }

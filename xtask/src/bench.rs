@@ -1,9 +1,9 @@
 //! `cargo xtask bench`: the simulator's presets and the workload files named in
-//! [`WORKLOAD_FILES`] on SQLite and PostgreSQL, the physical limit of the lock
-//! statements, and select latency and peak memory as the wallet grows from 1k to
-//! 1M tokens. Builds `holdfast` in release once, runs `holdfast simulate --json`
-//! for every measurement, writes `bench/results.json` and prints a markdown
-//! table. Numbers are reported, never asserted.
+//! [`WORKLOAD_FILES`] on SQLite and PostgreSQL, the physical limit (a raw select
+//! cycle), and select latency and peak memory as the wallet grows from 1k to 1M
+//! tokens. Builds `holdfast` in release once, runs `holdfast simulate --json` for
+//! every measurement, writes `bench/results.json` and prints a markdown table.
+//! Numbers are reported, never asserted.
 //!
 //! Options: `--quick` stops the scaling series at 100k tokens; `--sqlite-only`
 //! skips PostgreSQL. PostgreSQL is `DATABASE_URL`, or a throwaway cluster as for
@@ -318,7 +318,7 @@ pub fn markdown(results: &Value) -> String {
         }
         for s in report["strategies"].as_array().unwrap_or(&empty) {
             let raw = if s["strategy"] == "holdfast" {
-                report["raw_limit"]["holdfast_fraction"]
+                report["raw_limit"]["fraction_of_raw_limit"]
                     .as_f64()
                     .map_or_else(|| "n/a".to_owned(), |f| format!("{:.0}%", f * 100.0))
             } else {

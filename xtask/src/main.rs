@@ -43,7 +43,7 @@ const TASKS: &[(&str, &str)] = &[
     ),
     (
         "bench [--quick] [--sqlite-only]",
-        "simulator presets on SQLite and PostgreSQL, raw lock limit, wallet scaling -> bench/results.json",
+        "simulator presets on SQLite and PostgreSQL, raw select-cycle limit, wallet scaling -> bench/results.json",
     ),
     (
         "browser [--screenshot FILE.png]",

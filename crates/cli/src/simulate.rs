@@ -3,6 +3,7 @@
 //! opened; `--db` only chooses the backend type and where the databases go.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
@@ -29,10 +30,23 @@ pub struct SimulateArgs {
     /// Run only these strategies (repeatable; default: naive and holdfast)
     #[arg(long = "strategy", value_enum, value_name = "NAME", hide = true)]
     pub only: Vec<StrategyArg>,
-    /// Also drive the lock statements raw (claim, release) at the same concurrency
-    /// on a fresh database: the physical limit holdfast is compared with
+    /// Also run a minimal select cycle (read, claim, settle) written raw against the
+    /// database driver at the same concurrency on a fresh database: the physical
+    /// limit holdfast is compared with
     #[arg(long, hide = true)]
     pub raw_limit: bool,
+    /// How long the raw select cycle runs, in seconds
+    #[arg(long, default_value = "3", value_name = "SECONDS", value_parser = seconds, hide = true)]
+    pub raw_limit_seconds: Duration,
+}
+
+/// A positive, finite number of seconds.
+fn seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("{text:?} is not a positive number of seconds"))
 }
 
 /// A strategy named on the command line.
@@ -81,7 +95,7 @@ pub async fn run(
         seed: args.seed,
         ablate: args.ablate,
         only,
-        raw_limit: args.raw_limit,
+        raw_limit: args.raw_limit.then_some(args.raw_limit_seconds),
         progress: true,
         config,
     };

@@ -17,7 +17,7 @@ fn options(workload: Workload, dir: &tempfile::TempDir) -> SimOptions {
         seed: 7,
         ablate: None,
         only: None,
-        raw_limit: false,
+        raw_limit: None,
         progress: false,
         config: Config::default(),
     }
@@ -214,6 +214,31 @@ fn the_many_wallets_unlock_file_is_the_preset_unlocked() {
     assert_eq!(file, preset);
 }
 
+/// The raw select cycle runs for real on SQLite in both settle modes: it completes
+/// cycles, leaves no lock, sends at least the statements of a cycle (read, claim,
+/// then spend, release, status and re-mint, or release and status) and holdfast's
+/// fraction of it is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raw_limit_runs_the_select_cycle_on_sqlite() {
+    for (load, least) in [(SMALL_LINEAGE, 6.0), (SMALL_PARETO, 4.0)] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut opts = options(workload(load), &dir);
+        opts.only = Some(vec![Strategy::Holdfast]);
+        opts.raw_limit = Some(std::time::Duration::from_millis(200));
+        let report = simulator::simulate(opts).await.expect("simulation runs");
+        let limit = report.raw_limit.as_ref().expect("raw limit measured");
+        assert!(limit.cycles > 0, "{limit:?}");
+        assert_eq!(limit.locks_left, 0, "{limit:?}");
+        assert!(limit.statements_per_cycle >= least, "{limit:?}");
+        assert!(
+            limit.fraction_of_raw_limit.is_some_and(|f| f > 0.0),
+            "{limit:?}"
+        );
+        let text = report.text();
+        assert!(text.contains("raw select cycles/s"), "{text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_with_crashes_keeps_the_slot_invariants_and_leaks_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -323,6 +348,7 @@ fn the_command_prints_the_documented_json_and_writes_the_report() {
         .expect("binary")
         .args(["simulate", "--workload"])
         .arg(&file)
+        .args(["--raw-limit", "--raw-limit-seconds", "0.2"])
         .args(["--seed", "3", "--json", "--report"])
         .arg(&html)
         .arg("--db")
@@ -366,6 +392,22 @@ fn the_command_prints_the_documented_json_and_writes_the_report() {
                 "latency_ms.{p} missing in {s}"
             );
         }
+    }
+    for name in [
+        "cycles",
+        "wall_seconds",
+        "cycles_per_second",
+        "statements_per_cycle",
+        "claims_lost",
+        "empty_reads",
+        "locks_left",
+        "fraction_of_raw_limit",
+    ] {
+        assert!(
+            json["raw_limit"].get(name).is_some(),
+            "raw_limit.{name} missing in {}",
+            json["raw_limit"]
+        );
     }
     let page = std::fs::read_to_string(&html).expect("report written");
     assert!(page.starts_with("<!DOCTYPE html>"));

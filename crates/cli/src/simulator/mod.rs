@@ -10,7 +10,8 @@
 //! - [`ledger`], [`antijoin`]: store decorators (per-token conflicts; the
 //!   `anti-join` ablation).
 //! - [`admission`]: the `admission` workload through [`holdfast::Admission`].
-//! - [`rawlimit`]: the physical limit (lock statements driven raw).
+//! - [`rawlimit`]: the physical limit (a hand-written select cycle through the
+//!   database driver, no holdfast code in the loop).
 //! - [`figures`], [`table`], [`html`]: the figures, the human table, the report page.
 //!
 //! Backoff between legs is short in the simulator (`retry_interval_ms`, default
@@ -130,6 +131,9 @@ pub enum SimulateError {
     /// The queue store failed outside an admission step.
     #[error("queue store: {0}")]
     Queues(QueueStoreError),
+    /// The raw select cycle's database driver failed.
+    #[error("raw limit: {0}")]
+    RawLimit(String),
     /// A simulation task panicked.
     #[error("a simulation task failed: {0}")]
     Task(String),
@@ -178,8 +182,9 @@ pub struct SimOptions {
     pub ablate: Option<Ablation>,
     /// Run only these strategies (`None`: naive and holdfast, plus the ablation).
     pub only: Option<Vec<Strategy>>,
-    /// Also measure the physical limit (lock statements driven raw).
-    pub raw_limit: bool,
+    /// Also measure the physical limit: the raw select cycle run for this long
+    /// ([`rawlimit::DEFAULT_DURATION`] in the bench).
+    pub raw_limit: Option<Duration>,
     /// Progress bars on stderr for phases over a second.
     pub progress: bool,
     /// Backend, selection, lease and settlement settings.
@@ -329,14 +334,14 @@ async fn simulate_on(
         .iter()
         .map(|r| StrategyEntry::Tokens(Box::new(StrategyFigures::of(r))))
         .collect();
-    if options.raw_limit {
-        let mut limit = rawlimit::run(workload, &settings, provisioner).await?;
-        limit.holdfast_fraction = report.strategies.iter().find_map(|e| match e {
+    if let Some(duration) = options.raw_limit {
+        let mut limit = rawlimit::run(workload, &settings, provisioner, duration).await?;
+        limit.fraction_of_raw_limit = report.strategies.iter().find_map(|e| match e {
             StrategyEntry::Tokens(f)
-                if f.strategy == "holdfast" && limit.lock_cycles_per_second > 0.0 =>
+                if f.strategy == "holdfast" && limit.cycles_per_second > 0.0 =>
             {
                 Some(figures::round3(
-                    f.selects_per_second / limit.lock_cycles_per_second,
+                    f.selects_per_second / limit.cycles_per_second,
                 ))
             }
             _ => None,

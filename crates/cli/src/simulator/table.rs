@@ -144,10 +144,10 @@ impl SimulationReport {
     pub fn raw_limit_line(&self) -> Option<String> {
         self.raw_limit.as_ref().map(|limit| {
             format!(
-                "physical limit: {} claim+release cycles/s raw on the same database and concurrency; holdfast reaches {}",
-                number(limit.lock_cycles_per_second),
+                "physical limit: {} raw select cycles/s (read, claim, settle) on the same database and concurrency; holdfast reaches {}",
+                number(limit.cycles_per_second),
                 limit
-                    .holdfast_fraction
+                    .fraction_of_raw_limit
                     .map_or_else(|| "n/a".to_owned(), |f| format!("{:.1}% of it", f * 100.0))
             )
         })

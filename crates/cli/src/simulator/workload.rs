@@ -27,7 +27,7 @@ pub const MANY_WALLETS: u32 = 64;
 /// Tokens in each wallet of the `many-wallets` preset.
 pub const MANY_WALLETS_TOKENS: u64 = 400;
 /// Requests to each wallet of the `many-wallets` preset.
-pub const MANY_WALLETS_REQUESTS: u64 = 8;
+pub const MANY_WALLETS_REQUESTS: u64 = 24;
 
 /// The most replicas a workload may ask for.
 pub const MAX_REPLICAS: usize = 64;
@@ -370,7 +370,7 @@ impl Workload {
                 ..base(name)
             },
             // The ordinary case beside the incident shapes: many wallets of
-            // mid-sized tokens, each request small against them, the requests
+            // tokens of 1..1000, each request (1..100) small against most of them, the requests
             // spread over the wallets, so selects rarely meet. Both strategies
             // spend (settle), so they make the same writes.
             "many-wallets" => {
@@ -378,7 +378,7 @@ impl Workload {
                 let mut asks = Vec::new();
                 for w in 0..MANY_WALLETS {
                     let name = format!("wallet-{w:02}");
-                    wallets.push(tokens(&name, "CHF", range(100, 1000), MANY_WALLETS_TOKENS)?);
+                    wallets.push(tokens(&name, "CHF", range(1, 1000), MANY_WALLETS_TOKENS)?);
                     asks.push(requests(
                         &name,
                         "CHF",

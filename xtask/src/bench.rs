@@ -174,7 +174,8 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         for preset in PRESETS {
             let mut extra = vec!["--workload", preset];
             if *preset != "admission" {
-                extra.push("--raw-limit");
+                // The upstream order beside the default, in the same run.
+                extra.extend(["--raw-limit", "--ablate", "smallest-first"]);
             }
             let report = json_of(&mut simulate(db, &extra))?;
             presets.push(json!({ "backend": backend, "preset": preset, "report": report }));
@@ -185,7 +186,16 @@ pub fn run(args: &[String]) -> Result<(), Error> {
                 .join("workloads")
                 .join(format!("{name}.toml"));
             let file_arg = file.display().to_string();
-            let report = json_of(&mut simulate(db, &["--workload", &file_arg, "--raw-limit"]))?;
+            let report = json_of(&mut simulate(
+                db,
+                &[
+                    "--workload",
+                    &file_arg,
+                    "--raw-limit",
+                    "--ablate",
+                    "smallest-first",
+                ],
+            ))?;
             presets.push(json!({
                 "backend": backend,
                 "preset": name,
@@ -233,8 +243,8 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         "machine": machine(),
         "commands": [
             "cargo xtask bench",
-            format!("holdfast simulate --workload <preset> --seed {SEED} --json --raw-limit [--db postgres://...]"),
-            format!("holdfast simulate --workload bench/workloads/<file>.toml --seed {SEED} --json --raw-limit [--db postgres://...]"),
+            format!("holdfast simulate --workload <preset> --seed {SEED} --json --raw-limit --ablate smallest-first [--db postgres://...]"),
+            format!("holdfast simulate --workload bench/workloads/<file>.toml --seed {SEED} --json --raw-limit --ablate smallest-first [--db postgres://...]"),
             format!("holdfast simulate --workload wallet-<n>.toml --strategy holdfast --seed {SEED} --json"),
         ],
         "seconds": started.elapsed().as_secs(),
@@ -396,7 +406,7 @@ mod tests {
                 "file": "bench/workloads/many-wallets-unlock.toml",
                 "report": {
                     "strategies": [{"strategy": "holdfast", "inputs_per_select": 1.405, "change_share": 0.998}],
-                    "raw_limit": {"holdfast_fraction": 0.5},
+                    "raw_limit": {"fraction_of_raw_limit": 0.5},
                 },
             }],
         });

@@ -193,7 +193,7 @@ async fn cover_first_takes_one_token_where_smallest_first_gathers_small_ones() {
     ]);
     let report = simulator::simulate(opts).await.expect("simulation runs");
     let holdfast = by_name(&report, "holdfast");
-    let upstream = by_name(&report, "holdfast-no-smallest-first");
+    let upstream = by_name(&report, "holdfast-smallest-first");
     for f in [holdfast, upstream] {
         assert_eq!(f.succeeded, 64, "{}", f.strategy);
         assert_eq!(f.invariant_violations, 0, "{}", f.strategy);

@@ -23,7 +23,7 @@ pub struct LatencyMs {
 /// The figures of one strategy of a token workload.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StrategyFigures {
-    /// `naive`, `holdfast`, or `holdfast-no-<mechanism>`.
+    /// `naive`, `holdfast`, `holdfast-no-<mechanism>` or `holdfast-smallest-first`.
     pub strategy: String,
     /// Select calls made.
     pub selects: u64,

@@ -94,11 +94,13 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    /// `naive`, `holdfast` or `holdfast-no-<mechanism>`.
+    /// `naive`, `holdfast`, `holdfast-no-<mechanism>` or `holdfast-smallest-first`.
     pub fn name(self) -> String {
         match self {
             Strategy::Naive => "naive".to_owned(),
             Strategy::Holdfast => "holdfast".to_owned(),
+            // Not a mechanism switched off but the other policy.
+            Strategy::Ablated(Ablation::SmallestFirst) => "holdfast-smallest-first".to_owned(),
             Strategy::Ablated(a) => format!("holdfast-no-{}", a.as_str()),
         }
     }

@@ -175,7 +175,7 @@ fn token_table(strategies: &[&StrategyFigures]) -> Table {
     let holdfast = strategies.iter().find(|f| f.strategy == "holdfast");
     let ablated: Vec<&&StrategyFigures> = strategies
         .iter()
-        .filter(|f| f.strategy.starts_with("holdfast-no-"))
+        .filter(|f| f.strategy.starts_with("holdfast-"))
         .collect();
     let mut headers: Vec<String> = vec!["figure".to_owned()];
     headers.extend(strategies.iter().map(|f| f.strategy.clone()));

@@ -12,8 +12,10 @@
 //!    candidates no larger than the ratio x the anchor, picked at random: one input,
 //!    and concurrent callers spread over near-equal tokens;
 //! 3. **fill**: otherwise a random draw from the largest fill candidates until R is
-//!    covered, then inputs that are not needed are dropped, smallest first. If the
-//!    fill candidates cannot cover R, the anchor after all;
+//!    covered, then inputs that are not needed are dropped, smallest first. The
+//!    draw is from every candidate read of which any n cover R (n the fewest that
+//!    can), so concurrent callers spread as thin as the read allows. If the fill
+//!    candidates cannot cover R, the anchor after all;
 //! 4. **dust** (opt-in `consolidate_dust = k`): up to k of the smallest remaining
 //!    candidates join as optional inputs.
 //!
@@ -237,7 +239,23 @@ fn draw_fill(
     if needed > batch {
         return Some(fill[..batch].to_vec());
     }
-    let pool_size = (needed + limits.sufficiency_window.max(1) - 1).min(fill.len());
+    // The pool: every candidate read such that any `needed` of the pool still
+    // cover R (the smallest `needed` of a descending prefix are its last ones),
+    // and at least `sufficiency_window - 1` beyond the `needed` largest.
+    let mut interchangeable = needed;
+    let mut window = fill[..needed]
+        .iter()
+        .fold(0u128, |sum, &i| sum.saturating_add(value(i)));
+    while let Some(&next) = fill.get(interchangeable) {
+        window = (window - value(fill[interchangeable - needed])).saturating_add(value(next));
+        if window < target {
+            break;
+        }
+        interchangeable += 1;
+    }
+    let pool_size = (needed + limits.sufficiency_window.max(1) - 1)
+        .max(interchangeable)
+        .min(fill.len());
     let mut pool = fill[..pool_size].to_vec();
     extend_through_equal_run(candidates, fill, &mut pool);
     pool.shuffle(rng);
@@ -409,6 +427,25 @@ mod tests {
         assert_eq!(
             plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng),
             CoverPlan::Nothing
+        );
+    }
+
+    #[test]
+    fn the_draw_spreads_over_every_token_of_which_any_two_cover() {
+        // 60 is covered by any two of 30..=40 (30 + 29 would not: 29 stays out).
+        let mut values: Vec<u128> = (30..=40).collect();
+        values.extend([29, 5, 1000]);
+        let c = qs(&values);
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let got = claimed(&c, plan(&c, q(60), u128::MAX, false, LIMITS, &mut rng));
+            assert_eq!(got.len(), 2, "{got:?}");
+            seen.extend(got);
+        }
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            (30..=40).collect::<Vec<_>>()
         );
     }
 

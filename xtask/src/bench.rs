@@ -30,6 +30,9 @@ const PRESETS: &[&str] = &[
 /// Workload files of `bench/workloads/` run after the presets, in report order.
 /// (The `*-defaults` files are run by hand: their 5 s backoff takes minutes.)
 const WORKLOAD_FILES: &[&str] = &["many-wallets-unlock"];
+/// A workload file run twice, holdfast only: with the default settings and with
+/// `selection.prefer_exact`, to show what the exact search saves in change.
+const EXACT_FILE: &str = "denominations";
 /// Wallet sizes of the scaling series.
 const WALLETS: &[u64] = &[1_000, 10_000, 100_000, 1_000_000];
 /// The seed of every run.
@@ -200,6 +203,31 @@ pub fn run(args: &[String]) -> Result<(), Error> {
                 "backend": backend,
                 "preset": name,
                 "file": format!("bench/workloads/{name}.toml"),
+                "report": report,
+            }));
+        }
+    }
+
+    for (backend, db) in &backends {
+        let file = root
+            .join("bench")
+            .join("workloads")
+            .join(format!("{EXACT_FILE}.toml"));
+        let file_arg = file.display().to_string();
+        for exact in [false, true] {
+            let mut cmd = simulate(db, &["--workload", &file_arg, "--strategy", "holdfast"]);
+            cmd.env("HOLDFAST_PREFER_EXACT", exact.to_string());
+            let report = json_of(&mut cmd)?;
+            let name = if exact {
+                format!("{EXACT_FILE} (prefer_exact)")
+            } else {
+                EXACT_FILE.to_owned()
+            };
+            presets.push(json!({
+                "backend": backend,
+                "preset": name,
+                "file": format!("bench/workloads/{EXACT_FILE}.toml"),
+                "prefer_exact": exact,
                 "report": report,
             }));
         }

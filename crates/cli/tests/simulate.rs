@@ -212,6 +212,39 @@ async fn cover_first_takes_one_token_where_smallest_first_gathers_small_ones() {
     );
 }
 
+/// `bench/workloads/denominations.toml` cut down: tokens of 10, 20 and 50, requests
+/// of 30, 60, 70 and 80, which two or three of them make exactly.
+fn few_denominations() -> Workload {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bench/workloads/denominations.toml");
+    let mut w = Workload::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    for block in &mut w.tokens {
+        block.count = 20;
+    }
+    for block in &mut w.requests {
+        block.count = 10;
+    }
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_exact_selects_without_change_where_a_set_sums_to_the_amount() {
+    let mut share = Vec::new();
+    for exact in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut opts = options(few_denominations(), &dir);
+        opts.only = Some(vec![Strategy::Holdfast]);
+        opts.config.selection.prefer_exact = exact;
+        let report = simulator::simulate(opts).await.expect("simulation runs");
+        let f = by_name(&report, "holdfast");
+        assert_eq!((f.succeeded, f.invariant_violations), (40, 0));
+        share.push(f.change_share);
+    }
+    // Without it, a near-sized 50 covers 30 and leaves change; with it, 10 + 20.
+    assert!(share[0] > 0.2, "{share:?}");
+    assert!(share[1] < 0.05, "{share:?}");
+}
+
 #[test]
 fn the_many_wallets_unlock_file_is_the_preset_unlocked() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

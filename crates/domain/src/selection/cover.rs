@@ -5,8 +5,9 @@
 //! (amount >= R, smallest first) and *fill* candidates (amount < R, largest first).
 //! In order:
 //!
-//! 1. **exact** (opt-in): a cover candidate equal to R, or a pair or triple of the
-//!    largest fill candidates summing to R, so the select makes no change;
+//! 1. **exact** (opt-in): a cover candidate equal to R, or a pair or triple of
+//!    fill candidates (among their 64 largest distinct amounts) summing to R, so
+//!    the select makes no change;
 //! 2. **single cover**: if the smallest cover candidate (the anchor) is at most
 //!    `max_sufficiency_ratio` x R, one of up to `sufficiency_window` cover
 //!    candidates no larger than the ratio x the anchor, picked at random: one input,
@@ -22,12 +23,12 @@
 //! Pure: the caller passes its RNG, so a seeded RNG replays the choice.
 
 use rand::Rng;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 
 use crate::quantity::Quantity;
 
-/// How many of the largest fill candidates the exact search looks at: pairs and
-/// triples among them, at most 64 x 63 / 2 lookups.
+/// How many distinct amounts of the fill candidates (largest first) the exact
+/// search looks at: pairs and triples of them, at most about 64^3 / 6 sums.
 const EXACT_SEARCH_LIMIT: usize = 64;
 
 /// The limits of one choice (taken from the selection config).
@@ -112,52 +113,73 @@ fn exact(
     if !equal.is_empty() {
         return Some(vec![equal[rng.random_range(0..equal.len())]]);
     }
-    const FOUND_LIMIT: usize = 16;
-    let top = &fill[..fill.len().min(EXACT_SEARCH_LIMIT)];
-    let value = |i: usize| candidates[i].value();
+    // Search over distinct amounts (a wallet of denominations has few), each with
+    // the candidates of that amount: pairs, then triples, of amounts summing to R
+    // with enough candidates of each.
+    let mut groups: Vec<(u128, Vec<usize>)> = Vec::new();
+    for &i in fill {
+        let v = candidates[i].value();
+        if let Some((last, members)) = groups.last_mut()
+            && *last == v
+        {
+            members.push(i);
+        } else if groups.len() == EXACT_SEARCH_LIMIT {
+            break;
+        } else {
+            groups.push((v, vec![i]));
+        }
+    }
     let target = remaining.value();
-    let mut found: Vec<Vec<usize>> = Vec::new();
     let size = limits.batch_window.min(3);
-    // Pairs, then triples; `top` is descending, so each inner scan can stop early.
+    let mut found: Vec<Vec<usize>> = Vec::new();
+    // Groups are descending, so each inner scan stops once the sum is too small.
     if size >= 2 {
-        for (a, &i) in top.iter().enumerate() {
-            for &j in &top[a + 1..] {
-                match value(i).saturating_add(value(j)).cmp(&target) {
-                    std::cmp::Ordering::Equal => found.push(vec![i, j]),
+        for a in 0..groups.len() {
+            for b in a..groups.len() {
+                match groups[a].0.saturating_add(groups[b].0).cmp(&target) {
+                    std::cmp::Ordering::Equal => found.push(vec![a, b]),
                     std::cmp::Ordering::Less => break,
                     std::cmp::Ordering::Greater => {}
                 }
             }
-            if found.len() >= FOUND_LIMIT {
-                break;
-            }
         }
     }
-    if found.is_empty() && size >= 3 {
-        'outer: for (a, &i) in top.iter().enumerate() {
-            for (b, &j) in top.iter().enumerate().skip(a + 1) {
-                let pair = value(i).saturating_add(value(j));
+    if size >= 3 {
+        for a in 0..groups.len() {
+            for b in a..groups.len() {
+                let pair = groups[a].0.saturating_add(groups[b].0);
                 if pair >= target {
                     continue;
                 }
-                for &k in &top[b + 1..] {
-                    match pair.saturating_add(value(k)).cmp(&target) {
-                        std::cmp::Ordering::Equal => found.push(vec![i, j, k]),
+                for c in b..groups.len() {
+                    match pair.saturating_add(groups[c].0).cmp(&target) {
+                        std::cmp::Ordering::Equal => found.push(vec![a, b, c]),
                         std::cmp::Ordering::Less => break,
                         std::cmp::Ordering::Greater => {}
                     }
                 }
-                if found.len() >= FOUND_LIMIT {
-                    break 'outer;
-                }
             }
         }
     }
+    // Enough candidates of each amount (a pair of one amount needs two of it).
+    found.retain(|set| {
+        set.iter()
+            .all(|g| groups[*g].1.len() >= set.iter().filter(|h| *h == g).count())
+    });
     if found.is_empty() {
         return None;
     }
-    let pick = rng.random_range(0..found.len());
-    Some(found.swap_remove(pick))
+    // Fewest inputs first, then a random set among those, random members.
+    let fewest = found.iter().map(Vec::len).min().unwrap_or(2);
+    found.retain(|set| set.len() == fewest);
+    let set = found.swap_remove(rng.random_range(0..found.len()));
+    let mut chosen: Vec<usize> = Vec::with_capacity(set.len());
+    for &g in &set {
+        let mut members = groups[g].1.clone();
+        members.retain(|i| !chosen.contains(i));
+        chosen.push(*members.choose(rng)?);
+    }
+    Some(chosen)
 }
 
 /// One of the anchor's sufficiency window, if the anchor is near-sized.

@@ -150,14 +150,7 @@ pub(crate) async fn explain_candidate_bands(
         .bind(query.threshold.to_string())
         .bind(limit(query.cover))
         .bind(limit(query.fill));
-    let rows = backend
-        .note(statement.fetch_all(backend.pool()).await)
-        .map_err(|e| to_fault(&e))?;
-    let lines = rows
-        .iter()
-        .map(|row| get::<String>(row, 0))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(lines.join("\n"))
+    explain(backend, statement).await
 }
 
 pub(crate) async fn explain_candidates(
@@ -180,8 +173,16 @@ pub(crate) async fn explain_candidates(
             .bind(cursor.id.tx.as_str())
             .bind(i64::from(cursor.id.index)),
     };
+    explain(backend, query).await
+}
+
+/// Runs an `EXPLAIN` statement and joins its lines.
+async fn explain(
+    backend: &PgBackend,
+    statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<String, StoreFault> {
     let rows = backend
-        .note(query.fetch_all(backend.pool()).await)
+        .note(statement.fetch_all(backend.pool()).await)
         .map_err(|e| to_fault(&e))?;
     let lines = rows
         .iter()

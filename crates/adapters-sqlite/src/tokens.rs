@@ -65,6 +65,28 @@ fn limit_to_sql(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
+/// Runs a candidate read (columns tx, output, amount) and appends its rows.
+fn read_candidates(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    params: impl rusqlite::Params,
+    out: &mut Vec<Candidate>,
+) -> Result<(), StoreFault> {
+    let mut stmt = tx.prepare_cached(sql).db()?;
+    let mut rows = stmt.query(params).db()?;
+    while let Some(r) = rows.next().db()? {
+        let txid: String = r.get(0).db()?;
+        let output: i64 = r.get(1).db()?;
+        let amount: String = r.get(2).db()?;
+        let row = format!("tokens row {txid}:{output}");
+        out.push(Candidate {
+            id: token_from_sql(&row, txid, output)?,
+            quantity: amount_from_sql(&row, &amount)?,
+        });
+    }
+    Ok(())
+}
+
 fn token_row(r: &rusqlite::Row<'_>) -> Result<Token, StoreFault> {
     let tx: String = r.get(0).db()?;
     let output: i64 = r.get(1).db()?;
@@ -235,41 +257,26 @@ impl TokenStore for SqliteBackend {
                 let limit = limit_to_sql(query.limit);
                 let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
                 let mut out = Vec::new();
-                let mut push = |r: &rusqlite::Row<'_>| -> Result<(), StoreFault> {
-                    let txid: String = r.get(0).db()?;
-                    let output: i64 = r.get(1).db()?;
-                    let amount: String = r.get(2).db()?;
-                    let row = format!("tokens row {txid}:{output}");
-                    out.push(Candidate {
-                        id: token_from_sql(&row, txid, output)?,
-                        quantity: amount_from_sql(&row, &amount)?,
-                    });
-                    Ok(())
-                };
                 match &query.after {
-                    None => {
-                        let mut stmt = tx.prepare_cached(CANDIDATES_FIRST).db()?;
-                        let mut rows = stmt.query(params![wallet, token_type, limit]).db()?;
-                        while let Some(r) = rows.next().db()? {
-                            push(r)?;
-                        }
-                    }
-                    Some(after) => {
-                        let mut stmt = tx.prepare_cached(CANDIDATES_AFTER).db()?;
-                        let mut rows = stmt
-                            .query(params![
-                                wallet,
-                                token_type,
-                                limit,
-                                after.quantity.to_storage(),
-                                after.id.tx.as_str(),
-                                after.id.index
-                            ])
-                            .db()?;
-                        while let Some(r) = rows.next().db()? {
-                            push(r)?;
-                        }
-                    }
+                    None => read_candidates(
+                        tx,
+                        CANDIDATES_FIRST,
+                        params![wallet, token_type, limit],
+                        &mut out,
+                    )?,
+                    Some(after) => read_candidates(
+                        tx,
+                        CANDIDATES_AFTER,
+                        params![
+                            wallet,
+                            token_type,
+                            limit,
+                            after.quantity.to_storage(),
+                            after.id.tx.as_str(),
+                            after.id.index
+                        ],
+                        &mut out,
+                    )?,
                 }
                 Ok(out)
             })
@@ -282,60 +289,29 @@ impl TokenStore for SqliteBackend {
             .read(move |tx| {
                 let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
                 let threshold = query.threshold.to_storage();
+                let (cover, fill) = (limit_to_sql(query.cover), limit_to_sql(query.fill));
                 let mut out = Vec::new();
-                let mut push = |r: &rusqlite::Row<'_>| -> Result<(), StoreFault> {
-                    let txid: String = r.get(0).db()?;
-                    let output: i64 = r.get(1).db()?;
-                    let amount: String = r.get(2).db()?;
-                    let row = format!("tokens row {txid}:{output}");
-                    out.push(Candidate {
-                        id: token_from_sql(&row, txid, output)?,
-                        quantity: amount_from_sql(&row, &amount)?,
-                    });
-                    Ok(())
-                };
-                if query.cover > 0 {
-                    let mut stmt = tx.prepare_cached(COVER_BAND).db()?;
-                    let mut rows = stmt
-                        .query(params![
+                if cover > 0 {
+                    let params = params![wallet, token_type, threshold, cover];
+                    read_candidates(tx, COVER_BAND, params, &mut out)?;
+                }
+                match (&query.fill_before, fill) {
+                    (_, 0) => {}
+                    (None, _) => {
+                        let params = params![wallet, token_type, threshold, fill];
+                        read_candidates(tx, FILL_BAND, params, &mut out)?;
+                    }
+                    (Some(cursor), _) => {
+                        let params = params![
                             wallet,
                             token_type,
                             threshold,
-                            limit_to_sql(query.cover)
-                        ])
-                        .db()?;
-                    while let Some(r) = rows.next().db()? {
-                        push(r)?;
-                    }
-                }
-                let fill = limit_to_sql(query.fill);
-                match (&query.fill_before, query.fill) {
-                    (_, 0) => {}
-                    (None, _) => {
-                        let mut stmt = tx.prepare_cached(FILL_BAND).db()?;
-                        let mut rows = stmt
-                            .query(params![wallet, token_type, threshold, fill])
-                            .db()?;
-                        while let Some(r) = rows.next().db()? {
-                            push(r)?;
-                        }
-                    }
-                    (Some(cursor), _) => {
-                        let mut stmt = tx.prepare_cached(FILL_BAND_BEFORE).db()?;
-                        let mut rows = stmt
-                            .query(params![
-                                wallet,
-                                token_type,
-                                threshold,
-                                fill,
-                                cursor.quantity.to_storage(),
-                                cursor.id.tx.as_str(),
-                                cursor.id.index
-                            ])
-                            .db()?;
-                        while let Some(r) = rows.next().db()? {
-                            push(r)?;
-                        }
+                            fill,
+                            cursor.quantity.to_storage(),
+                            cursor.id.tx.as_str(),
+                            cursor.id.index
+                        ];
+                        read_candidates(tx, FILL_BAND_BEFORE, params, &mut out)?;
                     }
                 }
                 Ok(out)

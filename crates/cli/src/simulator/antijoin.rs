@@ -29,6 +29,14 @@ impl LockBlindTokens {
     }
 }
 
+/// A spendable, unspent token as a candidate (locked or not).
+fn candidate(t: Token) -> Option<Candidate> {
+    (t.spendable && t.spent_by.is_none()).then_some(Candidate {
+        id: t.id,
+        quantity: t.quantity,
+    })
+}
+
 fn key(c: &Candidate) -> (Quantity, &TokenId) {
     (c.quantity, &c.id)
 }
@@ -62,14 +70,7 @@ impl TokenStore for LockBlindTokens {
             } else {
                 rows.last().map(|t| t.quantity)
             };
-            let mut page: Vec<Candidate> = rows
-                .into_iter()
-                .filter(|t| t.spendable && t.spent_by.is_none())
-                .map(|t| Candidate {
-                    id: t.id,
-                    quantity: t.quantity,
-                })
-                .collect();
+            let mut page: Vec<Candidate> = rows.into_iter().filter_map(candidate).collect();
             if let Some(boundary) = boundary {
                 page.retain(|c| c.quantity < boundary);
             }
@@ -93,11 +94,7 @@ impl TokenStore for LockBlindTokens {
             .list_tokens(&query.wallet, Some(query.token_type.clone()), usize::MAX)
             .await?
             .into_iter()
-            .filter(|t| t.spendable && t.spent_by.is_none())
-            .map(|t| Candidate {
-                id: t.id,
-                quantity: t.quantity,
-            })
+            .filter_map(candidate)
             .collect();
         let mut cover: Vec<Candidate> = if query.fill_before.is_some() {
             Vec::new()

@@ -92,7 +92,8 @@ pub(crate) fn plan(
 }
 
 /// A cover candidate equal to R, or a pair or triple of the largest fill
-/// candidates that sums to R (each found set equally likely among the first few).
+/// candidates that sums to R: of the sets found, one with the fewest inputs, at
+/// random.
 fn exact(
     candidates: &[Quantity],
     cover: &[usize],
@@ -151,8 +152,8 @@ fn exact(
                 if pair >= target {
                     continue;
                 }
-                for c in b..groups.len() {
-                    match pair.saturating_add(groups[c].0).cmp(&target) {
+                for (c, (value, _)) in groups.iter().enumerate().skip(b) {
+                    match pair.saturating_add(*value).cmp(&target) {
                         std::cmp::Ordering::Equal => found.push(vec![a, b, c]),
                         std::cmp::Ordering::Less => break,
                         std::cmp::Ordering::Greater => {}

@@ -73,21 +73,7 @@ impl Scan {
         if let Some(last) = page.last() {
             self.cursor = Some(last.clone());
         }
-        let mut any_new = false;
-        let mut fresh = Vec::with_capacity(page.len());
-        for candidate in page {
-            if !self.seen.insert(candidate.id.clone()) {
-                continue;
-            }
-            any_new = true;
-            if candidate.quantity.is_zero() || won.contains(&candidate.id) {
-                continue;
-            }
-            fresh.push(candidate);
-        }
-        self.saw_any |= !fresh.is_empty();
-        self.exhausted = !full || !any_new;
-
+        let mut fresh = self.take_fresh(page, full, won);
         if !ascending {
             fresh.shuffle(rng);
             self.buffer.append(&mut fresh);
@@ -111,9 +97,33 @@ impl Scan {
         shuffle_equal_runs(&mut merged, rng);
         self.buffer.append(&mut merged);
     }
-}
 
-impl Scan {
+    /// The candidates of `page` new to the scan, without zero amounts and tokens
+    /// already won; notes what the scan saw, and ends it when the page was not
+    /// `full` or brought no id new to the scan.
+    fn take_fresh(
+        &mut self,
+        page: Vec<Candidate>,
+        full: bool,
+        won: &HashSet<TokenId>,
+    ) -> Vec<Candidate> {
+        let mut any_new = false;
+        let mut fresh = Vec::with_capacity(page.len());
+        for candidate in page {
+            if !self.seen.insert(candidate.id.clone()) {
+                continue;
+            }
+            any_new = true;
+            if candidate.quantity.is_zero() || won.contains(&candidate.id) {
+                continue;
+            }
+            fresh.push(candidate);
+        }
+        self.saw_any |= !fresh.is_empty();
+        self.exhausted = !full || !any_new;
+        fresh
+    }
+
     /// `cover_first`: takes one band read (`docs/selection.md`, "Read"): the
     /// candidates at or above `threshold` are the cover band (at most
     /// `cover_limit` were asked), those below it the fill band (at most
@@ -142,20 +152,9 @@ impl Scan {
             self.cursor = Some(smallest.clone());
         }
         let full = fill.len() >= fill_limit;
-        let mut any_new = false;
-        let mut fresh = Vec::with_capacity(cover.len() + fill.len());
-        for candidate in cover.into_iter().chain(fill) {
-            if !self.seen.insert(candidate.id.clone()) {
-                continue;
-            }
-            any_new = true;
-            if candidate.quantity.is_zero() || won.contains(&candidate.id) {
-                continue;
-            }
-            fresh.push(candidate);
-        }
-        self.saw_any |= !fresh.is_empty();
-        self.exhausted = !full || !any_new;
+        let mut page = cover;
+        page.extend(fill);
+        let mut fresh = self.take_fresh(page, full, won);
         fresh.sort_by_key(|c| c.quantity);
         shuffle_equal_runs(&mut fresh, rng);
         self.buffer.append(&mut fresh);

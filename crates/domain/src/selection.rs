@@ -16,8 +16,7 @@
 //!   is left and the fill read cannot cover R.
 //! - **Choice** (`cover_first`): exact (opt-in), single cover, fill, dust
 //!   (opt-in); see `cover.rs` and `docs/selection.md`. After a loss the next pick
-//!   comes from what was read; a read used up is read again (a rescan), and the
-//!   blacklist is scoped to one read (a fresh read hides what is still locked).
+//!   comes from what was read; a read used up is read again (a rescan).
 //! - **Scan** (`smallest_first`, the upstream order). Candidates arrive in
 //!   ascending pages (keyset cursor: `after` is the last candidate of the previous
 //!   page; a page shorter than asked ends the scan). Runs of equal amounts are
@@ -38,7 +37,8 @@
 //!   *full* amount, at most once per leg, contention or not: below it is
 //!   [`SelectionFailure::InsufficientFunds`]. Otherwise a new scan starts, costing
 //!   one immediate retry; under `smallest_first` a scan that met only blacklisted
-//!   tokens clears the blacklist first, under `cover_first` every new scan does.
+//!   tokens clears the blacklist first; under `cover_first` so does a scan whose
+//!   clean candidates could not make a claim.
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
 //!   possibly held tokens) are released, the engine backs off a random time in
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
@@ -820,6 +820,7 @@ impl Selection {
             index += 1;
             keep
         });
+        self.scan.claimed = true;
         self.stats.claims += 1;
         self.stats.lock_attempts += u64::try_from(window.len()).unwrap_or(u64::MAX);
         for c in &window {
@@ -903,14 +904,16 @@ impl Selection {
     }
 
     fn rescan(&mut self, rng: &mut impl Rng) -> Action {
-        // `cover_first` scopes the blacklist to one read: a fresh read hides what
-        // is still locked (the anti-join), so a lost token it shows again was
-        // released and may be tried again. `smallest_first` keeps the upstream
-        // escape hatch: clear only when a whole scan saw nothing else.
-        let clear = match self.config.policy {
-            SelectionPolicy::CoverFirst => true,
-            SelectionPolicy::SmallestFirst => self.scan.saw_any && !self.scan.saw_clean,
+        // The blacklist keeps a call away from the tokens it has fought for (the
+        // hot ones) while others are free; it is cleared when it is all that
+        // stands in the way: a scan that saw only blacklisted tokens (the upstream
+        // escape hatch), or, under `cover_first`, a scan whose clean candidates
+        // could not make a claim at all (they cannot cover the amount alone).
+        let stuck = match self.config.policy {
+            SelectionPolicy::CoverFirst => !self.scan.claimed,
+            SelectionPolicy::SmallestFirst => false,
         };
+        let clear = self.scan.saw_any && (!self.scan.saw_clean || stuck);
         if clear && !self.blacklist.is_empty() {
             self.blacklist.clear();
             self.stats.blacklist_clears += 1;

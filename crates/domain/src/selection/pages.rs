@@ -34,6 +34,8 @@ pub(crate) struct Scan {
     pub(crate) saw_any: bool,
     /// The scan met at least one candidate that was not blacklisted.
     pub(crate) saw_clean: bool,
+    /// The scan proposed at least one claim.
+    pub(crate) claimed: bool,
     /// The scan met contention (a lost race, or a token blacklisted for one).
     pub(crate) contention: bool,
     /// `cover_first`: the cover band came back full, so more cover candidates may

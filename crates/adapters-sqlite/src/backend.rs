@@ -103,7 +103,7 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
             let mut conn = Connection::open_in_memory().db()?;
             configure(&conn, options)?;
             schema::migrate(&mut conn, now)?;
-            Ok(Pool::new(conn, Vec::new()))
+            Ok(Pool::new(conn, Vec::new(), options.busy_timeout))
         }
         Location::File(path) => {
             let mut writer = open_connection(path, options)?;
@@ -123,7 +123,7 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
                 reader.pragma_update(None, "query_only", "ON").db()?;
                 readers.push(reader);
             }
-            Ok(Pool::new(writer, readers))
+            Ok(Pool::new(writer, readers, options.busy_timeout))
         }
     }
 }

@@ -50,4 +50,5 @@ mod tokens;
 pub use backend::SqliteBackend;
 pub use error::OpenError;
 pub use options::{Location, MAX_BUSY_TIMEOUT, MAX_READERS, SqliteOptions};
+pub use pool::begin_immediate;
 pub use schema::{MIGRATIONS, Migration, SCHEMA_VERSION};

@@ -2,13 +2,18 @@
 //! tokio's blocking threads, and the round-trip counter.
 //!
 //! Every write runs on the writer connection inside `BEGIN IMMEDIATE`, so a
-//! transaction takes SQLite's write lock up front (waiting up to the busy timeout)
-//! instead of failing when it upgrades a read. Reads run on a reader connection
+//! transaction takes SQLite's write lock up front instead of failing when it
+//! upgrades a read. While another connection (another process or instance on the
+//! same file) holds the lock, [`begin_immediate`] tries again every millisecond
+//! or two up to the busy timeout; SQLite's own busy handler sleeps up to 100 ms
+//! between tries, which put hundreds of milliseconds in the tail of writers that
+//! share a file. Reads run on a reader connection
 //! (WAL lets them proceed beside the writer); an in-memory database has only the
 //! writer, which then serves reads too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use holdfast_ports::StoreFault;
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
@@ -48,8 +53,49 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The longest pause between two tries of `BEGIN IMMEDIATE` while the write lock
+/// is held elsewhere.
+const MAX_BEGIN_PAUSE: Duration = Duration::from_millis(2);
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if matches!(f.code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+}
+
+/// Opens a `BEGIN IMMEDIATE` transaction on `conn`, trying again with short
+/// pauses (from 0.1 ms, doubling to [`MAX_BEGIN_PAUSE`]) while the write lock is
+/// held elsewhere, for at most `busy_timeout`; then [`StoreFault::Busy`]. The
+/// connection's own busy timeout is off while it tries and `busy_timeout` again
+/// for the statements of the transaction. Public so that a hand-written cycle on
+/// the same file (the simulator's raw limit) waits the same way.
+pub fn begin_immediate(
+    conn: &Connection,
+    busy_timeout: Duration,
+) -> Result<Transaction<'_>, StoreFault> {
+    let deadline = Instant::now() + busy_timeout;
+    let mut pause = Duration::from_micros(100);
+    conn.busy_timeout(Duration::ZERO).db()?;
+    loop {
+        match Transaction::new_unchecked(conn, TransactionBehavior::Immediate) {
+            Ok(tx) => {
+                tx.busy_timeout(busy_timeout).db()?;
+                return Ok(tx);
+            }
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(MAX_BEGIN_PAUSE);
+            }
+            Err(e) => {
+                let _ = conn.busy_timeout(busy_timeout);
+                return Err(fault(e));
+            }
+        }
+    }
+}
+
 /// The connections of one adapter instance.
 pub(crate) struct Pool {
+    busy_timeout: Duration,
     writer: Mutex<Connection>,
     readers: Option<Readers>,
     round_trips: AtomicU64,
@@ -70,12 +116,17 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(writer: Connection, readers: Vec<Connection>) -> Pool {
+    pub(crate) fn new(
+        writer: Connection,
+        readers: Vec<Connection>,
+        busy_timeout: Duration,
+    ) -> Pool {
         let readers = (!readers.is_empty()).then(|| Readers {
             idle: Mutex::new(readers),
             returned: Condvar::new(),
         });
         Pool {
+            busy_timeout,
             writer: Mutex::new(writer),
             readers,
             round_trips: AtomicU64::new(0),
@@ -97,10 +148,8 @@ impl Pool {
         let pool = Arc::clone(self);
         pool.round_trips.fetch_add(1, Ordering::Relaxed);
         run_blocking(move || {
-            let mut conn = lock(&pool.writer);
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .db()?;
+            let conn = lock(&pool.writer);
+            let tx = begin_immediate(&conn, pool.busy_timeout)?;
             let out = f(&tx)?;
             tx.commit().db()?;
             Ok(out)

@@ -345,3 +345,39 @@ async fn in_memory_databases_are_private_and_work() {
             .is_empty()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_for_a_lock_released_within_the_timeout() {
+    let file = TempDb::new();
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_secs(5),
+        readers: 1,
+    };
+    let backend = SqliteBackend::open(&file.url(), options)
+        .await
+        .expect("open");
+    let s = backend.stores();
+    s.tokens.add_tokens(&[token("t", 0, 1)]).await.expect("add");
+
+    // Another connection (as another process would) holds the write lock for a
+    // while, then commits: the claim waits for it instead of failing.
+    let (held, release) = std::sync::mpsc::channel::<()>();
+    let path = file.path();
+    let holder = std::thread::spawn(move || {
+        let mut other = Connection::open(path).expect("raw connection");
+        let tx = other
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .expect("take the write lock");
+        held.send(()).expect("signal");
+        std::thread::sleep(Duration::from_millis(150));
+        tx.commit().expect("commit");
+    });
+    release.recv().expect("lock taken");
+    let consumer = TxId::new("c").expect("tx");
+    let tok = TokenId::new(TxId::new("t").expect("tx"), 0);
+    assert_eq!(
+        s.locks.claim(&consumer, &tok, T0).await,
+        Ok(ClaimVerdict::Won)
+    );
+    holder.join().expect("holder");
+}

@@ -29,7 +29,8 @@
 //! SQLite: each replica has one writer connection shared by its workers behind a
 //! mutex (as holdfast's adapter has), every write is a `BEGIN IMMEDIATE`
 //! transaction, each worker reads on its own read-only connection, with the
-//! adapter's pragmas (busy timeout, `synchronous = FULL`, `foreign_keys`; the file
+//! adapter's pragmas and its way of waiting for the write lock
+//! (`begin_immediate`; busy timeout, `synchronous = FULL`, `foreign_keys`; the file
 //! is already in WAL mode), and each worker runs on a blocking thread.
 //! PostgreSQL: one pool per replica, sized as holdfast's; the claim is one
 //! statement that share-locks the token row (as holdfast's `insert` strategy does),
@@ -39,7 +40,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
+use holdfast_adapters_sqlite::begin_immediate;
+use rusqlite::{Connection, OpenFlags, params};
 use serde::Serialize;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
@@ -299,7 +301,7 @@ VALUES (?1, 0, ?2, ?3, ?4, 1)";
             let writer = writers[worker % writers.len()].clone();
             let reader = open(url, busy, true)?;
             let shared = shared.clone();
-            tasks.spawn_blocking(move || work(worker, &reader, &writer, &shared));
+            tasks.spawn_blocking(move || work(worker, &reader, &writer, busy, &shared));
         }
         while let Some(joined) = tasks.join_next().await {
             joined.map_err(|e| SimulateError::Task(e.to_string()))??;
@@ -317,6 +319,7 @@ VALUES (?1, 0, ?2, ?3, ?4, 1)";
         worker: usize,
         reader: &Connection,
         writer: &Mutex<Connection>,
+        busy: Duration,
         shared: &Shared,
     ) -> Result<(), SimulateError> {
         let page = i64::try_from(PAGE).unwrap_or(i64::MAX);
@@ -345,10 +348,8 @@ VALUES (?1, 0, ?2, ?3, ?4, 1)";
             let mut won = None;
             for k in 0..candidates.len() {
                 let c = &candidates[(worker + k) % candidates.len()];
-                let mut conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(raw)?;
+                let conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
+                let tx = begin_immediate(&conn, busy).map_err(raw)?;
                 let n = tx
                     .prepare_cached(CLAIM)
                     .map_err(raw)?
@@ -363,10 +364,8 @@ VALUES (?1, 0, ?2, ?3, ?4, 1)";
                 shared.count(&shared.claims_lost, 1);
             }
             if let Some(c) = won {
-                let mut conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(raw)?;
+                let conn = writer.lock().unwrap_or_else(PoisonError::into_inner);
+                let tx = begin_immediate(&conn, busy).map_err(raw)?;
                 if job.spend {
                     let n = tx
                         .prepare_cached(SPEND)

@@ -55,6 +55,16 @@ const CANDIDATE_BANDS: &str = "
      ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
      LIMIT $5)";
 
+/// The cover band alone, when no fill band is asked for (an amount of 1).
+const COVER_BAND: &str = "
+    SELECT t.tx_id, t.idx, t.amount::text
+    FROM tokens t
+    WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+      AND t.amount >= $3::numeric
+      AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+    ORDER BY t.amount, t.tx_id, t.idx
+    LIMIT $4";
+
 /// A further fill page: strictly before the keyset cursor, largest first.
 const FILL_BAND_BEFORE: &str = "
     SELECT t.tx_id, t.idx, t.amount::text
@@ -375,6 +385,11 @@ impl TokenStore for PgBackend {
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
         let threshold = query.threshold.to_string();
         let statement = match &query.fill_before {
+            None if query.fill == 0 => sqlx::query(COVER_BAND)
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(threshold)
+                .bind(limit(query.cover)),
             None => sqlx::query(CANDIDATE_BANDS)
                 .bind(query.wallet.as_str())
                 .bind(query.token_type.as_str())

@@ -63,7 +63,7 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 }
 
 /// Opens a `BEGIN IMMEDIATE` transaction on `conn`, trying again with short
-/// pauses (from 0.1 ms, doubling to [`MAX_BEGIN_PAUSE`]) while the write lock is
+/// pauses (from 0.1 ms, doubling to 2 ms) while the write lock is
 /// held elsewhere, for at most `busy_timeout`; then [`StoreFault::Busy`]. The
 /// connection's own busy timeout is off while it tries and `busy_timeout` again
 /// for the statements of the transaction. Public so that a hand-written cycle on

@@ -700,12 +700,17 @@ impl Selection {
 
     fn fetch(&mut self, after: Option<Candidate>, refresh: bool) -> Action {
         let bands = self.bands(after.as_ref());
+        let mut limit = self.config.page_size;
         if let Some(bands) = bands {
             self.scan.threshold = Some(bands.threshold);
+            // Nothing but a zero amount lies below 1: no fill band to read.
+            if bands.threshold.value() <= 1 {
+                limit = 0;
+            }
         }
         let request = FetchRequest {
             after,
-            limit: self.config.page_size,
+            limit,
             refresh: refresh || std::mem::take(&mut self.refresh_pending),
             bands,
         };

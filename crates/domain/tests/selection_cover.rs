@@ -179,3 +179,16 @@ fn tokens_of_one_run_are_never_claimed_twice() {
     assert_eq!(picked.iter().collect::<BTreeSet<_>>().len(), 20);
     assert!(picked.iter().all(|t| (0..40).map(tid).any(|x| &x == t)));
 }
+
+#[test]
+fn an_amount_of_one_reads_no_fill_band() {
+    // Nothing but a zero amount lies below 1: the read asks for the cover band only.
+    let r = run(Wallet::of(&[0, 1, 5]), 1, SelectionConfig::default(), 1);
+    assert!(
+        r.trace.starts_with("L1 fetch after=- limit=0 bands>=1:16"),
+        "{}",
+        r.trace
+    );
+    assert_eq!(r.picked().len(), 1);
+    assert_eq!(r.stats.round_trips(), 2);
+}

@@ -153,7 +153,7 @@ impl Scan {
         {
             self.cursor = Some(smallest.clone());
         }
-        let full = fill.len() >= fill_limit;
+        let full = fill_limit > 0 && fill.len() >= fill_limit;
         let mut page = cover;
         page.extend(fill);
         let mut fresh = self.take_fresh(page, full, won);

@@ -266,6 +266,12 @@ pub async fn candidate_bands_split_at_the_threshold(db: &dyn TestDatabase) {
             "strictly descending: {pair:?}"
         );
     }
+    let cover_only: Vec<u128> = read(query(3, 0, None))
+        .await
+        .iter()
+        .map(|c| c.quantity.value())
+        .collect();
+    assert_eq!(cover_only, [10, 10, 12], "no fill band asked, none read");
     assert_eq!(
         read(query(0, 0, None)).await,
         Vec::new(),

@@ -12,8 +12,8 @@
 //! - **Read** (`cover_first`, the default). With R the amount still to cover, one
 //!   fetch asks for [`Bands`]: a cover band of up to `cover_band` candidates >= R,
 //!   ascending, and a fill band of up to `page_size` candidates < R, largest
-//!   first. Further fill pages (keyset, descending) only when no cover candidate
-//!   is left and the fill read cannot cover R.
+//!   first (none for R = 1). Further fill pages (keyset, descending) only when no
+//!   cover candidate is left and the fill read cannot cover R.
 //! - **Choice** (`cover_first`): exact (opt-in), single cover, fill, dust
 //!   (opt-in); see `cover.rs` and `docs/selection.md`. After a loss the next pick
 //!   comes from what was read; a read used up is read again (a rescan).

@@ -486,11 +486,7 @@ impl Selection {
                 self.pending()
             }
             Ok(page) => {
-                let needed = self
-                    .request
-                    .amount
-                    .checked_sub(self.leg.sum)
-                    .unwrap_or(Quantity::ZERO);
+                let needed = self.remaining();
                 match request.bands {
                     Some(bands) => self.scan.ingest_bands(
                         page,
@@ -665,6 +661,11 @@ impl Selection {
         }
     }
 
+    /// The amount this leg's wins do not cover yet.
+    fn remaining(&self) -> Quantity {
+        self.request.amount.saturating_sub(self.leg.sum)
+    }
+
     /// What a fetch continuing after `after` reads: bands under `cover_first`
     /// (the cover band only on a scan's first read), else an ascending page.
     fn bands(&self, after: Option<&Candidate>) -> Option<Bands> {
@@ -676,7 +677,7 @@ impl Selection {
                     cover: 0,
                 },
                 _ => Bands {
-                    threshold: self.request.amount.saturating_sub(self.leg.sum),
+                    threshold: self.remaining(),
                     cover: self.config.cover_band,
                 },
             }),
@@ -724,7 +725,7 @@ impl Selection {
         if let Some(change) = self.leg.sum.checked_sub(self.request.amount) {
             return self.succeed(change);
         }
-        let remaining = self.request.amount.saturating_sub(self.leg.sum);
+        let remaining = self.remaining();
         self.drop_unusable();
         let quantities: Vec<Quantity> = self.scan.buffer.iter().map(|c| c.quantity).collect();
         let headroom = u128::MAX - self.leg.sum.value();

@@ -100,9 +100,10 @@ pub fn plan(
     ready(index, Vec::new())
 }
 
-/// The sufficiency window anchored at `anchor`, or `None` when more candidates are
-/// needed to decide it.
-fn sufficiency_window(
+/// The sufficiency window anchored at `anchor` (indices into `candidates`,
+/// ascending), or `None` when more candidates are needed to decide it. Also the
+/// single-cover window of `cover_first`.
+pub(crate) fn sufficiency_window(
     candidates: &[Quantity],
     anchor: usize,
     exhausted: bool,

@@ -26,6 +26,7 @@ use rand::Rng;
 use rand::seq::{IndexedRandom, SliceRandom};
 
 use crate::quantity::Quantity;
+use crate::window::{self, WindowLimits};
 
 /// How many distinct amounts of the fill candidates (largest first) the exact
 /// search looks at: pairs and triples of them, at most about 64^3 / 6 sums.
@@ -201,27 +202,31 @@ fn single_cover(
     anchor_window(candidates, cover, limits, rng)
 }
 
-/// One member of the anchor's sufficiency window, picked uniformly.
+/// One member of the anchor's sufficiency window (the rule of
+/// [`window::sufficiency_window`], extended through the run of amounts equal to
+/// its last member), picked uniformly.
 fn anchor_window(
     candidates: &[Quantity],
     cover: &[usize],
     limits: CoverLimits,
     rng: &mut (impl Rng + ?Sized),
 ) -> Option<Vec<usize>> {
-    let &anchor = cover.first()?;
-    let bound = candidates[anchor]
-        .value()
-        .saturating_mul(u128::from(limits.max_sufficiency_ratio));
-    let mut window: Vec<usize> = cover
-        .iter()
-        .copied()
-        .take(limits.sufficiency_window.max(1))
-        .take_while(|&i| candidates[i].value() <= bound)
-        .collect();
-    extend_through_equal_run(candidates, cover, &mut window);
-    match window.len() {
-        0 | 1 => Some(vec![anchor]),
-        n => Some(vec![window[rng.random_range(0..n)]]),
+    if cover.is_empty() {
+        return None;
+    }
+    let amounts: Vec<Quantity> = cover.iter().map(|&i| candidates[i]).collect();
+    let window_limits = WindowLimits {
+        batch_window: limits.batch_window,
+        sufficiency_window: limits.sufficiency_window,
+        max_sufficiency_ratio: limits.max_sufficiency_ratio,
+    };
+    // Cover holds only candidates that fit the headroom; all of it is read.
+    let positions = window::sufficiency_window(&amounts, 0, true, window_limits, |_| true)?;
+    let mut members: Vec<usize> = positions.into_iter().map(|p| cover[p]).collect();
+    extend_through_equal_run(candidates, cover, &mut members);
+    match members.len() {
+        0 | 1 => Some(vec![cover[0]]),
+        n => Some(vec![members[rng.random_range(0..n)]]),
     }
 }
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Bands, Candidate, ClaimVerdict, Precision, Quantity, SelectRequest, Selection,
+    Action, Candidate, ClaimVerdict, Precision, Quantity, SelectRequest, Selection,
     SelectionConfig, SelectionFailure, SelectionPolicy, StoreFailure, TokenId, TokenType, TxId,
     WalletId,
 };
@@ -86,30 +86,6 @@ impl Store {
             .filter(|c| after.is_none_or(|a| (c.quantity, &c.id) > (a.quantity, &a.id)))
             .take(limit)
             .collect()
-    }
-
-    /// A `cover_first` band read over the free tokens.
-    fn bands(&self, bands: Bands, before: Option<&Candidate>, limit: usize) -> Vec<Candidate> {
-        let all = self.page(None, usize::MAX);
-        let key = |c: &Candidate| (c.quantity, c.id.clone());
-        let mut out: Vec<Candidate> = if before.is_some() {
-            Vec::new()
-        } else {
-            all.iter()
-                .filter(|c| c.quantity >= bands.threshold)
-                .take(bands.cover)
-                .cloned()
-                .collect()
-        };
-        out.extend(
-            all.iter()
-                .rev()
-                .filter(|c| c.quantity < bands.threshold)
-                .filter(|c| before.is_none_or(|b| key(c) < key(b)))
-                .take(limit)
-                .cloned(),
-        );
-        out
     }
 
     fn balance(&self) -> Quantity {
@@ -227,7 +203,11 @@ pub fn run(data: &[u8]) {
                     selection.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng)
                 } else {
                     let page = match fetch.bands {
-                        Some(bands) => store.bands(bands, fetch.after.as_ref(), fetch.limit),
+                        Some(bands) => bands.answer(
+                            &store.page(None, usize::MAX),
+                            fetch.after.as_ref(),
+                            fetch.limit,
+                        ),
                         None => store.page(fetch.after.as_ref(), fetch.limit),
                     };
                     selection.on_candidates(Ok(page), &mut rng)

@@ -291,7 +291,7 @@ impl TokenStore for SqliteBackend {
                 let threshold = query.threshold.to_storage();
                 let (cover, fill) = (limit_to_sql(query.cover), limit_to_sql(query.fill));
                 let mut out = Vec::new();
-                if cover > 0 {
+                if cover > 0 && query.fill_before.is_none() {
                     let params = params![wallet, token_type, threshold, cover];
                     read_candidates(tx, COVER_BAND, params, &mut out)?;
                 }

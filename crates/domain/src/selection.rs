@@ -167,6 +167,39 @@ pub struct Bands {
     pub cover: usize,
 }
 
+impl Bands {
+    /// The answer to this read from a wallet whose candidates (locked tokens
+    /// already left out) are `ascending` in `(quantity, id)` order: the cover band,
+    /// then up to `limit` fill candidates strictly before `before`. A further fill
+    /// page (`before` set) reads no cover band. The reference for stores that hold
+    /// a wallet in memory.
+    pub fn answer(
+        &self,
+        ascending: &[Candidate],
+        before: Option<&Candidate>,
+        limit: usize,
+    ) -> Vec<Candidate> {
+        let key = |c: &Candidate| (c.quantity, c.id.clone());
+        let cover = if before.is_some() { 0 } else { self.cover };
+        let mut out: Vec<Candidate> = ascending
+            .iter()
+            .filter(|c| c.quantity >= self.threshold)
+            .take(cover)
+            .cloned()
+            .collect();
+        out.extend(
+            ascending
+                .iter()
+                .rev()
+                .filter(|c| c.quantity < self.threshold)
+                .filter(|c| before.is_none_or(|b| key(c) < key(b)))
+                .take(limit)
+                .cloned(),
+        );
+        out
+    }
+}
+
 /// What the caller must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {

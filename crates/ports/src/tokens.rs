@@ -38,8 +38,10 @@ pub struct CandidateQuery {
 /// bands exclude locked, spent and non-spendable tokens, as candidates do):
 /// the cover band, up to `cover` candidates with amount >= `threshold` in ascending
 /// `(quantity, tx, index)` order, followed by the fill band, up to `fill`
-/// candidates with amount < `threshold` in descending order, strictly before
-/// `fill_before` when it is set.
+/// candidates with amount < `threshold` in descending order. With `fill_before`
+/// set the read is a further fill page: fill candidates strictly before it, no
+/// cover band. `holdfast_domain::Bands::answer` states the same over a wallet in
+/// memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BandQuery {
     /// The wallet.
@@ -48,7 +50,7 @@ pub struct BandQuery {
     pub token_type: TokenType,
     /// The amount still to cover: where the bands meet.
     pub threshold: Quantity,
-    /// At most this many cover candidates (0: none, on a further fill page).
+    /// At most this many cover candidates (not read on a further fill page).
     pub cover: usize,
     /// At most this many fill candidates.
     pub fill: usize,

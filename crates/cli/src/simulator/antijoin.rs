@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
+use holdfast_domain::{Bands, Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{BandQuery, CandidateQuery, NewToken, TokenStore, TokenStoreError};
 
 /// Forwards everything to the inner store except the candidate reads, which
@@ -87,34 +87,21 @@ impl TokenStore for LockBlindTokens {
     }
 
     /// The bands over the whole wallet as [`TokenStore::list_tokens`] reads it
-    /// (locks ignored), split and ordered in memory.
+    /// (locks ignored), answered in memory by [`Bands::answer`].
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
-        let all: Vec<Candidate> = self
+        let mut all: Vec<Candidate> = self
             .inner
             .list_tokens(&query.wallet, Some(query.token_type.clone()), usize::MAX)
             .await?
             .into_iter()
             .filter_map(candidate)
             .collect();
-        let mut cover: Vec<Candidate> = if query.fill_before.is_some() {
-            Vec::new()
-        } else {
-            all.iter()
-                .filter(|c| c.quantity >= query.threshold)
-                .cloned()
-                .collect()
+        all.sort_by(|a, b| key(a).cmp(&key(b)));
+        let bands = Bands {
+            threshold: query.threshold,
+            cover: query.cover,
         };
-        cover.sort_by(|a, b| key(a).cmp(&key(b)));
-        cover.truncate(query.cover);
-        let mut fill: Vec<Candidate> = all
-            .into_iter()
-            .filter(|c| c.quantity < query.threshold)
-            .filter(|c| query.fill_before.as_ref().is_none_or(|b| key(c) < key(b)))
-            .collect();
-        fill.sort_by(|a, b| key(b).cmp(&key(a)));
-        fill.truncate(query.fill);
-        cover.append(&mut fill);
-        Ok(cover)
+        Ok(bands.answer(&all, query.fill_before.as_ref(), query.fill))
     }
 
     async fn balance(

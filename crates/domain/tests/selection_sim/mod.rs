@@ -116,34 +116,6 @@ impl Wallet {
             .collect()
     }
 
-    /// The band read of `cover_first`: up to `cover` candidates >= `threshold`,
-    /// ascending, then up to `limit` below it, descending and strictly before the
-    /// cursor.
-    fn bands(
-        &self,
-        threshold: Quantity,
-        cover: usize,
-        before: Option<&Candidate>,
-        limit: usize,
-    ) -> Vec<Candidate> {
-        let rows = self.candidates(None, usize::MAX);
-        let mut out: Vec<Candidate> = rows
-            .iter()
-            .filter(|c| c.quantity >= threshold)
-            .take(cover)
-            .cloned()
-            .collect();
-        out.extend(
-            rows.iter()
-                .rev()
-                .filter(|c| c.quantity < threshold)
-                .filter(|c| before.is_none_or(|b| (c.quantity, &c.id) < (b.quantity, &b.id)))
-                .take(limit)
-                .cloned(),
-        );
-        out
-    }
-
     /// The window claim: per token won, stale or contended.
     fn claim(&mut self, ids: &[TokenId]) -> Vec<(TokenId, ClaimVerdict)> {
         ids.iter()
@@ -298,9 +270,11 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                     selection.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng)
                 } else {
                     let page = match fetch.bands {
-                        Some(b) => {
-                            wallet.bands(b.threshold, b.cover, fetch.after.as_ref(), fetch.limit)
-                        }
+                        Some(b) => b.answer(
+                            &wallet.candidates(None, usize::MAX),
+                            fetch.after.as_ref(),
+                            fetch.limit,
+                        ),
                         None => wallet.candidates(fetch.after.as_ref(), fetch.limit),
                     };
                     let ids: Vec<TokenId> = page.iter().map(|c| c.id.clone()).collect();

@@ -266,6 +266,12 @@ pub async fn candidate_bands_split_at_the_threshold(db: &dyn TestDatabase) {
             "strictly descending: {pair:?}"
         );
     }
+    let further: Vec<u128> = read(query(3, 2, Some(fill[1].clone())))
+        .await
+        .iter()
+        .map(|c| c.quantity.value())
+        .collect();
+    assert_eq!(further, [4, 4], "a further fill page reads no cover band");
     let cover_only: Vec<u128> = read(query(3, 0, None))
         .await
         .iter()

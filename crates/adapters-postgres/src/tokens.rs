@@ -36,34 +36,33 @@ macro_rules! candidates_sql {
     };
 }
 
-/// A band read in one round trip: the cover band (>= the threshold, ascending)
-/// and the fill band (below it, the candidate index scanned backwards).
-const CANDIDATE_BANDS: &str = "
-    (SELECT t.tx_id, t.idx, t.amount::text
-     FROM tokens t
-     WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-       AND t.amount >= $3::numeric
-       AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-     ORDER BY t.amount, t.tx_id, t.idx
-     LIMIT $4)
-    UNION ALL
-    (SELECT t.tx_id, t.idx, t.amount::text
-     FROM tokens t
-     WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-       AND t.amount < $3::numeric
-       AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-     ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
-     LIMIT $5)";
-
-/// The cover band alone, when no fill band is asked for (an amount of 1).
-const COVER_BAND: &str = "
-    SELECT t.tx_id, t.idx, t.amount::text
-    FROM tokens t
-    WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-      AND t.amount >= $3::numeric
-      AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-    ORDER BY t.amount, t.tx_id, t.idx
-    LIMIT $4";
+/// The band reads, as literals (sqlx takes `&'static str`; `EXPLAIN` of
+/// [`explain_candidate_bands`] is the very same text). `cover`: candidates >= the
+/// threshold, ascending, `LIMIT $4`; `fill`: below it, the candidate index scanned
+/// backwards, `LIMIT $5`; `both`: the two in one round trip.
+macro_rules! band_sql {
+    (cover) => {
+        "SELECT t.tx_id, t.idx, t.amount::text
+         FROM tokens t
+         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+           AND t.amount >= $3::numeric
+           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+         ORDER BY t.amount, t.tx_id, t.idx
+         LIMIT $4"
+    };
+    (fill) => {
+        "SELECT t.tx_id, t.idx, t.amount::text
+         FROM tokens t
+         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+           AND t.amount < $3::numeric
+           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+         ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+         LIMIT $5"
+    };
+    (both) => {
+        concat!("(", band_sql!(cover), ") UNION ALL (", band_sql!(fill), ")")
+    };
+}
 
 /// A further fill page: strictly before the keyset cursor, largest first.
 const FILL_BAND_BEFORE: &str = "
@@ -154,7 +153,7 @@ pub(crate) async fn explain_candidate_bands(
     backend: &PgBackend,
     query: &BandQuery,
 ) -> Result<String, StoreFault> {
-    let statement = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {CANDIDATE_BANDS}")))
+    let statement = sqlx::query(concat!("EXPLAIN ", band_sql!(both)))
         .bind(query.wallet.as_str())
         .bind(query.token_type.as_str())
         .bind(query.threshold.to_string())
@@ -385,12 +384,13 @@ impl TokenStore for PgBackend {
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
         let threshold = query.threshold.to_string();
         let statement = match &query.fill_before {
-            None if query.fill == 0 => sqlx::query(COVER_BAND)
+            // The cover band alone when no fill band is asked for (an amount of 1).
+            None if query.fill == 0 => sqlx::query(band_sql!(cover))
                 .bind(query.wallet.as_str())
                 .bind(query.token_type.as_str())
                 .bind(threshold)
                 .bind(limit(query.cover)),
-            None => sqlx::query(CANDIDATE_BANDS)
+            None => sqlx::query(band_sql!(both))
                 .bind(query.wallet.as_str())
                 .bind(query.token_type.as_str())
                 .bind(threshold)

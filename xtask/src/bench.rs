@@ -45,6 +45,15 @@ pub fn root() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
+/// The path of `bench/workloads/<name>.toml`, as an argument.
+fn workload_file(root: &Path, name: &str) -> String {
+    root.join("bench")
+        .join("workloads")
+        .join(format!("{name}.toml"))
+        .display()
+        .to_string()
+}
+
 /// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` under `root`).
 pub fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
@@ -184,11 +193,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             presets.push(json!({ "backend": backend, "preset": preset, "report": report }));
         }
         for name in WORKLOAD_FILES {
-            let file = root
-                .join("bench")
-                .join("workloads")
-                .join(format!("{name}.toml"));
-            let file_arg = file.display().to_string();
+            let file_arg = workload_file(&root, name);
             let report = json_of(&mut simulate(
                 db,
                 &[
@@ -209,11 +214,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
     }
 
     for (backend, db) in &backends {
-        let file = root
-            .join("bench")
-            .join("workloads")
-            .join(format!("{EXACT_FILE}.toml"));
-        let file_arg = file.display().to_string();
+        let file_arg = workload_file(&root, EXACT_FILE);
         for exact in [false, true] {
             let mut cmd = simulate(db, &["--workload", &file_arg, "--strategy", "holdfast"]);
             cmd.env("HOLDFAST_PREFER_EXACT", exact.to_string());

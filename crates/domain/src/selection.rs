@@ -519,7 +519,6 @@ impl Selection {
                 self.pending()
             }
             Ok(page) => {
-                let needed = self.remaining();
                 match request.bands {
                     Some(bands) => self.scan.ingest_bands(
                         page,
@@ -533,7 +532,7 @@ impl Selection {
                         page,
                         request.limit,
                         self.config.ascending,
-                        needed,
+                        self.remaining(),
                         &self.leg.won_ids,
                         rng,
                     ),

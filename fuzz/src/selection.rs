@@ -148,6 +148,7 @@ fn config(input: &mut Input<'_>) -> SelectionConfig {
         max_immediate_retries: m(input, 0, 5),
         max_retries: m(input, 1, 4),
         retry_interval: Duration::from_millis(input.range(1, 5_000)),
+        wakeups: true,
         blacklist: input.byte() % 4 != 1,
         ascending: input.byte() % 4 != 1,
     }
@@ -194,6 +195,7 @@ pub fn run(data: &[u8]) {
     let mut known_won: BTreeSet<TokenId> = BTreeSet::new();
     let mut release_failed = false;
     let mut last_balance = None;
+    let mut woken_rest: Option<(u32, Duration)> = None;
     let mut action = selection.start(&mut rng);
     for _ in 0..MAX_STEPS {
         store.churn(&mut input);
@@ -290,7 +292,26 @@ pub fn run(data: &[u8]) {
                     delay < retry_interval,
                     "backoff {delay:?} >= {retry_interval:?}"
                 );
-                selection.on_backoff_elapsed(&mut rng)
+                // After a wake-up the wait goes on for its rest, never longer.
+                if let Some((leg, rest)) = woken_rest
+                    && leg == selection.leg()
+                {
+                    assert!(
+                        delay <= rest,
+                        "waits {delay:?} after a wake-up with {rest:?} left"
+                    );
+                }
+                if input.byte().is_multiple_of(3) {
+                    let waited = delay.mul_f64(f64::from(input.byte()) / 255.0);
+                    woken_rest = Some((selection.leg(), delay.saturating_sub(waited)));
+                    let legs = selection.stats().legs;
+                    let next = selection.on_woken(waited, &mut rng);
+                    assert_eq!(selection.stats().legs, legs, "a wake-up spent a leg");
+                    next
+                } else {
+                    woken_rest = None;
+                    selection.on_backoff_elapsed(&mut rng)
+                }
             }
             Action::Done(outcome) => {
                 check_done(&selection, &store, &outcome, release_failed, last_balance);

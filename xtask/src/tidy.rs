@@ -3,9 +3,10 @@
 //!
 //! - `holdfast-domain` has no async runtime, database driver or `async-trait` in its
 //!   normal dependency tree (a service can import the rules alone);
-//! - `holdfast-ports` declares only the domain, `async-trait`, `thiserror` and
-//!   `mockall` as normal dependencies, plus `tokio` as an optional dependency that
-//!   only the `conformance` feature enables;
+//! - `holdfast-ports` declares only the domain, `async-trait`, `thiserror`,
+//!   `mockall` and `tokio` as normal dependencies, none optional; of tokio only
+//!   `sync`, `time` and `macros` (the wake-up primitives: no runtime, no I/O),
+//!   and only the `conformance` feature may enable more of it;
 //! - neither adapter depends on the other (in any dependency kind);
 //! - `Cargo.lock` holds one `libsqlite3-sys` version (two would link two SQLites).
 //!
@@ -29,10 +30,14 @@ const POSTGRES_ADAPTER: &str = "holdfast-adapters-postgres";
 const DOMAIN_FORBIDDEN: &[&str] = &["tokio", "sqlx", "rusqlite", "libsqlite3-sys", "async-trait"];
 /// Name prefixes that must not appear there either (sqlx's sub-crates).
 const DOMAIN_FORBIDDEN_PREFIXES: &[&str] = &["sqlx-"];
-/// The only normal, non-optional dependencies the ports may declare.
-const PORTS_ALLOWED: &[&str] = &[DOMAIN, "async-trait", "thiserror", "mockall"];
-/// The ports' only optional dependency, and the feature that alone may enable it.
-const PORTS_OPTIONAL: (&str, &str) = ("tokio", "conformance");
+/// The only normal dependencies the ports may declare (none optional).
+const PORTS_ALLOWED: &[&str] = &[DOMAIN, "async-trait", "thiserror", "mockall", "tokio"];
+/// The tokio features the ports may declare: `Notify`, timers and `select!` for
+/// the wake-up port; no runtime, no I/O.
+const PORTS_TOKIO_FEATURES: &[&str] = &["macros", "sync", "time"];
+/// The one feature of the ports that may enable more of tokio (a runtime, for the
+/// conformance suite).
+const PORTS_TOKIO_FEATURE: &str = "conformance";
 
 /// Which kind of dependency an edge is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +66,7 @@ struct Declared {
     name: String,
     kind: Kind,
     optional: bool,
+    features: Vec<String>,
 }
 
 /// A package of the resolved graph.
@@ -118,6 +124,16 @@ impl Metadata {
                     name: string(dep, "name")?,
                     kind: Kind::parse(field(dep, "kind")?)?,
                     optional: field(dep, "optional")?.as_bool().unwrap_or(false),
+                    features: dep
+                        .get("features")
+                        .and_then(Value::as_array)
+                        .map(|list| {
+                            list.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 });
             }
             let mut features = BTreeMap::new();
@@ -226,50 +242,48 @@ pub fn check_domain_is_pure(meta: &Metadata) -> Vec<String> {
         .collect()
 }
 
-/// `holdfast-ports` declares only the allowed normal dependencies; `tokio` only as
-/// an optional dependency enabled by the `conformance` feature alone.
+/// `holdfast-ports` declares only the allowed normal dependencies, none optional;
+/// of tokio only [`PORTS_TOKIO_FEATURES`], and only [`PORTS_TOKIO_FEATURE`] may
+/// enable more of it.
 pub fn check_ports_dependencies(meta: &Metadata) -> Vec<String> {
     let Some(pkg) = meta.id_of(PORTS).and_then(|id| meta.packages.get(id)) else {
         return vec![format!("{PORTS} is not in the workspace metadata")];
     };
-    let (optional_dep, feature) = PORTS_OPTIONAL;
-    let enabler = format!("dep:{optional_dep}");
     let mut violations = Vec::new();
     for dep in pkg.declared.iter().filter(|d| d.kind == Kind::Normal) {
-        if !dep.optional {
-            if !PORTS_ALLOWED.contains(&dep.name.as_str()) {
-                violations.push(format!(
-                    "{PORTS} depends on {}; expected only {}",
-                    dep.name,
-                    PORTS_ALLOWED.join(", ")
-                ));
-            }
-            continue;
-        }
-        if dep.name != optional_dep {
+        if !PORTS_ALLOWED.contains(&dep.name.as_str()) {
             violations.push(format!(
-                "{PORTS} has optional dependency {}; expected only {optional_dep} (feature {feature})",
+                "{PORTS} depends on {}; expected only {}",
+                dep.name,
+                PORTS_ALLOWED.join(", ")
+            ));
+        } else if dep.optional {
+            violations.push(format!(
+                "{PORTS} has optional dependency {}; expected none",
                 dep.name
             ));
-            continue;
         }
-        for (other, enables) in &pkg.features {
-            let enables_it = enables.iter().any(|e| {
-                *e == enabler || *e == optional_dep || e.starts_with(&format!("{optional_dep}/"))
-            });
-            if enables_it && other != feature {
+        if dep.name == "tokio" {
+            for feature in dep
+                .features
+                .iter()
+                .filter(|f| !PORTS_TOKIO_FEATURES.contains(&f.as_str()))
+            {
                 violations.push(format!(
-                    "{PORTS} feature {other:?} enables {optional_dep}; only feature {feature:?} may"
+                    "{PORTS} declares tokio feature {feature:?}; expected only {}",
+                    PORTS_TOKIO_FEATURES.join(", ")
                 ));
             }
         }
-        if !pkg
-            .features
-            .get(feature)
-            .is_some_and(|enables| enables.contains(&enabler))
-        {
+    }
+    for (feature, enables) in &pkg.features {
+        let more_tokio = enables.iter().any(|e| {
+            e.strip_prefix("tokio/")
+                .is_some_and(|f| !PORTS_TOKIO_FEATURES.contains(&f))
+        });
+        if more_tokio && feature != PORTS_TOKIO_FEATURE {
             violations.push(format!(
-                "{PORTS} declares optional {optional_dep} but feature {feature:?} does not enable {enabler:?}"
+                "{PORTS} feature {feature:?} enables more of tokio; only feature {PORTS_TOKIO_FEATURE:?} may"
             ));
         }
     }
@@ -539,7 +553,14 @@ mod tests {
                 let declared: Vec<Value> = deps
                     .iter()
                     .filter(|d| d.0 == *name)
-                    .map(|(_, to, kind, optional)| json!({"name": to, "kind": kind, "optional": optional}))
+                    .map(|(_, to, kind, optional)| {
+                        // `name[f1,f2]` declares features.
+                        let (name, features) = match to.split_once('[') {
+                            Some((name, rest)) => (name, rest.trim_end_matches(']').split(',').collect()),
+                            None => (*to, Vec::new()),
+                        };
+                        json!({"name": name, "kind": kind, "optional": optional, "features": features})
+                    })
                     .collect();
                 let mut feats = serde_json::Map::new();
                 for (pkg, feature, enables) in features.iter().filter(|f| f.0 == *name) {
@@ -623,41 +644,40 @@ mod tests {
         assert_eq!(
             check_ports_dependencies(&meta),
             vec![format!(
-                "{PORTS} depends on sqlx; expected only {DOMAIN}, async-trait, thiserror, mockall"
+                "{PORTS} depends on sqlx; expected only {DOMAIN}, async-trait, thiserror, mockall, tokio"
             )]
         );
     }
 
     #[test]
-    fn ports_tokio_is_allowed_only_as_optional_dependency_of_conformance() {
+    fn ports_tokio_is_allowed_only_for_its_wake_up_primitives() {
         let allowed = synthetic(
-            &[(PORTS, "tokio", None, true)],
-            &[(PORTS, "conformance", "dep:tokio")],
+            &[(PORTS, "tokio[sync,time,macros]", None, false)],
+            &[(PORTS, "conformance", "tokio/rt")],
         );
         assert_eq!(check_ports_dependencies(&allowed), Vec::<String>::new());
 
-        let required = synthetic(&[(PORTS, "tokio", None, false)], &[]);
-        assert_eq!(check_ports_dependencies(&required).len(), 1);
+        let runtime = synthetic(&[(PORTS, "tokio[sync,rt-multi-thread]", None, false)], &[]);
+        assert_eq!(
+            check_ports_dependencies(&runtime),
+            vec![format!(
+                "{PORTS} declares tokio feature \"rt-multi-thread\"; expected only macros, sync, time"
+            )]
+        );
 
         let other_feature = synthetic(
-            &[(PORTS, "tokio", None, true)],
-            &[
-                (PORTS, "conformance", "dep:tokio"),
-                (PORTS, "runtime", "dep:tokio"),
-            ],
+            &[(PORTS, "tokio[sync]", None, false)],
+            &[(PORTS, "runtime", "tokio/rt")],
         );
         assert_eq!(
             check_ports_dependencies(&other_feature),
             vec![format!(
-                "{PORTS} feature \"runtime\" enables tokio; only feature \"conformance\" may"
+                "{PORTS} feature \"runtime\" enables more of tokio; only feature \"conformance\" may"
             )]
         );
 
-        let other_optional = synthetic(
-            &[(PORTS, "rusqlite", None, true)],
-            &[(PORTS, "conformance", "dep:rusqlite")],
-        );
-        assert_eq!(check_ports_dependencies(&other_optional).len(), 1);
+        let optional = synthetic(&[(PORTS, "tokio[sync]", None, true)], &[]);
+        assert_eq!(check_ports_dependencies(&optional).len(), 1);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use sqlx::{Connection, PgConnection};
 use crate::error::{ConnectError, redact_url, scrub};
 use crate::options::{LockStrategy, PgOptions};
 use crate::schema;
+use crate::wake::Wake;
 
 /// holdfast's ports over one PostgreSQL database, for one replica of the app.
 ///
@@ -26,6 +27,7 @@ pub struct PgBackend {
 pub(crate) struct Inner {
     pub(crate) pool: PgPool,
     pub(crate) strategy: LockStrategy,
+    pub(crate) wake: Wake,
     round_trips: AtomicU64,
     server_errors: AtomicU64,
 }
@@ -117,11 +119,17 @@ impl PgBackend {
             // One statement is one round trip: no hidden ping on acquire. A dead
             // connection surfaces as an Unavailable fault and is replaced.
             .test_before_acquire(false)
-            .connect_lazy_with(connect_options);
+            .connect_lazy_with(connect_options.clone());
+        let wake = if options.wakeups {
+            Wake::across_instances(pool.clone(), &connect_options)
+        } else {
+            Wake::in_process()
+        };
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 pool,
                 strategy: options.strategy,
+                wake,
                 round_trips: AtomicU64::new(0),
                 server_errors: AtomicU64::new(0),
             }),
@@ -150,8 +158,10 @@ impl PgBackend {
         self.inner.server_errors.load(Ordering::Relaxed)
     }
 
-    /// Closes the pool: waits for connections in use to come back, then closes all.
+    /// Closes the pool: waits for connections in use to come back, then closes all;
+    /// stops listening for wake-ups.
     pub async fn close(&self) {
+        self.inner.wake.stop();
         self.inner.pool.close().await;
     }
 

@@ -38,9 +38,11 @@ mod queues;
 mod schema;
 mod statuses;
 mod tokens;
+mod wake;
 
 pub use backend::PgBackend;
 pub use error::{ConnectError, redact_url};
 pub use locks::{RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED};
 pub use options::{LockStrategy, OptionsError, PgOptions, UnknownStrategy};
 pub use schema::MIGRATIONS;
+pub use wake::{CHANNEL, COALESCE};

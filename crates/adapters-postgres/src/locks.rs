@@ -60,13 +60,16 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use holdfast_domain::lease::SWEPT_STATUSES;
 use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
-use holdfast_ports::{LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, check_window};
+use holdfast_ports::{
+    LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, WakeUps, check_window,
+};
 
 use crate::backend::PgBackend;
 use crate::codec::{self, get};
 use crate::codec::{millis, timestamp};
 use crate::error::fault as to_fault;
 use crate::options::LockStrategy;
+use crate::wake::token_keys;
 
 /// The advisory lock key of sweep leadership: the bytes of `"holdfast"`.
 pub const SWEEP_LOCK_KEY: i64 = 0x686f_6c64_6661_7374;
@@ -161,7 +164,8 @@ const CLAIM_INSERT: &str = "
 
 /// Settles consumer `$1` as deleted in one statement: records the status (when
 /// `$3`, at `$2` milliseconds), releases its locks (locking them in key order
-/// first) and forgets its selections. Returns the locks released.
+/// first) and forgets its selections. Returns the locks released and the
+/// `wallet<TAB>type` of their tokens (what to wake).
 pub const RELEASE_CONSUMER: &str = "
     WITH recorded AS (
         INSERT INTO tx_statuses (tx_id, status, recorded_at)
@@ -178,12 +182,14 @@ pub const RELEASE_CONSUMER: &str = "
         USING (SELECT tx_id, idx FROM token_locks WHERE consumer = $1
                ORDER BY tx_id, idx FOR UPDATE) v
         WHERE l.tx_id = v.tx_id AND l.idx = v.idx
-        RETURNING 1
+        RETURNING l.tx_id, l.idx
     )
-    SELECT COUNT(*) FROM released";
+    SELECT (SELECT COUNT(*) FROM released), ARRAY(SELECT DISTINCT t.wallet || E'\\t' || t.token_type
+        FROM released r JOIN tokens t ON t.tx_id = r.tx_id AND t.idx = r.idx)";
 
 /// Releases the tokens `($2, $3)` that consumer `$1` holds (locking them in key
-/// order first) and forgets them as its selections. Returns the locks released.
+/// order first) and forgets them as its selections. Returns the locks released
+/// and the `wallet<TAB>type` of their tokens.
 const RELEASE_TOKENS: &str = "
     WITH forgotten AS (
         DELETE FROM selections s
@@ -198,9 +204,10 @@ const RELEASE_TOKENS: &str = "
                WHERE k.consumer = $1
                ORDER BY k.tx_id, k.idx FOR UPDATE OF k) v
         WHERE l.tx_id = v.tx_id AND l.idx = v.idx
-        RETURNING 1
+        RETURNING l.tx_id, l.idx
     )
-    SELECT COUNT(*) FROM released";
+    SELECT (SELECT COUNT(*) FROM released), ARRAY(SELECT DISTINCT t.wallet || E'\\t' || t.token_type
+        FROM released r JOIN tokens t ON t.tx_id = r.tx_id AND t.idx = r.idx)";
 
 /// Re-stamps the locks consumer `$1` holds among `($2, $3)` with `$4` milliseconds
 /// (locking them in key order first); returns the re-stamped keys.
@@ -248,11 +255,13 @@ const SWEEP: &str = "
         DELETE FROM token_locks l
         USING doomed d
         WHERE l.tx_id = d.tx_id AND l.idx = d.idx
-        RETURNING d.expired
+        RETURNING d.expired, d.tx_id, d.idx
     )
     SELECT (SELECT ok FROM leader),
            COUNT(*) FILTER (WHERE expired),
-           COUNT(*) FILTER (WHERE NOT expired)
+           COUNT(*) FILTER (WHERE NOT expired),
+           ARRAY(SELECT DISTINCT t.wallet || E'\\t' || t.token_type
+                 FROM deleted x JOIN tokens t ON t.tx_id = x.tx_id AND t.idx = x.idx)
     FROM deleted";
 
 const LIST_LOCKS: &str = "
@@ -397,9 +406,9 @@ impl LockStore for PgBackend {
         at: Timestamp,
         record_status: bool,
     ) -> Result<u64, LockStoreError> {
-        let released = self
+        let (released, keys) = self
             .note(
-                sqlx::query_scalar::<_, i64>(RELEASE_CONSUMER)
+                sqlx::query_as::<_, (i64, Vec<String>)>(RELEASE_CONSUMER)
                     .bind(consumer.as_str())
                     .bind(millis(at)?)
                     .bind(record_status)
@@ -407,6 +416,7 @@ impl LockStore for PgBackend {
                     .await,
             )
             .map_err(|e| fault(&e))?;
+        self.signal(&token_keys(&keys), Some(consumer));
         Ok(count(released))
     }
 
@@ -419,9 +429,9 @@ impl LockStore for PgBackend {
             return Ok(0);
         }
         let (txs, idxs) = codec::token_arrays(tokens.iter());
-        let released = self
+        let (released, keys) = self
             .note(
-                sqlx::query_scalar::<_, i64>(RELEASE_TOKENS)
+                sqlx::query_as::<_, (i64, Vec<String>)>(RELEASE_TOKENS)
                     .bind(consumer.as_str())
                     .bind(&txs)
                     .bind(&idxs)
@@ -429,6 +439,7 @@ impl LockStore for PgBackend {
                     .await,
             )
             .map_err(|e| fault(&e))?;
+        self.signal(&token_keys(&keys), Some(consumer));
         Ok(count(released))
     }
 
@@ -529,6 +540,8 @@ impl LockStore for PgBackend {
             expired: count(get(&row, 1)?),
             released_by_status: count(get(&row, 2)?),
         };
+        let keys: Vec<String> = get(&row, 3)?;
+        self.signal(&token_keys(&keys), None);
         if report.leader {
             tracing::debug!(?report, "lease sweep");
         }

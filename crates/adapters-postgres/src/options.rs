@@ -16,6 +16,10 @@ pub struct PgOptions {
     /// How long to wait for a connection, when connecting and when an operation
     /// takes one from a busy pool.
     pub connect_timeout: Duration,
+    /// Whether instances wake each other's waiters (`NOTIFY` after writes that
+    /// free tokens or slots, one `LISTEN` connection per instance; default on).
+    /// Off, waiters of this instance are still woken by its own writes.
+    pub wakeups: bool,
 }
 
 impl Default for PgOptions {
@@ -24,6 +28,7 @@ impl Default for PgOptions {
             strategy: LockStrategy::default(),
             max_connections: 10,
             connect_timeout: Duration::from_secs(10),
+            wakeups: true,
         }
     }
 }

@@ -9,7 +9,9 @@ use holdfast_domain::{
     BuildPlan, BuildStrategy, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
     RevisionUri, Version,
 };
-use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use holdfast_ports::{
+    CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault, WakeKey, WakeUps,
+};
 use sqlx::postgres::{PgQueryResult, PgRow};
 
 use crate::backend::PgBackend;
@@ -239,7 +241,12 @@ impl QueueStore for PgBackend {
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        Ok(cas_outcome(&done))
+        let outcome = cas_outcome(&done);
+        if outcome == CasOutcome::Applied {
+            // A slot may have been freed (or the head moved): waiting heads look again.
+            self.signal(&[WakeKey::Queue(queue.name.clone())], None);
+        }
+        Ok(outcome)
     }
 
     async fn cas_request(

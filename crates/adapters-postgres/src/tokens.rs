@@ -1,18 +1,19 @@
 //! The token store: tokens, candidate pages read through the `tokens_candidates`
 //! index, balances.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{
-    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError,
+    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError, WakeKey, WakeUps,
 };
 
 use crate::backend::PgBackend;
 use crate::codec::timestamp;
 use crate::codec::{self, get};
 use crate::error::fault as to_fault;
+use crate::wake::token_keys;
 
 /// The candidate query, with or without the keyset cursor. Kept as macros so the
 /// `EXPLAIN` of [`explain_candidates`] is the very same text.
@@ -84,6 +85,21 @@ const INSERT_TOKENS: &str = "
     ON CONFLICT (tx_id, idx) DO NOTHING
     RETURNING tx_id, idx";
 
+/// The batch in one statement, all or nothing, when none of its ids exists yet
+/// (the common case: change minted once). Inserts nothing when one exists; a
+/// concurrent insert of one of the ids makes it fail with a unique violation
+/// (nothing written either). Both then take the transactional path.
+const INSERT_NEW_TOKENS: &str = "
+    INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+    SELECT i.tx_id, i.idx, i.wallet, i.token_type, i.amount::numeric, i.spendable
+    FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[])
+         AS i(tx_id, idx, wallet, token_type, amount, spendable)
+    WHERE NOT EXISTS (SELECT 1 FROM tokens t
+                      JOIN UNNEST($1::text[], $2::bigint[]) AS e(tx_id, idx)
+                        ON t.tx_id = e.tx_id AND t.idx = e.idx)
+    ORDER BY i.tx_id, i.idx
+    RETURNING tx_id, idx";
+
 const STORED_IDENTITIES: &str = "
     SELECT t.tx_id, t.idx, t.wallet, t.token_type, t.amount::text
     FROM tokens t
@@ -114,7 +130,8 @@ const BALANCE: &str = "
            WHERE s.consumer = $3 AND s.tx_id = t.tx_id AND s.idx = t.idx))";
 
 const SET_SPENDABLE: &str = "
-    UPDATE tokens SET spendable = $3 WHERE tx_id = $1 AND idx = $2 AND spent_by IS NULL";
+    UPDATE tokens SET spendable = $3 WHERE tx_id = $1 AND idx = $2 AND spent_by IS NULL
+    RETURNING wallet || E'\\t' || token_type";
 
 fn fault(e: &sqlx::Error) -> TokenStoreError {
     TokenStoreError::Fault(to_fault(e))
@@ -248,6 +265,18 @@ impl PgBackend {
     }
 }
 
+impl PgBackend {
+    /// Wakes waiters for the spendable tokens of an added batch.
+    fn signal_added(&self, batch: &BTreeMap<&TokenId, &NewToken>) {
+        let keys: BTreeSet<WakeKey> = batch
+            .values()
+            .filter(|t| t.spendable)
+            .map(|t| WakeKey::tokens(&t.wallet, &t.token_type))
+            .collect();
+        self.signal(&keys.into_iter().collect::<Vec<_>>(), None);
+    }
+}
+
 #[async_trait]
 impl TokenStore for PgBackend {
     async fn add_tokens(&self, tokens: &[NewToken]) -> Result<u64, TokenStoreError> {
@@ -284,6 +313,28 @@ impl TokenStore for PgBackend {
         let amounts: Vec<String> = distinct.values().map(|t| t.quantity.to_string()).collect();
         let spendable: Vec<bool> = distinct.values().map(|t| t.spendable).collect();
 
+        let fresh = self.note(
+            sqlx::query(INSERT_NEW_TOKENS)
+                .bind(&txs)
+                .bind(&idxs)
+                .bind(&wallets)
+                .bind(&types)
+                .bind(&amounts)
+                .bind(&spendable)
+                .fetch_all(self.pool())
+                .await,
+        );
+        match fresh {
+            Ok(rows) if rows.len() == distinct.len() => {
+                let added = u64::try_from(rows.len()).unwrap_or(u64::MAX);
+                self.signal_added(&distinct);
+                return Ok(added);
+            }
+            // Some ids exist (or were inserted meanwhile): compare them, below.
+            Ok(_) => {}
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
+            Err(e) => return Err(fault(&e)),
+        }
         let mut tx = self
             .note(self.pool().begin().await)
             .map_err(|e| fault(&e))?;
@@ -340,6 +391,9 @@ impl TokenStore for PgBackend {
             }
         }
         self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        if added > 0 {
+            self.signal_added(&distinct);
+        }
         Ok(added)
     }
 
@@ -348,17 +402,20 @@ impl TokenStore for PgBackend {
         token: &TokenId,
         spendable: bool,
     ) -> Result<bool, TokenStoreError> {
-        let done = self
+        let key = self
             .note(
-                sqlx::query(SET_SPENDABLE)
+                sqlx::query_scalar::<_, String>(SET_SPENDABLE)
                     .bind(token.tx.as_str())
                     .bind(i64::from(token.index))
                     .bind(spendable)
-                    .execute(self.pool())
+                    .fetch_optional(self.pool())
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        Ok(done.rows_affected() > 0)
+        if spendable {
+            self.signal(&token_keys(key.as_slice()), None);
+        }
+        Ok(key.is_some())
     }
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError> {

@@ -397,6 +397,7 @@ async fn sixteen_selects_on_a_pool_of_two_finish() {
             strategy: LockStrategy::SkipLocked,
             max_connections: 2,
             connect_timeout: Duration::from_secs(30),
+            ..PgOptions::default()
         },
     )
     .await

@@ -12,12 +12,14 @@ use crate::error::OpenError;
 use crate::options::{Location, SqliteOptions};
 use crate::pool::{self, Db, Pool};
 use crate::schema;
+use crate::wake::Wake;
 
 /// One adapter instance on a SQLite database: implements every holdfast port.
 /// Cheap to clone (the clones share the connections).
 #[derive(Clone, Debug)]
 pub struct SqliteBackend {
     pub(crate) pool: Arc<Pool>,
+    pub(crate) wake: Arc<Wake>,
     location: Location,
 }
 
@@ -33,8 +35,14 @@ impl SqliteBackend {
             .await
             .map_err(|e| StoreFault::Backend(format!("the open task failed: {e}")))??;
         tracing::debug!(?location, "opened SQLite backend");
+        let pool = Arc::new(pool);
+        let wake = match location {
+            Location::Memory => Wake::in_process(),
+            Location::File(_) => Wake::polling(&pool),
+        };
         Ok(SqliteBackend {
-            pool: Arc::new(pool),
+            pool,
+            wake: Arc::new(wake),
             location,
         })
     }

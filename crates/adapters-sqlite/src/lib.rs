@@ -46,9 +46,11 @@ mod schema;
 mod statuses;
 pub mod timetext;
 mod tokens;
+mod wake;
 
 pub use backend::SqliteBackend;
 pub use error::OpenError;
 pub use options::{Location, MAX_BUSY_TIMEOUT, MAX_READERS, SqliteOptions};
 pub use pool::begin_immediate;
 pub use schema::{MIGRATIONS, Migration, SCHEMA_VERSION};
+pub use wake::POLL_INTERVAL;

@@ -4,7 +4,9 @@ use std::collections::BTreeSet;
 
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
-use holdfast_ports::{LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, check_window};
+use holdfast_ports::{
+    LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, WakeUps, check_window,
+};
 use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, Transaction, params};
 
@@ -14,6 +16,7 @@ use crate::codec::{
 };
 use crate::pool::Db;
 use crate::statuses::record_in;
+use crate::wake::{consumer_keys, token_keys};
 
 /// Claims each token in order inside the caller's IMMEDIATE transaction: stale when
 /// the token is missing, spent or not spendable; otherwise the lock insert decides
@@ -244,15 +247,24 @@ impl LockStore for SqliteBackend {
         record_status: bool,
     ) -> Result<u64, LockStoreError> {
         let recorded_at = time_to_sql(at)?;
+        let (origin, wanted) = (consumer.clone(), self.wake.wanted());
         let consumer = consumer.clone();
-        self.pool
+        let (released, keys) = self
+            .pool
             .write(move |tx| {
                 if record_status {
                     record_in(tx, &consumer, TxStatus::Deleted, &recorded_at)?;
                 }
-                Ok(forget_consumer(tx, &consumer)?)
+                let keys = if wanted {
+                    consumer_keys(tx, &consumer)?
+                } else {
+                    Vec::new()
+                };
+                Ok::<_, LockStoreError>((forget_consumer(tx, &consumer)?, keys))
             })
-            .await
+            .await?;
+        self.signal(&keys, Some(&origin));
+        Ok(released)
     }
 
     async fn renew(
@@ -326,8 +338,10 @@ impl LockStore for SqliteBackend {
         if tokens.is_empty() {
             return Ok(0);
         }
+        let (origin, wanted) = (consumer.clone(), self.wake.wanted());
         let (consumer, tokens) = (consumer.clone(), tokens.to_vec());
-        self.pool
+        let (released, keys) = self
+            .pool
             .write(move |tx| {
                 let mut stmt = tx
                     .prepare_cached(
@@ -340,15 +354,21 @@ impl LockStore for SqliteBackend {
                     )
                     .db()?;
                 let mut released = 0u64;
+                let mut freed = Vec::new();
                 for t in tokens.iter().collect::<BTreeSet<_>>() {
                     let key = params![t.tx.as_str(), t.index, consumer.as_str()];
                     let n = stmt.execute(key).db()?;
                     forget.execute(key).db()?;
                     released += u64::try_from(n).unwrap_or(0);
+                    if n > 0 && wanted {
+                        freed.push(t);
+                    }
                 }
-                Ok(released)
+                Ok::<_, LockStoreError>((released, token_keys(tx, freed)?))
             })
-            .await
+            .await?;
+        self.signal(&keys, Some(&origin));
+        Ok(released)
     }
 
     async fn spend_consumer(
@@ -398,7 +418,9 @@ impl LockStore for SqliteBackend {
     }
 
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
-        self.pool
+        let wanted = self.wake.wanted();
+        let (report, keys) = self
+            .pool
             .write(move |tx| {
                 // Decided in Rust rather than by comparing text in SQL, so rows whose
                 // time was written in another accepted layout are judged correctly.
@@ -412,6 +434,7 @@ impl LockStore for SqliteBackend {
                 let mut delete = tx
                     .prepare_cached("DELETE FROM locks WHERE tx = ?1 AND output = ?2")
                     .db()?;
+                let mut freed = Vec::new();
                 for lock in all_locks(tx)? {
                     let lock = match lock {
                         Ok(lock) => lock,
@@ -431,10 +454,15 @@ impl LockStore for SqliteBackend {
                     } else {
                         report.released_by_status += 1;
                     }
+                    if wanted {
+                        freed.push(lock.token);
+                    }
                 }
-                Ok(report)
+                Ok::<_, LockStoreError>((report, token_keys(tx, &freed)?))
             })
-            .await
+            .await?;
+        self.signal(&keys, None);
+        Ok(report)
     }
 
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {

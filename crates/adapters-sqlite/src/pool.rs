@@ -133,6 +133,18 @@ impl Pool {
         }
     }
 
+    /// The writer's `PRAGMA data_version` (it changes when another connection
+    /// committed), or `None` when the writer is busy right now.
+    pub(crate) fn try_data_version(&self) -> Option<i64> {
+        let conn = match self.writer.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        conn.pragma_query_value(None, "data_version", |r| r.get(0))
+            .ok()
+    }
+
     pub(crate) fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
     }

@@ -7,7 +7,9 @@ use holdfast_domain::{
     BuildPlan, BuildStrategy, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
     RevisionUri, Version,
 };
-use holdfast_ports::{CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault};
+use holdfast_ports::{
+    CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault, WakeKey, WakeUps,
+};
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::SqliteBackend;
@@ -185,9 +187,11 @@ impl QueueStore for SqliteBackend {
         expected: Version,
         queue: &Queue,
     ) -> Result<CasOutcome, QueueStoreError> {
+        let key = WakeKey::Queue(queue.name.clone());
         let queue = queue.clone();
         let (exp, next) = (version_to_sql(expected)?, version_to_sql(expected.next())?);
-        self.pool
+        let outcome: CasOutcome = self
+            .pool
             .write(move |tx| {
                 let n = tx
                     .prepare_cached(
@@ -220,9 +224,14 @@ impl QueueStore for SqliteBackend {
                         .execute(params![queue.name.as_str(), owner.to_string()])
                         .db()?;
                 }
-                Ok(CasOutcome::Applied)
+                Ok::<_, QueueStoreError>(CasOutcome::Applied)
             })
-            .await
+            .await?;
+        if outcome == CasOutcome::Applied {
+            // A slot may have been freed (or the head moved): waiting heads look again.
+            self.signal(&[key], None);
+        }
+        Ok(outcome)
     }
 
     async fn cas_request(

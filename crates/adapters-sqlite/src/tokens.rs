@@ -1,15 +1,18 @@
 //! The token store over SQLite.
 
+use std::collections::BTreeSet;
+
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{
-    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError,
+    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError, WakeKey, WakeUps,
 };
 use rusqlite::{OptionalExtension, params};
 
 use crate::SqliteBackend;
 use crate::codec::{amount_from_sql, corrupt, time_from_sql, token_from_sql, tx_from_sql};
 use crate::pool::Db;
+use crate::wake::token_keys;
 
 /// The first page of candidates. The partial index `tokens_candidates` holds exactly
 /// the spendable, unspent rows in (wallet, type, amount, tx, output) order, so the
@@ -162,8 +165,16 @@ impl TokenStore for SqliteBackend {
         if tokens.is_empty() {
             return Ok(0);
         }
+        let keys: Vec<WakeKey> = tokens
+            .iter()
+            .filter(|t| t.spendable)
+            .map(|t| WakeKey::tokens(&t.wallet, &t.token_type))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let tokens = tokens.to_vec();
-        self.pool
+        let added = self
+            .pool
             .write(move |tx| {
                 let mut insert = tx
                     .prepare_cached(
@@ -223,7 +234,11 @@ impl TokenStore for SqliteBackend {
                 }
                 Ok(added)
             })
-            .await
+            .await?;
+        if added > 0 {
+            self.signal(&keys, None);
+        }
+        Ok(added)
     }
 
     async fn set_spendable(
@@ -232,7 +247,9 @@ impl TokenStore for SqliteBackend {
         spendable: bool,
     ) -> Result<bool, TokenStoreError> {
         let token = token.clone();
-        self.pool
+        let wanted = spendable && self.wake.wanted();
+        let (changed, keys) = self
+            .pool
             .write(move |tx| {
                 let n = tx
                     .prepare_cached(
@@ -242,9 +259,16 @@ impl TokenStore for SqliteBackend {
                     .db()?
                     .execute(params![token.tx.as_str(), token.index, spendable])
                     .db()?;
-                Ok(n == 1)
+                let keys = if n == 1 && wanted {
+                    token_keys(tx, [&token])?
+                } else {
+                    Vec::new()
+                };
+                Ok::<_, TokenStoreError>((n == 1, keys))
             })
-            .await
+            .await?;
+        self.signal(&keys, None);
+        Ok(changed)
     }
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError> {

@@ -30,7 +30,9 @@ use holdfast_domain::{
     AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Need, ProcessInput,
     ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Write,
 };
-use holdfast_ports::{CasOutcome, QueueStore, QueueStoreError};
+use holdfast_ports::{
+    CasOutcome, QueueStore, QueueStoreError, Subscription, WaitEnd, WakeKey, WakeUps,
+};
 use tracing::Instrument;
 
 use crate::config::Config;
@@ -241,6 +243,7 @@ pub struct Admission {
     queues: Arc<dyn QueueStore>,
     ancestry: Arc<dyn Ancestry>,
     policy: AdmissionPolicy,
+    wake: Option<Arc<dyn WakeUps>>,
 }
 
 impl std::fmt::Debug for Admission {
@@ -262,7 +265,41 @@ impl Admission {
             queues,
             ancestry,
             policy,
+            wake: None,
         }
+    }
+
+    /// Lets a held head be woken when a slot of its queue frees
+    /// ([`Admission::watch`], [`Admission::hold`]); without it a hold waits its
+    /// whole delay.
+    #[must_use]
+    pub fn with_wakeups(mut self, wake: Arc<dyn WakeUps>) -> Self {
+        self.wake = Some(wake);
+        self
+    }
+
+    /// Starts watching `queue` for freed slots. Take it *before*
+    /// [`Admission::process`], so that a slot freed between the process step and
+    /// the hold is not missed.
+    pub fn watch(&self, queue: &QueueName) -> Subscription {
+        match &self.wake {
+            Some(wake) => wake.subscribe(WakeKey::Queue(queue.clone()), None),
+            None => Subscription::timer_only(),
+        }
+    }
+
+    /// Holds a head that [`Reply::Hold`] answered for: waits until a slot of the
+    /// queue `watch` watches may have been freed, or `delay` (the hold's delay)
+    /// passes, whichever is first; then process the request again. A worker that
+    /// takes deliveries from a message queue keeps the message's delay instead.
+    pub async fn hold(&self, watch: &mut Subscription, delay: std::time::Duration) -> WaitEnd {
+        let end = watch.wait_until(tokio::time::Instant::now() + delay).await;
+        let ended = match end {
+            WaitEnd::Signalled => "wakeup",
+            WaitEnd::Timer => "timer",
+        };
+        metrics::counter!(m::WAITS, "waiter" => "admission", "ended" => ended).increment(1);
+        end
     }
 
     /// The policy in use.

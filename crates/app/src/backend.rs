@@ -99,7 +99,8 @@ impl Default for BackendOptions {
 
 impl crate::Config {
     /// The backend options this configuration asks for: its connect timeout, the
-    /// SQLite busy timeout, the PostgreSQL lock strategy.
+    /// SQLite busy timeout, the PostgreSQL lock strategy and whether PostgreSQL
+    /// instances wake each other (`selection.wakeups`).
     pub fn backend_options(&self) -> BackendOptions {
         let defaults = BackendOptions::default();
         BackendOptions {
@@ -113,6 +114,7 @@ impl crate::Config {
             postgres: PgOptions {
                 strategy: self.pg_lock_strategy,
                 connect_timeout: self.connect_timeout(),
+                wakeups: self.selection.wakeups,
                 ..defaults.postgres
             },
         }

@@ -136,6 +136,8 @@ pub struct SelectionSection {
     pub max_retries: u32,
     /// Backoff between legs is uniform in `[0, retry_interval_ms)` (default 5000).
     pub retry_interval_ms: u64,
+    /// Wake waiting selects when tokens are freed (default true).
+    pub wakeups: bool,
     /// Skip tokens that lost a race or were stale for the rest of a call (default true).
     pub blacklist: bool,
     /// `smallest_first`: scan smallest first (default true).
@@ -157,6 +159,7 @@ impl Default for SelectionSection {
             max_immediate_retries: d.max_immediate_retries,
             max_retries: d.max_retries,
             retry_interval_ms: millis(d.retry_interval),
+            wakeups: d.wakeups,
             blacklist: d.blacklist,
             ascending: d.ascending,
         }
@@ -472,6 +475,7 @@ impl Config {
             max_immediate_retries: s.max_immediate_retries,
             max_retries: s.max_retries,
             retry_interval: Duration::from_millis(s.retry_interval_ms),
+            wakeups: s.wakeups,
             blacklist: s.blacklist,
             ascending: s.ascending,
         }
@@ -809,6 +813,12 @@ pub static KEYS: &[KeySpec] = &[
         "HOLDFAST_RETRY_INTERVAL_MS",
         |c| c.selection.retry_interval_ms,
         "Backoff between legs is uniform in [0, this) (1 to 3600000 ms)."
+    ),
+    key!(
+        "selection.wakeups",
+        "HOLDFAST_WAKEUPS",
+        |c| c.selection.wakeups,
+        "A waiting select (and a held head) is woken when tokens (a slot) are freed, the backoff staying the upper bound; on PostgreSQL instances tell each other with NOTIFY. False sleeps the whole backoff."
     ),
     key!(
         "selection.blacklist",

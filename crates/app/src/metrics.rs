@@ -32,6 +32,8 @@ pub const SELECTION_STORE_ERRORS: &str = "holdfast_selection_store_errors_total"
 pub const SELECTION_DISTINCT_TOKENS: &str = "holdfast_selection_distinct_tokens_attempted";
 /// Store round trips per select call.
 pub const SELECTION_ROUND_TRIPS: &str = "holdfast_selection_round_trips";
+/// Waits of select calls (and of admission heads), by how they ended.
+pub const WAITS: &str = "holdfast_waits_total";
 /// Locks released outside a select call.
 pub const LOCKS_RELEASED: &str = "holdfast_locks_released_total";
 /// Tokens marked spent by a confirmed consumer.
@@ -165,6 +167,13 @@ pub static METRICS: &[MetricDef] = &[
         unit: "round trips",
         help: "Store round trips (fetches, claims, balance reads, releases) of one select call.",
         labels: &[],
+    },
+    MetricDef {
+        name: WAITS,
+        kind: MetricKind::Counter,
+        unit: "waits",
+        help: "Waits for freed tokens (a select between legs) or a freed slot (a held head), by how they ended: woken by a signal, or on the timer (the backoff or hold delay passed first).",
+        labels: &[("waiter", "select, admission"), ("ended", "wakeup, timer")],
     },
     MetricDef {
         name: LOCKS_RELEASED,
@@ -384,6 +393,14 @@ pub fn record_selection(outcome: SelectOutcomeLabel, stats: &SelectionStats, ela
             .record(as_f64(stats.distinct_tokens_attempted));
     }
     metrics::histogram!(SELECTION_ROUND_TRIPS).record(as_f64(stats.round_trips()));
+    if stats.wakeups > 0 {
+        metrics::counter!(WAITS, "waiter" => "select", "ended" => "wakeup")
+            .increment(stats.wakeups);
+    }
+    let timer = stats.waits.saturating_sub(stats.wakeups);
+    if timer > 0 {
+        metrics::counter!(WAITS, "waiter" => "select", "ended" => "timer").increment(timer);
+    }
 }
 
 /// A count as a histogram sample, saturating at `u32::MAX` (per-call counts never

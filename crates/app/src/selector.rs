@@ -5,8 +5,17 @@
 //!   [`LockStore::claim`], of several -> [`LockStore::claim_window`]; the balance ->
 //!   [`TokenStore::balance_for`] (the consumer's own selections left out); a release -> [`LockStore::release_tokens`] (by consumer
 //!   *and* tokens, never by consumer alone, so earlier selects of the same
-//!   transaction keep their locks); a backoff -> [`tokio::time::sleep`] (tests can
-//!   pause tokio time).
+//!   transaction keep their locks); a backoff -> a wait on the call's
+//!   [`Subscription`] until a signal that tokens of the wallet and type were freed
+//!   or the backoff's deadline (tokio time: tests can pause it), whichever is
+//!   first (`docs/wakeups.md`). The subscription is taken before the first
+//!   read, on behalf of the consumer (its own releases do not wake it). A woken
+//!   call reads again after a jitter that shrinks with how long it has waited
+//!   (at most 2 ms); if that attempt read free tokens it does not keep, it hands
+//!   the wake on to the next waiter ([`Subscription::looked`]). A read that no
+//!   wake-up started first lets a woken waiter of the same wallet and type look
+//!   (at most 5 ms), so a newcomer does not take what a release offered to the
+//!   one that waited longest. A timer-only subscription when `wakeups` is off.
 //! - Stubborn legs, random backoff, the blacklist and the fast fail come from the
 //!   engine; the selector only performs.
 //! - **Cancellation-safe.** Every store call runs as its own tokio task, so a
@@ -27,6 +36,7 @@
 //!   The seed is in the call's span and in [`SelectReport::seed`];
 //!   [`TokenSelector::select_seeded`] replays a call.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,7 +47,10 @@ use holdfast_domain::{
     SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
     Timestamp, TokenId, TokenType, TxId, WalletId,
 };
-use holdfast_ports::{BandQuery, CandidateQuery, Clock, LockStore, Stores, TokenStore};
+use holdfast_ports::{
+    BandQuery, CandidateQuery, Clock, LockStore, Stores, Subscription, TokenStore, WaitEnd,
+    WakeKey, WakeUps,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
@@ -116,6 +129,7 @@ pub struct SelectReport {
 pub struct TokenSelector {
     tokens: Arc<dyn TokenStore>,
     locks: Arc<dyn LockStore>,
+    wake: Arc<dyn WakeUps>,
     clock: Arc<dyn Clock>,
     config: SelectionConfig,
     lease: Duration,
@@ -147,6 +161,7 @@ impl TokenSelector {
         Ok(TokenSelector {
             tokens: stores.tokens,
             locks: stores.locks,
+            wake: stores.wake,
             clock,
             config,
             lease: DEFAULT_LEASE_EXPIRY,
@@ -254,12 +269,26 @@ impl TokenSelector {
             held: Vec::new(),
             in_flight: None,
         };
+        // Subscribed before the first read, so that a release between a read and
+        // the wait that follows it is not missed; never woken by its own releases.
+        let mut waiter = if self.config.wakeups {
+            self.wake.subscribe(
+                WakeKey::tokens(&request.wallet, &request.token_type),
+                Some(request.consumer.clone()),
+            )
+        } else {
+            Subscription::timer_only()
+        };
+        let call_started = tokio::time::Instant::now();
         let mut total = SelectionStats::default();
         let mut pass = 0u32;
         let outcome = loop {
             pass += 1;
             let started = self.clock.now();
-            let (outcome, stats) = match self.pass(request, &mut rng, &mut guard).await {
+            let (outcome, stats) = match self
+                .pass(request, &mut rng, &mut guard, &mut waiter, call_started)
+                .await
+            {
                 Ok(done) => done,
                 Err(e) => break Err(SelectError::Input(e)),
             };
@@ -334,14 +363,23 @@ impl TokenSelector {
         request: &SelectRequest,
         rng: &mut StdRng,
         guard: &mut HeldGuard,
+        waiter: &mut Subscription,
+        call_started: tokio::time::Instant,
     ) -> Result<(Result<Selected, SelectionFailure>, SelectionStats), SelectionError> {
         let mut selection = Selection::new(request.clone(), self.config.clone())?;
         let rng = &mut *rng;
+        // In an attempt a wake-up started: the free candidates it read.
+        let mut woken: Option<BTreeSet<TokenId>> = None;
         let mut action = selection.start(rng);
         let outcome = loop {
             guard.held = selection.held();
             action = match action {
                 Action::Fetch(fetch) => {
+                    if woken.is_none() {
+                        // A waiter woken for freed tokens looks at them first.
+                        let bound = tokio::time::Instant::now() + DEFER_TO_WOKEN;
+                        waiter.defer_to_woken(bound).await;
+                    }
                     let tokens = self.tokens.clone();
                     let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
                     let read = async move {
@@ -371,6 +409,9 @@ impl TokenSelector {
                     let page = guard
                         .perform(async move { read.await.map_err(failure) })
                         .await;
+                    if let (Some(seen), Ok(page)) = (&mut woken, &page) {
+                        seen.extend(page.iter().map(|c| c.id.clone()));
+                    }
                     selection.on_candidates(page, rng)
                 }
                 Action::Claim(tokens) => {
@@ -409,13 +450,24 @@ impl TokenSelector {
                     selection.on_released(released, rng)
                 }
                 Action::Backoff(delay) => {
-                    tracing::debug!(leg = selection.leg(), ?delay, "funds locked; backing off");
-                    tokio::time::sleep(delay).await;
-                    selection.on_backoff_elapsed(rng)
+                    hand_on(waiter, woken.take(), &[]);
+                    tracing::debug!(leg = selection.leg(), ?delay, "funds locked; waiting");
+                    let started = tokio::time::Instant::now();
+                    match waiter.wait_until(started + delay).await {
+                        WaitEnd::Timer => selection.on_backoff_elapsed(rng),
+                        WaitEnd::Signalled => {
+                            tokio::time::sleep(wake_jitter(call_started.elapsed(), rng)).await;
+                            tracing::debug!(waited = ?started.elapsed(), "woken; trying again");
+                            woken = Some(BTreeSet::new());
+                            selection.on_woken(started.elapsed(), rng)
+                        }
+                    }
                 }
                 Action::Done(outcome) => break outcome,
             };
         };
+        let kept = outcome.as_ref().map_or(&[][..], |s| s.tokens.as_slice());
+        hand_on(waiter, woken, kept);
         // What is still held beyond the answer: tokens whose release failed. One
         // more attempt, then retries in the background. The guard keeps covering
         // the selected tokens too until the answer is returned: dropped during this
@@ -455,6 +507,19 @@ impl TokenSelector {
         }
         guard.held = keep;
         Ok((outcome, selection.stats().clone()))
+    }
+}
+
+/// The longest a read that no wake-up started waits for a woken waiter of the
+/// same wallet and type to finish looking at what was freed.
+const DEFER_TO_WOKEN: Duration = Duration::from_millis(5);
+
+/// At the end of an attempt a wake-up started (`woken`: the candidates it read):
+/// if it read free tokens it does not keep, hands the wake on to the next waiter,
+/// for whom they may do. A read that found nothing free hands nothing on.
+fn hand_on(waiter: &Subscription, woken: Option<BTreeSet<TokenId>>, kept: &[TokenId]) {
+    if let Some(seen) = woken {
+        waiter.looked(seen.iter().any(|t| !kept.contains(t)));
     }
 }
 
@@ -503,6 +568,21 @@ async fn release(
 
 fn failure(e: impl std::fmt::Display) -> StoreFailure {
     StoreFailure::new(e.to_string())
+}
+
+/// The longest jitter a woken select waits before it reads.
+const WAKE_JITTER_MAX: Duration = Duration::from_millis(2);
+/// A select waiting this long (since it started) reads at once when woken.
+const WAKE_JITTER_AGE: Duration = Duration::from_millis(100);
+
+/// How long a select woken `age` after it started waits before it reads: up to
+/// [`WAKE_JITTER_MAX`] for one that just started, less the longer it has waited,
+/// none after [`WAKE_JITTER_AGE`], and a random half of that. One signal wakes one
+/// waiter per instance, so this is not about a stampede within an instance: it
+/// lets the longest-waiting of the instances' woken waiters read first.
+fn wake_jitter(age: Duration, rng: &mut StdRng) -> Duration {
+    let youth = WAKE_JITTER_AGE.saturating_sub(age).as_secs_f64() / WAKE_JITTER_AGE.as_secs_f64();
+    WAKE_JITTER_MAX.mul_f64(youth * rng.random_range(0.5..1.0))
 }
 
 /// Attempts of [`give_back`], and the backoff before its second attempt (doubling).

@@ -14,3 +14,4 @@ mod selector;
 mod selector_sqlite;
 mod settlement;
 mod sqlite_services;
+mod wakeups;

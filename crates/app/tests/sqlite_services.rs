@@ -2,7 +2,6 @@
 //! of one database file, settlement, the lease sweep and the admission happy path.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,36 +16,7 @@ use holdfast_domain::{
 };
 use holdfast_ports::{Clock, NewToken, Stores};
 
-/// A database file removed (with its WAL files) before and after the test.
-struct TempDb(PathBuf);
-
-impl TempDb {
-    fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "holdfast-services-{}-{name}.db",
-            std::process::id()
-        ));
-        let db = TempDb(path);
-        db.remove();
-        db
-    }
-    fn url(&self) -> String {
-        format!("sqlite://{}", self.0.display())
-    }
-    fn remove(&self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
+use crate::common::TempDb;
 
 /// A clock fixed at a time, for the sweep.
 struct At(Timestamp);

@@ -35,14 +35,17 @@
 //!   consumer (other transactions' locks ignored; tokens the consumer selected in
 //!   earlier selects left out, this call's wins counted) is compared with the
 //!   *full* amount, at most once per leg, contention or not: below it is
-//!   [`SelectionFailure::InsufficientFunds`]. Otherwise a new scan starts, costing
-//!   one immediate retry; under `smallest_first` a scan that met only blacklisted
+//!   [`SelectionFailure::InsufficientFunds`]. With `wakeups` on, a scan that found
+//!   nothing free at all ends the leg (but the last) at once: a release will say
+//!   when to look again. Otherwise a new scan starts, costing one immediate retry; under `smallest_first` a scan that met only blacklisted
 //!   tokens clears the blacklist first; under `cover_first` so does a scan whose
 //!   clean candidates could not make a claim.
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
 //!   possibly held tokens) are released, the engine backs off a random time in
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
-//!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. Funds locked by
+//!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. A wake-up
+//!   during the wait ([`Selection::on_woken`]) starts an attempt within the same
+//!   leg; a failed attempt goes back to the rest of the same wait. Funds locked by
 //!   other consumers are invisible (the anti-join hides them): they show as a scan
 //!   that runs out while the balance says enough, which costs a retry like any
 //!   rescan and so leads to backoff, never to a store failure.
@@ -218,7 +221,8 @@ pub enum Action {
     /// consumer's other locks), then call [`Selection::on_released`].
     Release(Vec<TokenId>),
     /// Wait this long (or be cancelled: then release [`Selection::held`]), then call
-    /// [`Selection::on_backoff_elapsed`].
+    /// [`Selection::on_backoff_elapsed`]; or, woken earlier by a signal that
+    /// tokens may be free, call [`Selection::on_woken`] with the time waited.
     Backoff(Duration),
     /// The call is over. Further calls return this again.
     Done(Result<Selected, SelectionFailure>),
@@ -305,6 +309,12 @@ pub struct SelectionStats {
     /// Locks such a renewal found taken by the lease sweep; the select then gave
     /// its tokens back and selected again.
     pub locks_lost: u64,
+    /// Waits asked for ([`Action::Backoff`]): a leg's first wait, and the rest of
+    /// it after each woken attempt.
+    pub waits: u64,
+    /// Waits a wake-up signal ended before their deadline
+    /// ([`Selection::on_woken`]); the others ended on their timers.
+    pub wakeups: u64,
 }
 
 impl SelectionStats {
@@ -327,6 +337,8 @@ impl SelectionStats {
             other_store_errors,
             renewals,
             locks_lost,
+            waits,
+            wakeups,
         } = later;
         self.immediate_retries += immediate_retries;
         self.lock_attempts += lock_attempts;
@@ -343,6 +355,8 @@ impl SelectionStats {
         self.other_store_errors += other_store_errors;
         self.renewals += renewals;
         self.locks_lost += locks_lost;
+        self.waits += waits;
+        self.wakeups += wakeups;
     }
 
     /// Store round trips requested: fetches, claims, balance reads, releases and
@@ -408,6 +422,9 @@ struct Leg {
     store_retries: u32,
     /// The fast-fail balance check already ran in this leg.
     balance_checked: bool,
+    /// In an attempt after a wake-up: the rest of the leg's wait, which a failed
+    /// attempt goes back to (it does not spend a leg).
+    rest: Option<Duration>,
     /// A store error happened since the last charged retry (the next charge, or
     /// the failure to charge, is for it).
     store_error_pending: bool,
@@ -663,6 +680,31 @@ impl Selection {
             AfterRelease::Fail(failure) => self.done(Err(failure)),
             AfterRelease::Succeed(selected) => self.done(Ok(selected)),
         }
+    }
+
+    /// Feeds a wake-up that ended [`Action::Backoff`] early, `waited` into it: an
+    /// attempt within the same leg starts from a fresh fetch. It gets no rescans
+    /// (a read that finds nothing to claim goes back to waiting) until it wins a
+    /// lock, which gives it the leg's usual budget; if it fails, its wins are
+    /// released and the engine asks to wait for the rest of the leg's wait
+    /// (`delay - waited`), so wake-ups never make a call wait longer in all, nor
+    /// spend its legs faster.
+    pub fn on_woken(&mut self, waited: Duration, rng: &mut impl Rng) -> Action {
+        let delay = match &self.phase {
+            Phase::BackingOff(delay) => *delay,
+            Phase::NotStarted => return self.start(rng),
+            _ => return self.pending(),
+        };
+        self.stats.wakeups += 1;
+        self.leg = Leg {
+            number: self.leg.number,
+            immediate_retries: self.config.max_immediate_retries,
+            balance_checked: self.leg.balance_checked,
+            rest: Some(delay.saturating_sub(waited)),
+            ..Leg::default()
+        };
+        self.new_scan();
+        self.fetch(None, true)
     }
 
     /// Feeds the end of [`Action::Backoff`]: the next leg starts from a fresh fetch.
@@ -958,6 +1000,13 @@ impl Selection {
         }
         // A scan that met a store error may have run out because of it.
         self.leg.store_error_pending |= self.scan.store_error;
+        // Nothing at all was free: with wake-ups, the next release says when to
+        // look again, so rescanning now would only poll (not in the last leg,
+        // which has no wait to go to).
+        let nothing_free = !self.scan.saw_any && !self.scan.store_error;
+        if self.config.wakeups && nothing_free && self.leg.number < self.config.max_retries {
+            return self.end_leg(rng);
+        }
         if !self.charge_retry() {
             return self.end_leg(rng);
         }
@@ -982,11 +1031,12 @@ impl Selection {
 
     fn backoff(&mut self, rng: &mut impl Rng) -> Action {
         let nanos = u64::try_from(self.config.retry_interval.as_nanos()).unwrap_or(u64::MAX);
-        let delay = if nanos == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_nanos(rng.random_range(0..nanos))
+        let delay = match self.leg.rest {
+            Some(rest) => rest,
+            None if nanos == 0 => Duration::ZERO,
+            None => Duration::from_nanos(rng.random_range(0..nanos)),
         };
+        self.stats.waits += 1;
         self.phase = Phase::BackingOff(delay);
         Action::Backoff(delay)
     }

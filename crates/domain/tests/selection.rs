@@ -27,12 +27,14 @@ pub(crate) fn smallest_first() -> SelectionConfig {
     }
 }
 
-/// Small budgets so contended runs stay short.
+/// Small budgets so contended runs stay short; without wake-ups, so that a scan
+/// that finds nothing free is rescanned (with them it waits at once).
 fn tight() -> SelectionConfig {
     SelectionConfig {
         max_immediate_retries: 2,
         max_retries: 3,
         retry_interval: Duration::from_millis(100),
+        wakeups: false,
         ..smallest_first()
     }
 }
@@ -714,4 +716,119 @@ fn runs_are_replayable() {
     let a: Run = run(wallet.clone(), 12, tight(), 42);
     let b: Run = run(wallet, 12, tight(), 42);
     assert_eq!(a.trace, b.trace);
+}
+
+/// Drives a call on a wallet whose one token (t0 = 10) another transaction holds,
+/// until the first leg asks to wait; returns the call and the wait.
+fn waiting_on_a_held_token(rng: &mut ChaCha8Rng) -> (Selection, Duration) {
+    let mut s = Selection::new(request(10), tight()).unwrap();
+    let mut action = s.start(rng);
+    loop {
+        action = match action {
+            // The anti-join hides the held token: every scan comes back empty.
+            Action::Fetch(_) => s.on_candidates(Ok(Vec::new()), rng),
+            Action::CheckBalance => s.on_balance(Ok(q(10)), rng),
+            Action::Backoff(delay) => return (s, delay),
+            other => panic!("unexpected {other:?}"),
+        };
+    }
+}
+
+#[test]
+fn a_wake_up_tries_again_within_the_same_leg() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let (mut s, delay) = waiting_on_a_held_token(&mut rng);
+    assert_eq!((s.leg(), s.stats().legs, s.stats().waits), (1, 1, 1));
+    let waited = delay / 3;
+    let fetch = s.on_woken(waited, &mut rng);
+    assert!(
+        matches!(&fetch, Action::Fetch(f) if f.refresh),
+        "a woken attempt reads afresh: {fetch:?}"
+    );
+    // The holder settled and t0 is free again: the woken attempt takes it.
+    let claim = s.on_candidates(Ok(vec![cand(0, 10)]), &mut rng);
+    assert_eq!(claim, Action::Claim(vec![tid(0)]));
+    let done = s.on_claim(Ok(vec![(tid(0), ClaimVerdict::Won)]), &mut rng);
+    assert!(matches!(done, Action::Done(Ok(_))), "{done:?}");
+    assert_eq!((s.leg(), s.stats().legs), (1, 1), "no leg spent");
+    assert_eq!((s.stats().waits, s.stats().wakeups), (1, 1));
+}
+
+#[test]
+fn a_wake_up_that_finds_nothing_goes_back_to_the_rest_of_the_same_wait() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (mut s, delay) = waiting_on_a_held_token(&mut rng);
+    let waited = delay / 4;
+    assert!(matches!(s.on_woken(waited, &mut rng), Action::Fetch(_)));
+    let checks = s.stats().balance_checks;
+    let fetches = s.stats().fetches;
+    // Nothing free: no rescan, no second balance read, back to waiting.
+    let next = s.on_candidates(Ok(Vec::new()), &mut rng);
+    assert_eq!(next, Action::Backoff(delay - waited));
+    assert_eq!(s.stats().balance_checks, checks);
+    assert_eq!(s.stats().fetches, fetches);
+    assert_eq!((s.leg(), s.stats().legs), (1, 1), "no leg spent");
+    // Woken again: the wait left shrinks again; the timer then starts leg 2.
+    assert!(matches!(s.on_woken(delay / 4, &mut rng), Action::Fetch(_)));
+    assert_eq!(
+        s.on_candidates(Ok(Vec::new()), &mut rng),
+        Action::Backoff(delay - waited - delay / 4)
+    );
+    assert!(matches!(s.on_backoff_elapsed(&mut rng), Action::Fetch(_)));
+    assert_eq!((s.leg(), s.stats().wakeups, s.stats().waits), (2, 2, 3));
+}
+
+#[test]
+fn a_woken_attempt_that_wins_part_releases_it_before_waiting_again() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (mut s, delay) = waiting_on_a_held_token(&mut rng);
+    assert!(matches!(
+        s.on_woken(Duration::ZERO, &mut rng),
+        Action::Fetch(_)
+    ));
+    // Only 4 of the 10 came free: won, then nothing more to read.
+    assert_eq!(
+        s.on_candidates(Ok(vec![cand(1, 4)]), &mut rng),
+        Action::Claim(vec![tid(1)])
+    );
+    let mut action = s.on_claim(Ok(vec![(tid(1), ClaimVerdict::Won)]), &mut rng);
+    // A win gives the attempt the leg's usual budget of rescans.
+    let mut rescans = 0;
+    while let Action::Fetch(_) = action {
+        rescans += 1;
+        action = s.on_candidates(Ok(Vec::new()), &mut rng);
+    }
+    assert_eq!(rescans, tight().max_immediate_retries);
+    assert_eq!(action, Action::Release(vec![tid(1)]));
+    assert_eq!(s.on_released(Ok(()), &mut rng), Action::Backoff(delay));
+    assert!(s.held().is_empty());
+}
+
+#[test]
+fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
+    let config = SelectionConfig {
+        wakeups: true,
+        ..tight()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let mut s = Selection::new(request(10), config).unwrap();
+    // Enough money, none of it free, through every leg: reads per leg.
+    let mut reads = BTreeMap::<u32, u32>::new();
+    let mut action = s.start(&mut rng);
+    let outcome = loop {
+        action = match action {
+            Action::Fetch(_) => {
+                *reads.entry(s.leg()).or_default() += 1;
+                s.on_candidates(Ok(Vec::new()), &mut rng)
+            }
+            Action::CheckBalance => s.on_balance(Ok(q(10)), &mut rng),
+            Action::Backoff(_) => s.on_backoff_elapsed(&mut rng),
+            Action::Done(outcome) => break outcome,
+            other => panic!("unexpected {other:?}"),
+        };
+    };
+    assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
+    // One read then a wait per leg; the last leg, with no wait to go to,
+    // rescans as before.
+    assert_eq!(reads, BTreeMap::from([(1, 1), (2, 1), (3, 3)]));
 }

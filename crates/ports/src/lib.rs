@@ -17,6 +17,7 @@ pub mod queues;
 pub mod statuses;
 pub mod strategy;
 pub mod tokens;
+pub mod wake;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -30,6 +31,7 @@ pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};
 pub use strategy::{LockStrategy, UnknownStrategy};
 pub use tokens::{BandQuery, CandidateQuery, MockTokenStore, NewToken, TokenStore};
+pub use wake::{MockWakeUps, Registry, Subscription, WaitEnd, WakeKey, WakeUps};
 
 /// One backend's ports, as the app wires them. An adapter returns one of these
 /// from its open/connect function; every field may point at the same object.
@@ -43,6 +45,8 @@ pub struct Stores {
     pub statuses: Arc<dyn TxStatusStore>,
     /// Build queues and requests.
     pub queues: Arc<dyn QueueStore>,
+    /// Wake-up signals: waiting for released locks, minted tokens, freed slots.
+    pub wake: Arc<dyn WakeUps>,
 }
 
 impl Stores {
@@ -50,13 +54,14 @@ impl Stores {
     /// backend): every field is a clone of the same `Arc`.
     pub fn shared<B>(backend: Arc<B>) -> Self
     where
-        B: TokenStore + LockStore + TxStatusStore + QueueStore + 'static,
+        B: TokenStore + LockStore + TxStatusStore + QueueStore + WakeUps + 'static,
     {
         Stores {
             tokens: backend.clone(),
             locks: backend.clone(),
             statuses: backend.clone(),
-            queues: backend,
+            queues: backend.clone(),
+            wake: backend,
         }
     }
 }

@@ -1,11 +1,12 @@
 //! Helpers shared by the services tests.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use holdfast_domain::{Candidate, Precision, Quantity, Timestamp, TokenId, TxId};
 use holdfast_ports::{
-    Clock, MockLockStore, MockQueueStore, MockTokenStore, MockTxStatusStore, Stores,
+    Clock, MockLockStore, MockQueueStore, MockTokenStore, MockTxStatusStore, Registry, Stores,
 };
 
 pub fn q(v: u128) -> Quantity {
@@ -54,5 +55,37 @@ pub fn stores(tokens: MockTokenStore, locks: MockLockStore, statuses: MockTxStat
         locks: Arc::new(locks),
         statuses: Arc::new(statuses),
         queues: Arc::new(MockQueueStore::new()),
+        wake: Arc::new(Registry::new()),
+    }
+}
+
+/// A database file removed (with its WAL files) before and after the test.
+pub struct TempDb(PathBuf);
+
+impl TempDb {
+    pub fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "holdfast-services-{}-{name}.db",
+            std::process::id()
+        ));
+        let db = TempDb(path);
+        db.remove();
+        db
+    }
+    pub fn url(&self) -> String {
+        format!("sqlite://{}", self.0.display())
+    }
+    fn remove(&self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.0.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        self.remove();
     }
 }

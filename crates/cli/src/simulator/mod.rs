@@ -62,6 +62,9 @@ pub enum Ablation {
     Blacklist,
     /// One token per claim (`batch_window = 1`).
     Batch,
+    /// No wake-ups: waiting selects sleep their whole backoff, and PostgreSQL
+    /// instances send no `NOTIFY` (`wakeups = false`).
+    Wakeups,
     /// Settlement does not release locks: unlocked requests keep theirs until the
     /// lease (spending still removes a spent token's lock).
     SettleRelease,
@@ -77,6 +80,7 @@ impl Ablation {
             Ablation::Window => "window",
             Ablation::Blacklist => "blacklist",
             Ablation::Batch => "batch",
+            Ablation::Wakeups => "wakeups",
             Ablation::SettleRelease => "settle-release",
         }
     }

@@ -426,6 +426,7 @@ pub fn selection_for(strategy: Strategy, base: &SelectionConfig) -> SelectionCon
             }
             Ablation::Window => config.sufficiency_window = 1,
             Ablation::Batch => config.batch_window = 1,
+            Ablation::Wakeups => config.wakeups = false,
             Ablation::AntiJoin | Ablation::SettleRelease => {}
         }
     }
@@ -440,8 +441,10 @@ async fn open_replicas(
     clock: &Arc<SimClock>,
     ledger: &Arc<ClaimLedger>,
 ) -> Result<(Vec<Backend>, Vec<Arc<Replica>>), SimulateError> {
-    let options = settings.config.backend_options();
     let selection = selection_for(strategy, &settings.selection);
+    let mut options = settings.config.backend_options();
+    // No wake-ups, no NOTIFY either (the naive selector never waits for one).
+    options.postgres.wakeups = selection.wakeups && strategy != Strategy::Naive;
     let mut backends = Vec::new();
     let mut replicas = Vec::new();
     for r in 0..workload.replicas {
@@ -461,6 +464,7 @@ async fn open_replicas(
             locks,
             statuses: raw.statuses.clone(),
             queues: raw.queues.clone(),
+            wake: raw.wake.clone(),
         };
         let clock_port: Arc<dyn Clock> = clock.clone();
         let selector = match strategy {
@@ -685,6 +689,30 @@ async fn run_on(
     outcome
 }
 
+/// Opens each replica's connections before the clock starts, as a running
+/// service has them: as many balance reads at once as the replica has workers.
+/// Otherwise the first requests of a PostgreSQL run pay for connecting, a cost
+/// of starting up that is not what the figures compare.
+async fn warm_up(replicas: &[Arc<Replica>], workload: &Workload, plan: &[PlannedRequest]) {
+    let Some(first) = plan.first() else { return };
+    let per_replica = workload.concurrency.div_ceil(replicas.len().max(1));
+    let mut reads = tokio::task::JoinSet::new();
+    for replica in replicas {
+        for _ in 0..per_replica {
+            let (replica, wallet, token_type) = (
+                replica.clone(),
+                first.wallet.clone(),
+                first.token_type.clone(),
+            );
+            reads.spawn(async move {
+                // Only the connection matters; a failed read fails the run later.
+                let _ = replica.stores.tokens.balance(&wallet, &token_type).await;
+            });
+        }
+    }
+    while reads.join_next().await.is_some() {}
+}
+
 async fn drive(
     strategy: Strategy,
     workload: &Workload,
@@ -726,6 +754,7 @@ async fn drive(
     }
 
     let plan = plan(workload, settings.seed);
+    warm_up(replicas, workload, &plan).await;
     let total = u64::try_from(plan.len()).unwrap_or(u64::MAX);
     memory::reset_peak();
     let shared = Arc::new(Shared {

@@ -108,6 +108,10 @@ pub struct SelectionConfig {
     pub max_retries: u32,
     /// Backoff between legs is uniform in `[0, retry_interval)` (default 5 s).
     pub retry_interval: Duration,
+    /// Wait for a signal that tokens were freed as well as for the backoff, and
+    /// try again at once when one comes (default true; the backoff stays the upper
+    /// bound, `docs/wakeups.md`). False sleeps the whole backoff.
+    pub wakeups: bool,
     /// Skip tokens that lost a race or were stale for the rest of the call
     /// (default true; false only to measure what the blacklist buys).
     pub blacklist: bool,
@@ -130,6 +134,7 @@ impl Default for SelectionConfig {
             max_immediate_retries: 5,
             max_retries: 10,
             retry_interval: Duration::from_secs(5),
+            wakeups: true,
             blacklist: true,
             ascending: true,
         }

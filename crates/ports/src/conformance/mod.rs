@@ -33,6 +33,7 @@ pub mod settlement;
 pub mod statuses;
 pub mod support;
 pub mod tokens;
+pub mod wake;
 
 use async_trait::async_trait;
 
@@ -131,6 +132,9 @@ macro_rules! conformance_tests {
             queues::owner_set_round_trips_exactly,
             queues::list_requests_in_sequence_order,
             security::hostile_strings_are_stored_literally,
+            wake::writes_that_free_tokens_signal_their_key,
+            wake::a_queue_write_signals_its_queue,
+            wake::a_release_wakes_a_waiter_of_another_instance,
         }
     };
     (@tests ($backend:expr) $($module:ident :: $name:ident),* $(,)?) => {

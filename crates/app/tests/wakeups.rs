@@ -1,0 +1,356 @@
+//! Wake-ups on the real backends (`docs/wakeups.md`): a waiting select answers
+//! when another instance frees its tokens, without its backoff timer; a woken
+//! waiter that cannot use what was freed hands the wake on; a held admission
+//! head is woken when a slot frees; and a lost PostgreSQL listener costs only
+//! latency.
+//!
+//! Every waiting select here has a backoff uniform in [0, 60 s): a wait that a
+//! signal did not end would end on that timer, which the select's counters show
+//! (`waits` > `wakeups`) and the test then fails.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use holdfast::{Admission, AdmissionPolicy, NoAncestry, SelectReport, TokenSelector};
+use holdfast_adapters_postgres::LockStrategy;
+use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
+use holdfast_domain::{
+    BuildOutcome, QueueName, Reply, RevisionUri, SelectionConfig, TokenId, TokenType, WalletId,
+};
+use holdfast_ports::{NewToken, Stores, WaitEnd};
+use tokio::task::JoinHandle;
+
+use crate::common::{TempDb, TokioClock, q, tx};
+use crate::pg_support::TestDb;
+
+/// Long backoffs: only a wake-up can answer a waiting select within the test.
+fn patient() -> SelectionConfig {
+    SelectionConfig {
+        max_retries: 3,
+        retry_interval: Duration::from_secs(60),
+        ..SelectionConfig::default()
+    }
+}
+
+fn wallet() -> (WalletId, TokenType) {
+    (
+        WalletId::new("alice").expect("wallet"),
+        TokenType::new("CHF").expect("type"),
+    )
+}
+
+async fn fund(stores: &Stores, tag: &str, amounts: &[u128]) -> Vec<TokenId> {
+    let (wallet, chf) = wallet();
+    let tokens: Vec<NewToken> = amounts
+        .iter()
+        .enumerate()
+        .map(|(i, &amount)| NewToken {
+            id: TokenId::new(tx(&format!("fund-{tag}")), u32::try_from(i).expect("small")),
+            wallet: wallet.clone(),
+            token_type: chf.clone(),
+            quantity: q(amount),
+            spendable: true,
+        })
+        .collect();
+    stores.tokens.add_tokens(&tokens).await.expect("funded");
+    tokens.into_iter().map(|t| t.id).collect()
+}
+
+fn selector(stores: &Stores, seed: u64) -> Arc<TokenSelector> {
+    Arc::new(
+        TokenSelector::new(stores.clone(), TokioClock::new(), patient(), Some(seed))
+            .expect("config"),
+    )
+}
+
+/// Starts a select of `amount` for `consumer` and returns once it waits.
+async fn waiting_select(
+    selector: &Arc<TokenSelector>,
+    amount: u128,
+    consumer: &str,
+) -> JoinHandle<SelectReport> {
+    let (wallet, chf) = wallet();
+    let (selector, consumer) = (selector.clone(), tx(consumer));
+    let task = tokio::spawn(async move {
+        selector
+            .select_with_stats(&wallet, &chf, q(amount), &consumer)
+            .await
+    });
+    // Its first leg finds nothing free and waits; give it the time to get there.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!task.is_finished(), "the select should be waiting");
+    task
+}
+
+/// The select answered with tokens, and every wait it made was ended by a signal.
+fn woken(report: &SelectReport) {
+    assert!(report.result.is_ok(), "{:?}", report.result);
+    assert!(report.stats.waits >= 1, "{:?}", report.stats);
+    assert_eq!(
+        report.stats.wakeups, report.stats.waits,
+        "a wait ended on its timer: {:?}",
+        report.stats
+    );
+    assert_eq!(report.stats.legs, 1, "{:?}", report.stats);
+}
+
+async fn answered(task: JoinHandle<SelectReport>) -> SelectReport {
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("answered well before any backoff timer")
+        .expect("select task")
+}
+
+#[tokio::test]
+async fn sqlite_a_release_in_another_instance_wakes_a_waiting_select() {
+    let db = TempDb::new("wake-across-instances");
+    let url = db.url();
+    let open = || SqliteBackend::open(&url, SqliteOptions::default());
+    let (a, b) = (open().await.expect("a"), open().await.expect("b"));
+    let tokens = fund(&b.stores(), "x", &[10]).await;
+    let holder = tx("holder");
+    b.stores()
+        .locks
+        .claim_window(&holder, &tokens, holdfast_domain::Timestamp::from_millis(1))
+        .await
+        .expect("held");
+    let waiting = waiting_select(&selector(&a.stores(), 1), 10, "waiter").await;
+    b.stores()
+        .locks
+        .release_tokens(&holder, &tokens)
+        .await
+        .expect("released");
+    let report = answered(waiting).await;
+    woken(&report);
+}
+
+#[tokio::test]
+async fn a_woken_waiter_that_cannot_use_the_freed_tokens_hands_the_wake_on() {
+    let backend = SqliteBackend::open_in_memory().await.expect("open");
+    let stores = backend.stores();
+    let tokens = fund(&stores, "y", &[10]).await;
+    let holder = tx("holder");
+    stores
+        .locks
+        .claim_window(&holder, &tokens, holdfast_domain::Timestamp::from_millis(1))
+        .await
+        .expect("held");
+    // Funds for the first waiter's balance check, held too, never freed.
+    let big = fund(&stores, "big", &[500]).await;
+    stores
+        .locks
+        .claim_window(
+            &tx("hoarder"),
+            &big,
+            holdfast_domain::Timestamp::from_millis(1),
+        )
+        .await
+        .expect("held");
+    let selector = selector(&stores, 2);
+    // The first waiter (woken first) needs more than the freed 10; the second fits.
+    let large = waiting_select(&selector, 100, "large").await;
+    let small = waiting_select(&selector, 5, "small").await;
+    stores
+        .locks
+        .release_tokens(&holder, &tokens)
+        .await
+        .expect("released");
+    let report = answered(small).await;
+    woken(&report);
+    assert_eq!(report.result.expect("selected").tokens, tokens);
+    large.abort();
+}
+
+#[tokio::test]
+async fn a_held_head_is_woken_when_a_slot_of_its_queue_frees() {
+    let backend = SqliteBackend::open_in_memory().await.expect("open");
+    let stores = backend.stores();
+    let admission = Arc::new(
+        Admission::new(
+            stores.queues.clone(),
+            Arc::new(NoAncestry),
+            AdmissionPolicy::default(),
+        )
+        .with_wakeups(stores.wake.clone()),
+    );
+    let queue = QueueName::new("main").expect("queue");
+    let uri = |u: &str| RevisionUri::new(u).expect("uri");
+    let first = admission
+        .ingest(&queue, &uri("rev-1"))
+        .await
+        .expect("ingest");
+    assert!(matches!(
+        admission.process(&first.request.id).await.expect("process"),
+        Reply::Publish { .. }
+    ));
+    let second = admission
+        .ingest(&queue, &uri("rev-2"))
+        .await
+        .expect("ingest");
+    let mut watch = admission.watch(&queue);
+    let Reply::Hold(_) = admission
+        .process(&second.request.id)
+        .await
+        .expect("process")
+    else {
+        panic!("the second head should hold while the first builds");
+    };
+    let holding = {
+        let admission = admission.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let end = admission.hold(&mut watch, Duration::from_secs(60)).await;
+            (end, started.elapsed())
+        })
+    };
+    admission
+        .outcome(&first.request.id, BuildOutcome::Succeeded)
+        .await
+        .expect("outcome");
+    let (end, _) = tokio::time::timeout(Duration::from_secs(20), holding)
+        .await
+        .expect("woken before the hold's delay")
+        .expect("task");
+    assert_eq!(end, WaitEnd::Signalled);
+    assert!(matches!(
+        admission
+            .process(&second.request.id)
+            .await
+            .expect("process"),
+        Reply::Publish { .. }
+    ));
+}
+
+#[tokio::test]
+async fn postgres_three_replicas_wake_each_other() {
+    let Some(db) = TestDb::create("wakeups::three_replicas").await else {
+        return;
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(db.backend(LockStrategy::default(), 4).await);
+    }
+    for replica in &replicas {
+        // Each instance listens before the rounds start.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !holdfast_ports::WakeUps::connected(replica) {
+            assert!(Instant::now() < deadline, "the listener never connected");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let tokens = fund(&replicas[0].stores(), "z", &[10]).await;
+    let mut latencies = Vec::new();
+    for round in 0..6u64 {
+        let waiter = replicas[usize::try_from(round % 3).expect("small")].stores();
+        let settler = replicas[usize::try_from((round + 1) % 3).expect("small")].stores();
+        let holder = tx(&format!("holder-{round}"));
+        settler
+            .locks
+            .claim_window(&holder, &tokens, holdfast_domain::Timestamp::from_millis(1))
+            .await
+            .expect("held");
+        let waiting =
+            waiting_select(&selector(&waiter, 10 + round), 10, &format!("w-{round}")).await;
+        // Settled as deleted on another replica: its locks are released.
+        settler
+            .locks
+            .release_consumer(&holder, holdfast_domain::Timestamp::from_millis(2), true)
+            .await
+            .expect("settled");
+        let committed = Instant::now();
+        let report = answered(waiting).await;
+        latencies.push(committed.elapsed());
+        woken(&report);
+        // Give the token back for the next round.
+        waiter
+            .locks
+            .release_consumer(
+                &tx(&format!("w-{round}")),
+                holdfast_domain::Timestamp::from_millis(3),
+                true,
+            )
+            .await
+            .expect("given back");
+    }
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    eprintln!("wake-up across replicas, from the settling commit to the answer: {latencies:?}");
+    assert!(
+        median < Duration::from_millis(100),
+        "median {median:?} of {latencies:?}"
+    );
+}
+
+#[tokio::test]
+async fn postgres_a_killed_listener_costs_only_latency() {
+    let Some(db) = TestDb::create("wakeups::killed_listener").await else {
+        return;
+    };
+    let a = db.backend(LockStrategy::default(), 4).await;
+    let b = db.backend(LockStrategy::default(), 4).await;
+    // Two tokens, twelve selects of each one, settled at once: contended all along.
+    fund(&a.stores(), "k", &[1, 1]).await;
+    let config = SelectionConfig {
+        max_retries: 10,
+        retry_interval: Duration::from_millis(200),
+        ..SelectionConfig::default()
+    };
+    let selectors = [&a, &b].map(|backend| {
+        Arc::new(
+            TokenSelector::new(backend.stores(), TokioClock::new(), config.clone(), Some(7))
+                .expect("config"),
+        )
+    });
+    let killer = {
+        let mut conn = db.connection().await;
+        tokio::spawn(async move {
+            let mut killed = 0u64;
+            for _ in 0..40 {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE application_name = 'holdfast-listen' AND datname = current_database()",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .expect("terminate");
+                killed += u64::try_from(n).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            killed
+        })
+    };
+    let mut tasks = Vec::new();
+    for i in 0..24usize {
+        let selector = selectors[i % 2].clone();
+        let stores = [&a, &b][i % 2].stores();
+        tasks.push(tokio::spawn(async move {
+            let (wallet, chf) = wallet();
+            let consumer = tx(&format!("s-{i}"));
+            let report = selector
+                .select_with_stats(&wallet, &chf, q(1), &consumer)
+                .await;
+            let selected = report.result.clone().expect("every select is answered");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            // Unlocked again (settled as deleted): the next select takes it.
+            stores
+                .locks
+                .release_consumer(&consumer, holdfast_domain::Timestamp::from_millis(5), true)
+                .await
+                .expect("released");
+            selected.tokens.len()
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.expect("select task"), 1);
+    }
+    let killed = killer.await.expect("killer");
+    assert!(killed > 0, "no listener connection was killed");
+    // And the listeners came back.
+    for backend in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !holdfast_ports::WakeUps::connected(backend) {
+            assert!(Instant::now() < deadline, "a listener never reconnected");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! The wake-up port: waiting for "something you wanted may be free now" instead of
+//! sleeping blind (`docs/wakeups.md`).
+//!
+//! A writer signals [`WakeKey`]s after its write committed: a lock released
+//! (settlement, a failed or cancelled select, the lease sweep) or a token minted
+//! makes tokens of a (wallet, type) spendable; a queue record written may have
+//! freed a slot. A waiter [`WakeUps::subscribe`]s to its key *before* it reads,
+//! so a signal sent between its read and its wait is not lost, and then
+//! [`Subscription::wait_until`] a signal or its deadline, whichever is first.
+//!
+//! Wake-ups are an optimisation with a timer fallback: a lost or late signal costs
+//! latency, never correctness, so every wait has a deadline.
+//!
+//! [`Registry`] is the in-process part every adapter shares: the selectors and
+//! admission workers of one backend instance wait on it at no database cost. An
+//! adapter adds how signals cross instances (PostgreSQL: `LISTEN`/`NOTIFY`;
+//! SQLite: polling `PRAGMA data_version` while anyone waits).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use holdfast_domain::{QueueName, TokenType, TxId, WalletId};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// What a waiter waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WakeKey {
+    /// Tokens of this wallet and type may be spendable and unlocked now.
+    Tokens {
+        /// The wallet.
+        wallet: WalletId,
+        /// The token type.
+        token_type: TokenType,
+    },
+    /// A slot of this queue may be free now (its record was written).
+    Queue(QueueName),
+}
+
+impl WakeKey {
+    /// The key of tokens of `wallet` and `token_type`.
+    pub fn tokens(wallet: &WalletId, token_type: &TokenType) -> Self {
+        WakeKey::Tokens {
+            wallet: wallet.clone(),
+            token_type: token_type.clone(),
+        }
+    }
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// A signal of the key arrived (possibly before the wait began).
+    Signalled,
+    /// The deadline passed first.
+    Timer,
+}
+
+/// Waiting for, and sending, wake-up signals. One per backend instance; every
+/// selector and admission worker of the instance shares it.
+#[mockall::automock]
+pub trait WakeUps: Send + Sync {
+    /// Starts listening for `key`, on behalf of `origin` (a select is not woken by
+    /// the release of its own wins). See [`Registry`] for who a signal wakes.
+    fn subscribe(&self, key: WakeKey, origin: Option<TxId>) -> Subscription;
+
+    /// Signals `keys` on behalf of `origin`, after the write that freed them has
+    /// committed: this instance's waiters at once, other instances' as the
+    /// adapter carries it. Adapters call it after their own writes.
+    #[allow(
+        clippy::needless_lifetimes,
+        reason = "mockall needs the lifetime named"
+    )]
+    fn signal<'a>(&self, keys: &[WakeKey], origin: Option<&'a TxId>);
+
+    /// Whether signals of other instances reach this one now (PostgreSQL: the
+    /// `LISTEN` connection is up). While false, waits still end on their timers.
+    fn connected(&self) -> bool;
+}
+
+/// One subscription's side of the registry.
+#[derive(Default)]
+struct Waiter {
+    notify: Notify,
+    /// Woken, and the wake not consumed by a wait yet.
+    pending: AtomicBool,
+    /// In [`Subscription::wait_until`] now.
+    waiting: AtomicBool,
+    /// Woken while waiting, and not done looking at what was freed yet
+    /// ([`Subscription::looked`]). A waiter woken between its waits is reading
+    /// anyway and holds nobody back.
+    looking: AtomicBool,
+}
+
+/// A waiter's registration with a [`Registry`]; dropping it deregisters (and
+/// hands a wake it never consumed to the next waiter).
+pub struct Subscription {
+    waiter: Arc<Waiter>,
+    registration: Option<(Registry, WakeKey, u64)>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("key", &self.registration.as_ref().map(|(_, key, _)| key))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// A subscription no signal reaches: its waits end on their timers (wake-ups
+    /// switched off, or a mock).
+    pub fn timer_only() -> Self {
+        Subscription {
+            waiter: Arc::new(Waiter::default()),
+            registration: None,
+        }
+    }
+
+    /// Waits until a wake arrives (or arrived since the subscription or the last
+    /// signalled wait) or `deadline` passes, whichever is first. While it waits,
+    /// the registry counts it in [`Registry::waiting`].
+    pub async fn wait_until(&mut self, deadline: Instant) -> WaitEnd {
+        let _waiting = self
+            .registration
+            .as_ref()
+            .map(|(registry, _, _)| registry.start_waiting(&self.waiter));
+        tokio::select! {
+            biased;
+            () = self.waiter.notify.notified() => {
+                self.waiter.pending.store(false, Ordering::SeqCst);
+                WaitEnd::Signalled
+            }
+            () = tokio::time::sleep_until(deadline) => WaitEnd::Timer,
+        }
+    }
+
+    /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
+    /// wake on: wakes the longest-subscribed other waiter of the key that has no
+    /// wake pending. A woken waiter passes when what it read holds free tokens it
+    /// did not keep (too small for it, or more than it needed), so that the next
+    /// waiter looks; not when its read found nothing free.
+    pub fn looked(&self, pass: bool) {
+        if let Some((registry, key, id)) = &self.registration {
+            // The next waiter is marked looking before this one stops, so that no
+            // newcomer slips in between.
+            if pass {
+                registry.wake_first(key, None, Some(*id));
+            }
+            if self.waiter.looking.swap(false, Ordering::SeqCst) {
+                registry.looked.notify_waiters();
+            }
+        }
+    }
+
+    /// Before a read that no wake-up started: while another waiter of the key was
+    /// woken and is looking at what was freed, lets it look first, for at most
+    /// until `bound`. So a select that just arrived does not take the tokens a
+    /// release offered to the one that has waited longest; if that one does not
+    /// keep them, it hands them on in order.
+    pub async fn defer_to_woken(&self, bound: Instant) {
+        let Some((registry, key, id)) = &self.registration else {
+            return;
+        };
+        loop {
+            let looked = registry.looked.notified();
+            if !registry.others_looking(key, *id) {
+                return;
+            }
+            tokio::select! {
+                () = looked => {}
+                () = tokio::time::sleep_until(bound) => return,
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if let Some((registry, key, id)) = self.registration.take() {
+            registry.remove(&key, id);
+            if self.waiter.looking.swap(false, Ordering::SeqCst) {
+                registry.looked.notify_waiters();
+            }
+            // Woken but gone before looking (a cancelled select): the next looks.
+            if self.waiter.pending.load(Ordering::SeqCst) {
+                registry.wake_first(&key, None, None);
+            }
+        }
+    }
+}
+
+struct Entry {
+    id: u64,
+    origin: Option<TxId>,
+    waiter: Arc<Waiter>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    waiters: HashMap<WakeKey, Vec<Entry>>,
+    count: usize,
+}
+
+/// The in-process wake-up registry: waiters by key, woken by signals of this
+/// process at no database cost. Cheap to clone (clones share the registry).
+///
+/// **One at a time.** A signal of a key wakes one waiter of it: the one
+/// subscribed longest (of those not on behalf of the signal's origin) that has
+/// no wake pending and is waiting now (else, the one subscribed longest: it is
+/// between its read and its wait); a second signal wakes the next. A woken waiter that finds
+/// free tokens it does not keep hands the wake on ([`Subscription::looked`]). So a
+/// release of one token wakes one waiter, not a stampede of reads that all but
+/// one lose, and the longest waiting looks first. A wake sent to a waiter that is
+/// not waiting yet (it is between its read and its wait) is kept for its next
+/// wait, so none is lost.
+#[derive(Clone, Default)]
+pub struct Registry {
+    state: Arc<Mutex<State>>,
+    /// Subscriptions in a wait now.
+    waiting: Arc<AtomicUsize>,
+    /// Notified when a wait begins while none was under way (a poller sleeps
+    /// while nobody waits).
+    first_waiter: Arc<Notify>,
+    /// Notified when a woken waiter is done looking.
+    looked: Arc<Notify>,
+}
+
+/// Marks one wait (and counts it in [`Registry::waiting`]) while it lives.
+struct Waiting(Arc<AtomicUsize>, Arc<Waiter>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.1.waiting.store(false, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("waiters", &self.waiters())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock; a poisoned state is still whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a waiter for `key` (see [`WakeUps::subscribe`]).
+    pub fn subscribe(&self, key: WakeKey, origin: Option<TxId>) -> Subscription {
+        let waiter = Arc::new(Waiter::default());
+        let mut state = self.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.waiters.entry(key.clone()).or_default().push(Entry {
+            id,
+            origin,
+            waiter: waiter.clone(),
+        });
+        state.count += 1;
+        drop(state);
+        Subscription {
+            waiter,
+            registration: Some((self.clone(), key, id)),
+        }
+    }
+
+    fn remove(&self, key: &WakeKey, id: u64) {
+        let mut state = self.lock();
+        if let Some(entries) = state.waiters.get_mut(key) {
+            let before = entries.len();
+            entries.retain(|e| e.id != id);
+            let removed = before - entries.len();
+            if entries.is_empty() {
+                state.waiters.remove(key);
+            }
+            state.count -= removed;
+        }
+    }
+
+    /// Wakes the first waiter of `key` (subscription order) that is not on behalf
+    /// of `origin`, is not `except` and has no wake pending. Whether one was woken.
+    fn wake_first(&self, key: &WakeKey, origin: Option<&TxId>, except: Option<u64>) -> bool {
+        let state = self.lock();
+        let eligible = || {
+            state.waiters.get(key).into_iter().flatten().filter(|e| {
+                Some(e.id) != except
+                    && (origin.is_none() || e.origin.as_ref() != origin)
+                    && !e.waiter.pending.load(Ordering::SeqCst)
+            })
+        };
+        // One that waits now first: one between its waits is reading anyway.
+        let next = eligible()
+            .find(|e| e.waiter.waiting.load(Ordering::SeqCst))
+            .or_else(|| eligible().next());
+        match next {
+            Some(entry) => {
+                entry.waiter.pending.store(true, Ordering::SeqCst);
+                if entry.waiter.waiting.load(Ordering::SeqCst) {
+                    entry.waiter.looking.store(true, Ordering::SeqCst);
+                }
+                entry.waiter.notify.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a waiter of `key` other than `except` was woken and is not done
+    /// looking.
+    fn others_looking(&self, key: &WakeKey, except: u64) -> bool {
+        self.lock()
+            .waiters
+            .get(key)
+            .into_iter()
+            .flatten()
+            .any(|e| e.id != except && e.waiter.looking.load(Ordering::SeqCst))
+    }
+
+    /// Wakes one waiter of each of `keys` (see the type's documentation), except
+    /// those subscribed on behalf of `origin`. Returns how many were woken.
+    pub fn signal(&self, keys: &[WakeKey], origin: Option<&TxId>) -> usize {
+        keys.iter()
+            .filter(|key| self.wake_first(key, origin, None))
+            .count()
+    }
+
+    /// Wakes one waiter of every key (a change whose keys are unknown: another
+    /// process wrote the SQLite file, or PostgreSQL signals may have been missed).
+    pub fn signal_all(&self) -> usize {
+        let keys: Vec<WakeKey> = self.lock().waiters.keys().cloned().collect();
+        self.signal(&keys, None)
+    }
+
+    fn start_waiting(&self, waiter: &Arc<Waiter>) -> Waiting {
+        waiter.waiting.store(true, Ordering::SeqCst);
+        if self.waiting.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.first_waiter.notify_waiters();
+        }
+        Waiting(self.waiting.clone(), waiter.clone())
+    }
+
+    /// Subscriptions registered now (waiting or between waits).
+    pub fn waiters(&self) -> usize {
+        self.lock().count
+    }
+
+    /// Whether any subscription is registered: a write then names the keys it
+    /// freed, which costs a read on some backends.
+    pub fn has_waiters(&self) -> bool {
+        self.waiters() > 0
+    }
+
+    /// Subscriptions in [`Subscription::wait_until`] now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Returns once a subscription is waiting (at once if one is).
+    pub async fn until_waiting(&self) {
+        loop {
+            let notified = self.first_waiter.notified();
+            if self.waiting() > 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A registry alone is the wake-ups of a single process (an in-memory database, a
+/// test): signals reach this process's waiters only.
+impl WakeUps for Registry {
+    fn subscribe(&self, key: WakeKey, origin: Option<TxId>) -> Subscription {
+        Registry::subscribe(self, key, origin)
+    }
+
+    fn signal(&self, keys: &[WakeKey], origin: Option<&TxId>) {
+        Registry::signal(self, keys, origin);
+    }
+
+    fn connected(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn key(wallet: &str) -> WakeKey {
+        WakeKey::tokens(
+            &WalletId::new(wallet).expect("wallet"),
+            &TokenType::new("t").expect("type"),
+        )
+    }
+
+    fn tx(id: &str) -> TxId {
+        TxId::new(id).expect("tx")
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_of_the_key_wakes_a_waiter_and_others_do_not() {
+        let registry = Registry::new();
+        let mut sub = registry.subscribe(key("a"), None);
+        assert_eq!(registry.signal(&[key("b")], None), 0);
+        assert_eq!(sub.wait_until(soon()).await, WaitEnd::Timer);
+        assert_eq!(registry.signal(&[key("a")], None), 1);
+        assert_eq!(sub.wait_until(soon()).await, WaitEnd::Signalled);
+        // One signal wakes one wait: the next wait ends on its timer.
+        assert_eq!(sub.wait_until(soon()).await, WaitEnd::Timer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_between_subscribing_and_waiting_is_not_lost() {
+        let registry = Registry::new();
+        let mut sub = registry.subscribe(key("a"), None);
+        registry.signal(&[key("a")], None);
+        let started = Instant::now();
+        assert_eq!(sub.wait_until(soon()).await, WaitEnd::Signalled);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_not_woken_by_its_own_origin() {
+        let registry = Registry::new();
+        let mut mine = registry.subscribe(key("a"), Some(tx("t1")));
+        let mut other = registry.subscribe(key("a"), Some(tx("t2")));
+        assert_eq!(registry.signal(&[key("a")], Some(&tx("t1"))), 1);
+        assert_eq!(mine.wait_until(soon()).await, WaitEnd::Timer);
+        assert_eq!(other.wait_until(soon()).await, WaitEnd::Signalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_signal_wakes_the_longest_waiting_and_a_pass_wakes_the_next() {
+        let registry = Registry::new();
+        let mut first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        let mut third = registry.subscribe(key("a"), None);
+        assert_eq!(registry.signal(&[key("a")], None), 1);
+        assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
+        // The first found free tokens it did not keep: the second looks next.
+        first.looked(true);
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+        assert_eq!(third.wait_until(soon()).await, WaitEnd::Timer);
+        // Two signals while nobody consumed one wake two waiters.
+        assert_eq!(registry.signal(&[key("a")], None), 1);
+        assert_eq!(registry.signal(&[key("a")], None), 1);
+        assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+        assert_eq!(third.wait_until(soon()).await, WaitEnd::Timer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_newcomer_defers_to_a_woken_waiter_until_it_has_looked() {
+        let registry = Registry::new();
+        let mut woken = registry.subscribe(key("a"), None);
+        let newcomer = registry.subscribe(key("a"), None);
+        let bound = Instant::now() + Duration::from_millis(5);
+        // Nobody looking: no wait at all.
+        newcomer.defer_to_woken(bound).await;
+        assert_eq!(Instant::now() + Duration::from_millis(5), bound);
+        let waiting = tokio::spawn(async move {
+            let end = woken.wait_until(soon()).await;
+            (woken, end)
+        });
+        tokio::task::yield_now().await;
+        registry.signal(&[key("a")], None);
+        let (woken, end) = waiting.await.expect("task");
+        assert_eq!(end, WaitEnd::Signalled);
+        let deferring = tokio::spawn(async move {
+            newcomer.defer_to_woken(soon()).await;
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let looked_at = Instant::now();
+        woken.looked(false);
+        assert_eq!(deferring.await.expect("task"), looked_at);
+        // Bounded: a woken waiter that never finishes looking holds nobody long.
+        let mut woken = woken;
+        let waiting = tokio::spawn(async move {
+            let end = woken.wait_until(soon()).await;
+            (woken, end)
+        });
+        tokio::task::yield_now().await;
+        let late = registry.subscribe(key("a"), None);
+        registry.signal(&[key("a")], None);
+        let bound = Instant::now() + Duration::from_millis(5);
+        late.defer_to_woken(bound).await;
+        assert_eq!(Instant::now(), bound);
+        drop(waiting.await.expect("task"));
+        // A wake sent between waits (the waiter is reading anyway) holds nobody.
+        let between = registry.subscribe(key("a"), None);
+        registry.signal(&[key("a")], None);
+        let bound = Instant::now() + Duration::from_millis(5);
+        late.defer_to_woken(bound).await;
+        assert!(Instant::now() < bound);
+        drop(between);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_left_unconsumed_by_a_dropped_waiter_goes_to_the_next() {
+        let registry = Registry::new();
+        let first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        registry.signal(&[key("a")], None);
+        drop(first);
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn signal_all_wakes_one_waiter_of_every_key() {
+        let registry = Registry::new();
+        let mut a1 = registry.subscribe(key("a"), None);
+        let mut a2 = registry.subscribe(key("a"), None);
+        let mut b = registry.subscribe(key("b"), None);
+        assert_eq!(registry.signal_all(), 2);
+        assert_eq!(a1.wait_until(soon()).await, WaitEnd::Signalled);
+        assert_eq!(b.wait_until(soon()).await, WaitEnd::Signalled);
+        assert_eq!(a2.wait_until(soon()).await, WaitEnd::Timer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_a_subscription_deregisters_it() {
+        let registry = Registry::new();
+        let sub = registry.subscribe(key("a"), None);
+        let other = registry.subscribe(key("b"), None);
+        assert_eq!(registry.waiters(), 2);
+        drop(sub);
+        assert_eq!(registry.waiters(), 1);
+        assert_eq!(registry.signal(&[key("a")], None), 0);
+        drop(other);
+        assert!(!registry.has_waiters());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_only_subscription_ends_on_its_timer() {
+        let mut sub = Subscription::timer_only();
+        let deadline = Instant::now() + Duration::from_millis(30);
+        assert_eq!(sub.wait_until(deadline).await, WaitEnd::Timer);
+        assert_eq!(Instant::now(), deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn until_waiting_returns_when_a_wait_begins() {
+        let registry = Registry::new();
+        let watcher = registry.clone();
+        let task = tokio::spawn(async move { watcher.until_waiting().await });
+        let mut sub = registry.subscribe(key("a"), None);
+        tokio::task::yield_now().await;
+        assert!(!task.is_finished(), "a subscription alone is not a wait");
+        let waiter = tokio::spawn(async move { sub.wait_until(soon()).await });
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .expect("woken")
+            .expect("task");
+        assert_eq!(registry.waiting(), 1);
+        registry.signal(&[key("a")], None);
+        assert_eq!(waiter.await.expect("waiter"), WaitEnd::Signalled);
+        assert_eq!(registry.waiting(), 0);
+    }
+}

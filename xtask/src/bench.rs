@@ -28,11 +28,21 @@ const PRESETS: &[&str] = &[
     "admission",
 ];
 /// Workload files of `bench/workloads/` run after the presets, in report order.
-/// (The `*-defaults` files are run by hand: their 5 s backoff takes minutes.)
 const WORKLOAD_FILES: &[&str] = &["many-wallets-unlock"];
 /// A workload file run twice, holdfast only: with the default settings and with
 /// `selection.prefer_exact`, to show what the exact search saves in change.
 const EXACT_FILE: &str = "denominations";
+/// Workload files run with holdfast and `--ablate wakeups` (no naive: its 5 s
+/// backoffs take minutes): the true defaults, and the short budget a workload
+/// file gets when it sets no `legs` (10 legs of [0, 20 ms)).
+const WAKE_FILES: &[&str] = &[
+    "hot-lineage-defaults",
+    "pareto-defaults",
+    "hot-lineage-short",
+];
+/// The preset whose settlement throughput shows what wake-ups cost (NOTIFY on
+/// PostgreSQL), run with holdfast and `--ablate wakeups`.
+const WAKE_COST_PRESET: &str = "many-wallets";
 /// Wallet sizes of the scaling series.
 const WALLETS: &[u64] = &[1_000, 10_000, 100_000, 1_000_000];
 /// The seed of every run.
@@ -234,6 +244,31 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         }
     }
 
+    let mut wakeups = Vec::new();
+    for (backend, db) in &backends {
+        let files = WAKE_FILES
+            .iter()
+            .map(|name| (workload_file(&root, name), *name));
+        let runs = files.chain(std::iter::once((
+            WAKE_COST_PRESET.to_owned(),
+            WAKE_COST_PRESET,
+        )));
+        for (workload, name) in runs {
+            let report = json_of(&mut simulate(
+                db,
+                &[
+                    "--workload",
+                    &workload,
+                    "--strategy",
+                    "holdfast",
+                    "--ablate",
+                    "wakeups",
+                ],
+            ))?;
+            wakeups.push(json!({ "backend": backend, "workload": name, "report": report }));
+        }
+    }
+
     let mut scaling = Vec::new();
     for (backend, db) in &backends {
         for &tokens in WALLETS {
@@ -275,9 +310,11 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             format!("holdfast simulate --workload <preset> --seed {SEED} --json --raw-limit --ablate smallest-first [--db postgres://...]"),
             format!("holdfast simulate --workload bench/workloads/<file>.toml --seed {SEED} --json --raw-limit --ablate smallest-first [--db postgres://...]"),
             format!("holdfast simulate --workload wallet-<n>.toml --strategy holdfast --seed {SEED} --json"),
+            format!("holdfast simulate --workload <file or many-wallets> --strategy holdfast --ablate wakeups --seed {SEED} --json [--db postgres://...]"),
         ],
         "seconds": started.elapsed().as_secs(),
         "presets": presets,
+        "wakeups": wakeups,
         "scaling": scaling,
     });
     let out = root.join("bench").join("results.json");
@@ -404,6 +441,25 @@ pub fn markdown(results: &Value) -> String {
             num(&a["crashes_injected"]),
             num(&a["redeliveries"]),
         );
+    }
+    out.push_str("\n| backend | workload | strategy | selects/s | spurious | conflicts/select | round trips/select | p50 ms | p99 ms | locks left |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for entry in results["wakeups"].as_array().unwrap_or(&empty) {
+        for s in entry["report"]["strategies"].as_array().unwrap_or(&empty) {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                entry["backend"].as_str().unwrap_or("?"),
+                entry["workload"].as_str().unwrap_or("?"),
+                s["strategy"].as_str().unwrap_or("?"),
+                num(&s["selects_per_second"]),
+                num(&s["spurious_failures"]),
+                num(&s["conflicts_per_select"]),
+                num(&s["round_trips_per_select"]),
+                num(&s["latency_ms"]["p50"]),
+                num(&s["latency_ms"]["p99"]),
+                num(&s["locks_left"]),
+            );
+        }
     }
     out.push_str("\n| backend | wallet tokens | select p50 ms | select p99 ms | peak MiB | round trips/select | spurious |\n|---|---|---|---|---|---|---|\n");
     for s in results["scaling"].as_array().unwrap_or(&empty) {

@@ -27,7 +27,8 @@ pub struct SimulateArgs {
     /// Also run holdfast with one mechanism switched off
     #[arg(long, value_enum, value_name = "MECHANISM")]
     pub ablate: Option<Ablation>,
-    /// Run only these strategies (repeatable; default: naive and holdfast)
+    /// Run only these strategies (repeatable; default: naive and holdfast), and the
+    /// ablation if `--ablate` is given
     #[arg(long = "strategy", value_enum, value_name = "NAME", hide = true)]
     pub only: Vec<StrategyArg>,
     /// Also run a minimal select cycle (read, claim, settle) written raw against the
@@ -77,6 +78,7 @@ pub async fn run(
     config: Config,
 ) -> Result<Rendered, CliError> {
     let workload = Workload::resolve(&args.workload).map_err(simulator::SimulateError::from)?;
+    // `--strategy holdfast --ablate X` runs holdfast and its ablation, no naive.
     let only = (!args.only.is_empty()).then(|| {
         args.only
             .iter()
@@ -84,6 +86,7 @@ pub async fn run(
                 StrategyArg::Naive => Strategy::Naive,
                 StrategyArg::Holdfast => Strategy::Holdfast,
             })
+            .chain(args.ablate.map(Strategy::Ablated))
             .collect()
     });
     let options = SimOptions {

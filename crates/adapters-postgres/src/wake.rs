@@ -5,8 +5,9 @@
 //! - **Never inside a write.** A transaction with a pending `NOTIFY` takes a
 //!   database-wide lock at commit, which serialises the commits of heavy writers.
 //!   So the writes only return the keys they freed; after the commit the keys go
-//!   to a notifier task, which gathers keys for [`COALESCE`] and sends them in one
-//!   short statement of its own (`pg_notify` over a payload array).
+//!   to a notifier task, which sends them in one short statement of its own
+//!   (`pg_notify` over a payload array), at most one per [`COALESCE`]: a key
+//!   after a quiet spell at once, keys that follow a send gathered for the next.
 //! - **One listener per instance**, on a dedicated connection named
 //!   `holdfast-listen`. Payloads name the sending instance, so an instance skips
 //!   its own (its waiters were woken in-process already). When the connection
@@ -30,7 +31,8 @@ use crate::PgBackend;
 /// The channel holdfast's instances notify and listen on.
 pub const CHANNEL: &str = "holdfast_wake";
 
-/// How long the notifier gathers keys before it sends them.
+/// The notifier sends at most one statement per this long: a key after a quiet
+/// spell goes at once, keys arriving within this of a send wait for the next.
 pub const COALESCE: Duration = Duration::from_millis(1);
 
 /// The most payload bytes one notification carries (PostgreSQL allows just under 8000).
@@ -205,12 +207,18 @@ pub(crate) fn token_keys(rows: &[String]) -> Vec<WakeKey> {
 const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
 
 async fn notify(pool: PgPool, instance: String, mut inbox: mpsc::UnboundedReceiver<WakeKey>) {
+    let mut last_sent: Option<tokio::time::Instant> = None;
     while let Some(first) = inbox.recv().await {
+        // The first key after a quiet spell goes at once; keys that follow within
+        // COALESCE of a send are gathered for the next one.
+        if let Some(last) = last_sent {
+            tokio::time::sleep_until(last + COALESCE).await;
+        }
         let mut keys = BTreeSet::from([first]);
-        tokio::time::sleep(COALESCE).await;
         while let Ok(key) = inbox.try_recv() {
             keys.insert(key);
         }
+        last_sent = Some(tokio::time::Instant::now());
         let payloads = payloads(&instance, &keys);
         let sent = sqlx::query(NOTIFY)
             .bind(CHANNEL)

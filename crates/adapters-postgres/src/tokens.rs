@@ -312,18 +312,18 @@ impl TokenStore for PgBackend {
         let types: Vec<&str> = distinct.values().map(|t| t.token_type.as_str()).collect();
         let amounts: Vec<String> = distinct.values().map(|t| t.quantity.to_string()).collect();
         let spendable: Vec<bool> = distinct.values().map(|t| t.spendable).collect();
-
-        let fresh = self.note(
-            sqlx::query(INSERT_NEW_TOKENS)
+        // Both inserts take the batch as the same six arrays.
+        let batch = |sql: &'static str| {
+            sqlx::query(sql)
                 .bind(&txs)
                 .bind(&idxs)
                 .bind(&wallets)
                 .bind(&types)
                 .bind(&amounts)
                 .bind(&spendable)
-                .fetch_all(self.pool())
-                .await,
-        );
+        };
+
+        let fresh = self.note(batch(INSERT_NEW_TOKENS).fetch_all(self.pool()).await);
         match fresh {
             Ok(rows) if rows.len() == distinct.len() => {
                 let added = u64::try_from(rows.len()).unwrap_or(u64::MAX);
@@ -339,17 +339,7 @@ impl TokenStore for PgBackend {
             .note(self.pool().begin().await)
             .map_err(|e| fault(&e))?;
         let inserted = self
-            .note(
-                sqlx::query(INSERT_TOKENS)
-                    .bind(&txs)
-                    .bind(&idxs)
-                    .bind(&wallets)
-                    .bind(&types)
-                    .bind(&amounts)
-                    .bind(&spendable)
-                    .fetch_all(&mut *tx)
-                    .await,
-            )
+            .note(batch(INSERT_TOKENS).fetch_all(&mut *tx).await)
             .map_err(|e| fault(&e))?;
         let added = u64::try_from(inserted.len()).unwrap_or(u64::MAX);
         if inserted.len() < distinct.len() {

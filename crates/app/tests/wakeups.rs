@@ -15,7 +15,8 @@ use holdfast::{Admission, AdmissionPolicy, NoAncestry, SelectReport, TokenSelect
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
-    BuildOutcome, QueueName, Reply, RevisionUri, SelectionConfig, TokenId, TokenType, WalletId,
+    BuildOutcome, QueueName, Reply, RevisionUri, SelectionConfig, Timestamp, TokenId, TokenType,
+    WalletId,
 };
 use holdfast_ports::{NewToken, Stores, WaitEnd};
 use tokio::task::JoinHandle;
@@ -54,6 +55,24 @@ async fn fund(stores: &Stores, tag: &str, amounts: &[u128]) -> Vec<TokenId> {
         .collect();
     stores.tokens.add_tokens(&tokens).await.expect("funded");
     tokens.into_iter().map(|t| t.id).collect()
+}
+
+/// `tokens` locked for `holder`.
+async fn hold(stores: &Stores, holder: &str, tokens: &[TokenId]) {
+    stores
+        .locks
+        .claim_window(&tx(holder), tokens, Timestamp::from_millis(1))
+        .await
+        .expect("held");
+}
+
+/// `holder`'s locks on `tokens` released.
+async fn release(stores: &Stores, holder: &str, tokens: &[TokenId]) {
+    stores
+        .locks
+        .release_tokens(&tx(holder), tokens)
+        .await
+        .expect("released");
 }
 
 fn selector(stores: &Stores, seed: u64) -> Arc<TokenSelector> {
@@ -108,18 +127,9 @@ async fn sqlite_a_release_in_another_instance_wakes_a_waiting_select() {
     let open = || SqliteBackend::open(&url, SqliteOptions::default());
     let (a, b) = (open().await.expect("a"), open().await.expect("b"));
     let tokens = fund(&b.stores(), "x", &[10]).await;
-    let holder = tx("holder");
-    b.stores()
-        .locks
-        .claim_window(&holder, &tokens, holdfast_domain::Timestamp::from_millis(1))
-        .await
-        .expect("held");
+    hold(&b.stores(), "holder", &tokens).await;
     let waiting = waiting_select(&selector(&a.stores(), 1), 10, "waiter").await;
-    b.stores()
-        .locks
-        .release_tokens(&holder, &tokens)
-        .await
-        .expect("released");
+    release(&b.stores(), "holder", &tokens).await;
     let report = answered(waiting).await;
     woken(&report);
 }
@@ -129,32 +139,19 @@ async fn a_woken_waiter_that_cannot_use_the_freed_tokens_hands_the_wake_on() {
     let backend = SqliteBackend::open_in_memory().await.expect("open");
     let stores = backend.stores();
     let tokens = fund(&stores, "y", &[10]).await;
-    let holder = tx("holder");
-    stores
-        .locks
-        .claim_window(&holder, &tokens, holdfast_domain::Timestamp::from_millis(1))
-        .await
-        .expect("held");
+    hold(&stores, "holder", &tokens).await;
     // Funds for the first waiter's balance check, held too, never freed.
     let big = fund(&stores, "big", &[500]).await;
     stores
         .locks
-        .claim_window(
-            &tx("hoarder"),
-            &big,
-            holdfast_domain::Timestamp::from_millis(1),
-        )
+        .claim_window(&tx("hoarder"), &big, Timestamp::from_millis(1))
         .await
         .expect("held");
     let selector = selector(&stores, 2);
     // The first waiter (woken first) needs more than the freed 10; the second fits.
     let large = waiting_select(&selector, 100, "large").await;
     let small = waiting_select(&selector, 5, "small").await;
-    stores
-        .locks
-        .release_tokens(&holder, &tokens)
-        .await
-        .expect("released");
+    release(&stores, "holder", &tokens).await;
     let report = answered(small).await;
     woken(&report);
     assert_eq!(report.result.expect("selected").tokens, tokens);
@@ -243,18 +240,14 @@ async fn postgres_three_replicas_wake_each_other() {
     for round in 0..6u64 {
         let waiter = replicas[usize::try_from(round % 3).expect("small")].stores();
         let settler = replicas[usize::try_from((round + 1) % 3).expect("small")].stores();
-        let holder = tx(&format!("holder-{round}"));
-        settler
-            .locks
-            .claim_window(&holder, &tokens, holdfast_domain::Timestamp::from_millis(1))
-            .await
-            .expect("held");
+        let holder = format!("holder-{round}");
+        hold(&settler, &holder, &tokens).await;
         let waiting =
             waiting_select(&selector(&waiter, 10 + round), 10, &format!("w-{round}")).await;
         // Settled as deleted on another replica: its locks are released.
         settler
             .locks
-            .release_consumer(&holder, holdfast_domain::Timestamp::from_millis(2), true)
+            .release_consumer(&tx(&holder), Timestamp::from_millis(2), true)
             .await
             .expect("settled");
         let committed = Instant::now();
@@ -264,11 +257,7 @@ async fn postgres_three_replicas_wake_each_other() {
         // Give the token back for the next round.
         waiter
             .locks
-            .release_consumer(
-                &tx(&format!("w-{round}")),
-                holdfast_domain::Timestamp::from_millis(3),
-                true,
-            )
+            .release_consumer(&tx(&format!("w-{round}")), Timestamp::from_millis(3), true)
             .await
             .expect("given back");
     }
@@ -334,7 +323,7 @@ async fn postgres_a_killed_listener_costs_only_latency() {
             // Unlocked again (settled as deleted): the next select takes it.
             stores
                 .locks
-                .release_consumer(&consumer, holdfast_domain::Timestamp::from_millis(5), true)
+                .release_consumer(&consumer, Timestamp::from_millis(5), true)
                 .await
                 .expect("released");
             selected.tokens.len()

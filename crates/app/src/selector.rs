@@ -577,7 +577,7 @@ const WAKE_JITTER_AGE: Duration = Duration::from_millis(100);
 
 /// How long a select woken `age` after it started waits before it reads: up to
 /// [`WAKE_JITTER_MAX`] for one that just started, less the longer it has waited,
-/// none after [`WAKE_JITTER_AGE`], and a random half of that. One signal wakes one
+/// none after [`WAKE_JITTER_AGE`]; at random between half and all of that. One signal wakes one
 /// waiter per instance, so this is not about a stampede within an instance: it
 /// lets the longest-waiting of the instances' woken waiters read first.
 fn wake_jitter(age: Duration, rng: &mut StdRng) -> Duration {

@@ -180,12 +180,14 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         if let Some((registry, key, id)) = self.registration.take() {
             registry.remove(&key, id);
-            if self.waiter.looking.swap(false, Ordering::SeqCst) {
-                registry.looked.notify_waiters();
-            }
-            // Woken but gone before looking (a cancelled select): the next looks.
-            if self.waiter.pending.load(Ordering::SeqCst) {
+            // Woken but gone before it finished looking (a cancelled select): the
+            // next waiter looks instead.
+            let looking = self.waiter.looking.swap(false, Ordering::SeqCst);
+            if looking || self.waiter.pending.load(Ordering::SeqCst) {
                 registry.wake_first(&key, None, None);
+            }
+            if looking {
+                registry.looked.notify_waiters();
             }
         }
     }
@@ -523,6 +525,18 @@ mod tests {
         registry.signal(&[key("a")], None);
         drop(first);
         assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+        // Woken while waiting, then dropped before it finished looking.
+        let mut third = registry.subscribe(key("a"), None);
+        let waiting = tokio::spawn(async move {
+            let end = second.wait_until(soon()).await;
+            (second, end)
+        });
+        tokio::task::yield_now().await;
+        registry.signal(&[key("a")], None);
+        let (second, end) = waiting.await.expect("task");
+        assert_eq!(end, WaitEnd::Signalled);
+        drop(second);
+        assert_eq!(third.wait_until(soon()).await, WaitEnd::Signalled);
     }
 
     #[tokio::test(start_paused = true)]

@@ -552,12 +552,21 @@ impl Admission {
             tracing::debug!(write = label, applied, "admission write");
             if applied {
                 loaded.memo.record_applied(&write);
-                if let Write::Queue {
-                    kind: QueueWrite::Backfill { added },
-                    ..
-                } = &write
-                {
-                    loaded.backfilled.extend(added.iter().cloned());
+                match &write {
+                    Write::Queue {
+                        kind: QueueWrite::Backfill { added },
+                        ..
+                    } => loaded.backfilled.extend(added.iter().cloned()),
+                    Write::Queue {
+                        kind: QueueWrite::Prune { foreign, .. },
+                        queue,
+                        ..
+                    } if !foreign.is_empty() => tracing::warn!(
+                        queue = %queue.name,
+                        foreign = ?foreign.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                        "pruned slot owners that are requests of another queue"
+                    ),
+                    _ => {}
                 }
             } else {
                 conflicts += 1;

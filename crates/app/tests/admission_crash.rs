@@ -870,7 +870,10 @@ fn required_points() -> BTreeSet<(String, String)> {
         QueueWrite::StampLatest,
         QueueWrite::Claim,
         QueueWrite::Release,
-        QueueWrite::Prune { pruned: Vec::new() },
+        QueueWrite::Prune {
+            pruned: Vec::new(),
+            foreign: Vec::new(),
+        },
         QueueWrite::Backfill { added: Vec::new() },
         QueueWrite::RecordGreen,
     ];

@@ -322,3 +322,45 @@ async fn admission_happy_path_with_supersede_redelivery_and_dead_letter() {
         Reply::Ack
     );
 }
+
+#[tokio::test]
+async fn an_owner_id_of_another_queue_is_pruned_and_does_not_close_the_gate() {
+    let backend = SqliteBackend::open_in_memory().await.expect("open");
+    let stores = backend.stores();
+    let admission = Admission::new(
+        stores.queues.clone(),
+        Arc::new(NoAncestry),
+        AdmissionPolicy::default(),
+    );
+    let queue = QueueName::new("main").expect("queue");
+    let head = admission
+        .ingest(&queue, &RevisionUri::new("rev-1").expect("uri"))
+        .await
+        .expect("ingest");
+    // A foreign id in the owners (a bug elsewhere, or a hand edit) fills the one slot.
+    let mut stored = stores
+        .queues
+        .load_queue(&queue)
+        .await
+        .expect("load")
+        .expect("queue");
+    let foreign = holdfast_domain::RequestId::new(QueueName::new("other").expect("queue"), 1);
+    stored.owners.insert(foreign.clone());
+    assert_eq!(
+        stores.queues.cas_queue(stored.version, &stored).await,
+        Ok(holdfast_ports::CasOutcome::Applied)
+    );
+    let reply = admission.process(&head.request.id).await.expect("process");
+    assert!(matches!(reply, Reply::Publish { .. }), "{reply:?}");
+    let owners = stores
+        .queues
+        .load_queue(&queue)
+        .await
+        .expect("load")
+        .expect("queue")
+        .owners;
+    assert_eq!(
+        owners.into_iter().collect::<Vec<_>>(),
+        vec![head.request.id]
+    );
+}

@@ -184,10 +184,14 @@ pub enum QueueWrite {
     Claim,
     /// The request gives up its own slot (its id leaves the owners).
     Release,
-    /// Reconcile: owners whose request is terminal or missing are removed.
+    /// Reconcile: owners whose request is terminal or missing, or that belong to
+    /// another queue, are removed.
     Prune {
         /// The removed owners.
         pruned: Vec<RequestId>,
+        /// Of them, the ids of another queue's requests: they can never own a slot
+        /// here, and how they got in is worth a warning.
+        foreign: Vec<RequestId>,
     },
     /// Migration: processing requests admitted under an anonymous count join the owners.
     Backfill {

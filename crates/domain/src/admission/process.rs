@@ -96,7 +96,8 @@ pub struct ProcessInput<'a> {
 /// 5. accepted head owning a slot (a crash between claim and mark): resume,
 ///    without the gate: mark processing with the plan, then publish;
 /// 6. accepted head without a slot: gate on |owners| < max_concurrent. Closed ->
-///    reconcile first (load the owners' requests, prune terminal or missing ones),
+///    reconcile first (load the owners' requests, prune terminal or missing ones
+///    and ids of another queue),
 ///    then [`Reply::Hold`] with the gate wait delay if none could be pruned. Open ->
 ///    determine the plan (asking for ancestry when there is a last green; an
 ///    ancestry failure is a [`Reply::Retry`] before any claim), then claim by

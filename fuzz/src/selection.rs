@@ -301,7 +301,9 @@ pub fn run(data: &[u8]) {
                         "waits {delay:?} after a wake-up with {rest:?} left"
                     );
                 }
-                if input.byte().is_multiple_of(3) {
+                // A wake-up on 1 (of 0..3): input used up reads as 0, a timer, so
+                // every run ends.
+                if input.byte() % 3 == 1 {
                     let waited = delay.mul_f64(f64::from(input.byte()) / 255.0);
                     woken_rest = Some((selection.leg(), delay.saturating_sub(waited)));
                     let legs = selection.stats().legs;

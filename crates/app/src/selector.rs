@@ -370,6 +370,8 @@ impl TokenSelector {
         let rng = &mut *rng;
         // In an attempt a wake-up started: the free candidates it read.
         let mut woken: Option<BTreeSet<TokenId>> = None;
+        // The deadline of the current leg's wait, kept across its woken attempts.
+        let mut leg_deadline: Option<tokio::time::Instant> = None;
         let mut action = selection.start(rng);
         let outcome = loop {
             guard.held = selection.held();
@@ -450,16 +452,30 @@ impl TokenSelector {
                     selection.on_released(released, rng)
                 }
                 Action::Backoff(delay) => {
+                    // After a woken attempt the leg's wait goes on to the deadline it
+                    // had: the attempt's own time counts, so a leg never lasts longer
+                    // than its backoff, however many wake-ups it gets.
+                    let resumed = woken.is_some();
                     hand_on(waiter, woken.take(), &[]);
+                    let now = tokio::time::Instant::now();
+                    let deadline = match leg_deadline {
+                        Some(deadline) if resumed => deadline,
+                        _ => now + delay,
+                    };
+                    leg_deadline = Some(deadline);
                     tracing::debug!(leg = selection.leg(), ?delay, "funds locked; waiting");
-                    let started = tokio::time::Instant::now();
-                    match waiter.wait_until(started + delay).await {
-                        WaitEnd::Timer => selection.on_backoff_elapsed(rng),
+                    match waiter.wait_until(deadline).await {
+                        WaitEnd::Timer => {
+                            leg_deadline = None;
+                            selection.on_backoff_elapsed(rng)
+                        }
                         WaitEnd::Signalled => {
                             tokio::time::sleep(wake_jitter(call_started.elapsed(), rng)).await;
-                            tracing::debug!(waited = ?started.elapsed(), "woken; trying again");
+                            let rest =
+                                deadline.saturating_duration_since(tokio::time::Instant::now());
+                            tracing::debug!(?rest, "woken; trying again");
                             woken = Some(BTreeSet::new());
-                            selection.on_woken(started.elapsed(), rng)
+                            selection.on_woken(delay.saturating_sub(rest), rng)
                         }
                     }
                 }

@@ -788,3 +788,45 @@ async fn a_seed_replays_a_call() {
     assert_eq!(replay.result, first.result);
     assert_eq!(replay.stats, first.stats);
 }
+
+#[tokio::test(start_paused = true)]
+async fn wake_ups_never_stretch_a_select_past_its_backoffs() {
+    // Enough money, none of it free, and a release signalled every millisecond
+    // that frees nothing this call can use: every wake-up finds nothing, and the
+    // call still answers FundsLocked within its legs' backoffs (3 legs: two waits
+    // below 1 s each; the last leg does not wait).
+    let mut tokens = MockTokenStore::new();
+    tokens.expect_candidates().returning(|_| Ok(Vec::new()));
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(10)));
+    let registry = holdfast_ports::Registry::new();
+    let stores = holdfast_ports::Stores {
+        wake: Arc::new(registry.clone()),
+        ..stores(tokens, MockLockStore::new(), MockTxStatusStore::new())
+    };
+    let cfg = SelectionConfig {
+        retry_interval: Duration::from_secs(1),
+        ..config(3, 2)
+    };
+    let selector = TokenSelector::new(stores, TokioClock::new(), cfg, Some(9)).expect("config");
+    let key = holdfast_ports::WakeKey::tokens(&wallet(), &chf());
+    let signaller = tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(Duration::from_millis(1));
+        loop {
+            ticks.tick().await;
+            registry.signal(std::slice::from_ref(&key), None);
+        }
+    });
+    let started = tokio::time::Instant::now();
+    let report = selector
+        .select_with_stats(&wallet(), &chf(), q(10), &tx("t1"))
+        .await;
+    signaller.abort();
+    assert_eq!(report.result, Err(SelectError::FundsLocked));
+    assert_eq!(report.stats.legs, 3, "{:?}", report.stats);
+    assert!(report.stats.wakeups > 10, "{:?}", report.stats);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?} for two backoffs below 1 s",
+        started.elapsed()
+    );
+}

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use holdfast_domain::{QueueName, TokenType, TxId, WalletId};
+use holdfast_domain::{QueueName, TxId};
 use holdfast_ports::{Registry, Subscription, WakeKey, WakeUps};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
@@ -179,10 +179,7 @@ fn parse(payload: &str) -> Option<(&str, Vec<WakeKey>)> {
         .filter_map(|line| {
             let mut fields = line.split('\t');
             match (fields.next()?, fields.next()?, fields.next()) {
-                ("t", wallet, Some(token_type)) => Some(WakeKey::Tokens {
-                    wallet: WalletId::new(wallet).ok()?,
-                    token_type: TokenType::new(token_type).ok()?,
-                }),
+                ("t", wallet, Some(token_type)) => WakeKey::tokens_of(wallet, token_type),
                 ("q", queue, None) => Some(WakeKey::Queue(QueueName::new(queue).ok()?)),
                 _ => None,
             }
@@ -196,10 +193,7 @@ pub(crate) fn token_keys(rows: &[String]) -> Vec<WakeKey> {
     rows.iter()
         .filter_map(|row| {
             let (wallet, token_type) = row.split_once('\t')?;
-            Some(WakeKey::Tokens {
-                wallet: WalletId::new(wallet).ok()?,
-                token_type: TokenType::new(token_type).ok()?,
-            })
+            WakeKey::tokens_of(wallet, token_type)
         })
         .collect()
 }
@@ -291,10 +285,7 @@ mod tests {
     use super::*;
 
     fn tokens(wallet: &str, token_type: &str) -> WakeKey {
-        WakeKey::Tokens {
-            wallet: WalletId::new(wallet).expect("wallet"),
-            token_type: TokenType::new(token_type).expect("type"),
-        }
+        WakeKey::tokens_of(wallet, token_type).expect("valid ids")
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use holdfast_domain::{TokenId, TokenType, TxId, WalletId};
+use holdfast_domain::{TokenId, TxId};
 use holdfast_ports::{Registry, StoreFault, Subscription, WakeKey, WakeUps};
 use rusqlite::{OptionalExtension, Transaction, params};
 
@@ -104,14 +104,6 @@ impl WakeUps for SqliteBackend {
     }
 }
 
-fn key(wallet: &str, token_type: &str) -> Option<WakeKey> {
-    // Stored ids were valid when written; one that no longer parses has no waiter.
-    Some(WakeKey::Tokens {
-        wallet: WalletId::new(wallet).ok()?,
-        token_type: TokenType::new(token_type).ok()?,
-    })
-}
-
 /// The keys of `tokens` (each token's wallet and type).
 pub(crate) fn token_keys<'a>(
     tx: &Transaction<'_>,
@@ -128,7 +120,9 @@ pub(crate) fn token_keys<'a>(
             })
             .optional()
             .db()?;
-        keys.extend(found.and_then(|(wallet, token_type)| key(&wallet, &token_type)));
+        keys.extend(
+            found.and_then(|(wallet, token_type)| WakeKey::tokens_of(&wallet, &token_type)),
+        );
     }
     Ok(keys.into_iter().collect())
 }
@@ -149,7 +143,7 @@ pub(crate) fn consumer_keys(
     let mut keys = Vec::new();
     while let Some(r) = rows.next().db()? {
         let (wallet, token_type): (String, String) = (r.get(0).db()?, r.get(1).db()?);
-        keys.extend(key(&wallet, &token_type));
+        keys.extend(WakeKey::tokens_of(&wallet, &token_type));
     }
     Ok(keys)
 }

@@ -5,9 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast::{
-    Admission, AdmissionPolicy, NoAncestry, Settlement, SystemClock, TokenSelector, sweep_once,
-};
+use holdfast::{Settlement, SystemClock, TokenSelector, sweep_once};
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
     BuildOutcome, BuildStrategy, LeaseConfig, PersistPolicy, Precision, Quantity, QueueName, Reply,
@@ -16,7 +14,7 @@ use holdfast_domain::{
 };
 use holdfast_ports::{Clock, NewToken, Stores};
 
-use crate::common::TempDb;
+use crate::common::{self, TempDb};
 
 /// A clock fixed at a time, for the sweep.
 struct At(Timestamp);
@@ -209,11 +207,7 @@ async fn concurrent_selects_on_three_replicas_then_settle_and_sweep() {
 async fn admission_happy_path_with_supersede_redelivery_and_dead_letter() {
     let backend = SqliteBackend::open_in_memory().await.expect("open");
     let stores = backend.stores();
-    let admission = Admission::new(
-        stores.queues.clone(),
-        Arc::new(NoAncestry),
-        AdmissionPolicy::default(),
-    );
+    let admission = common::admission(&stores);
     let queue = QueueName::new("monorepo/main").expect("queue");
     let uri = |u: &str| RevisionUri::new(u).expect("uri");
 
@@ -327,11 +321,7 @@ async fn admission_happy_path_with_supersede_redelivery_and_dead_letter() {
 async fn an_owner_id_of_another_queue_is_pruned_and_does_not_close_the_gate() {
     let backend = SqliteBackend::open_in_memory().await.expect("open");
     let stores = backend.stores();
-    let admission = Admission::new(
-        stores.queues.clone(),
-        Arc::new(NoAncestry),
-        AdmissionPolicy::default(),
-    );
+    let admission = common::admission(&stores);
     let queue = QueueName::new("main").expect("queue");
     let head = admission
         .ingest(&queue, &RevisionUri::new("rev-1").expect("uri"))

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use holdfast::{Admission, AdmissionPolicy, NoAncestry, SelectReport, TokenSelector};
+use holdfast::{SelectReport, TokenSelector};
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
@@ -21,7 +21,7 @@ use holdfast_domain::{
 use holdfast_ports::{NewToken, Stores, WaitEnd};
 use tokio::task::JoinHandle;
 
-use crate::common::{TempDb, TokioClock, q, tx};
+use crate::common::{self, TempDb, TokioClock, q, tx};
 use crate::pg_support::TestDb;
 
 /// Long backoffs: only a wake-up can answer a waiting select within the test.
@@ -162,14 +162,7 @@ async fn a_woken_waiter_that_cannot_use_the_freed_tokens_hands_the_wake_on() {
 async fn a_held_head_is_woken_when_a_slot_of_its_queue_frees() {
     let backend = SqliteBackend::open_in_memory().await.expect("open");
     let stores = backend.stores();
-    let admission = Arc::new(
-        Admission::new(
-            stores.queues.clone(),
-            Arc::new(NoAncestry),
-            AdmissionPolicy::default(),
-        )
-        .with_wakeups(stores.wake.clone()),
-    );
+    let admission = Arc::new(common::admission(&stores).with_wakeups(stores.wake.clone()));
     let queue = QueueName::new("main").expect("queue");
     let uri = |u: &str| RevisionUri::new(u).expect("uri");
     let first = admission

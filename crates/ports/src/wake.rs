@@ -46,6 +46,16 @@ impl WakeKey {
             token_type: token_type.clone(),
         }
     }
+
+    /// The key of tokens of a wallet and type as an adapter read them back (a
+    /// row, a notification); `None` when either is not a valid id: nobody can
+    /// wait on it.
+    pub fn tokens_of(wallet: &str, token_type: &str) -> Option<Self> {
+        Some(WakeKey::Tokens {
+            wallet: WalletId::new(wallet).ok()?,
+            token_type: TokenType::new(token_type).ok()?,
+        })
+    }
 }
 
 /// How a wait ended.

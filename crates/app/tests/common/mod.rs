@@ -49,6 +49,16 @@ impl Clock for TokioClock {
     }
 }
 
+/// Admission over `stores`' queue store with the default policy and no ancestry
+/// (every build a full build).
+pub fn admission(stores: &Stores) -> holdfast::Admission {
+    holdfast::Admission::new(
+        stores.queues.clone(),
+        Arc::new(holdfast::NoAncestry),
+        holdfast::AdmissionPolicy::default(),
+    )
+}
+
 pub fn stores(tokens: MockTokenStore, locks: MockLockStore, statuses: MockTxStatusStore) -> Stores {
     Stores {
         tokens: Arc::new(tokens),

@@ -25,7 +25,7 @@ async fn instances(db: &dyn TestDatabase) -> Vec<Stores> {
     out
 }
 
-async fn load_queue(s: &Stores, name: &str) -> Queue {
+pub(super) async fn load_queue(s: &Stores, name: &str) -> Queue {
     s.queues
         .load_queue(&queue(name))
         .await

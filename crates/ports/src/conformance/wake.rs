@@ -13,6 +13,7 @@ use holdfast_domain::{LeaseConfig, TokenId};
 use tokio::time::Instant;
 
 use super::TestDatabase;
+use super::queues::load_queue;
 use super::support::{add, at, chf, queue, token_id, token_type, tx, uri, wallet};
 use crate::{Stores, Subscription, WaitEnd, WakeKey};
 
@@ -95,12 +96,7 @@ pub async fn a_queue_write_signals_its_queue(db: &dyn TestDatabase) {
         .create_request(&queue("q"), &uri("u1"))
         .await
         .expect("create");
-    let mut q = s
-        .queues
-        .load_queue(&queue("q"))
-        .await
-        .expect("load")
-        .expect("exists");
+    let mut q = load_queue(&s, "q").await;
     let watch = s.wake.subscribe(WakeKey::Queue(queue("q")), None);
     q.latest_request_id = Some(created.request.id);
     let expected = q.version;

@@ -24,7 +24,7 @@ pub mod window;
 
 pub use admission::{
     AdmissionConfig, AdmissionConfigError, AdmissionError, AncestryAnswer, AncestryFact,
-    BuildOutcome, Decision, Need, ProcessInput, ProcessMemo, Reply, Write,
+    BuildOutcome, Decision, Heartbeat, Need, ProcessInput, ProcessMemo, Reply, Write,
 };
 pub use blacklist::{Blacklist, BlacklistReason};
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
@@ -34,8 +34,8 @@ pub use lease::{
 };
 pub use quantity::{Precision, Quantity, QuantityError};
 pub use request::{
-    BuildPlan, BuildStrategy, LastGreen, Queue, Request, RequestId, RequestIdError, RequestState,
-    Version,
+    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, Request, RequestId, RequestIdError,
+    RequestState, Slot, Version,
 };
 pub use selection::{
     Action, Bands, FetchRequest, SelectRequest, Selected, Selection, SelectionConfig,

@@ -5,10 +5,12 @@
 //! written record carries the next version.
 
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use crate::ids::{IdError, QueueName, RevisionUri};
+use crate::timestamp::Timestamp;
 
 /// Why a request id was refused or two ids could not be compared.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -256,8 +258,74 @@ pub struct Request {
     pub state: RequestState,
     /// Strategy and base, present from accepted -> processing on.
     pub plan: Option<BuildPlan>,
+    /// Why a failed request failed when admission (not a build) failed it.
+    pub reason: Option<FailReason>,
     /// Compare-and-set version.
     pub version: Version,
+}
+
+/// Why admission itself failed a request (a build outcome carries no reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailReason {
+    /// Its slot lease ran out: no heartbeat within the queue's slot lease, so the
+    /// build is presumed lost and the slot went to the next head.
+    SlotLeaseExpired,
+    /// Its message was dead-lettered.
+    DeadLettered,
+}
+
+impl FailReason {
+    /// The stored name: `slot_lease_expired` or `dead_lettered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::SlotLeaseExpired => "slot_lease_expired",
+            FailReason::DeadLettered => "dead_lettered",
+        }
+    }
+
+    /// Parses a stored name; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [FailReason::SlotLeaseExpired, FailReason::DeadLettered]
+            .into_iter()
+            .find(|r| r.as_str() == name)
+    }
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request's hold on a build slot: when it claimed it and when it last showed
+/// it is alive. The slot lease runs from the last heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// When the request claimed the slot.
+    pub claimed_at: Timestamp,
+    /// The claim or the last heartbeat, whichever is later.
+    pub heartbeat_at: Timestamp,
+}
+
+impl Slot {
+    /// A slot claimed at `now`.
+    pub fn claimed(now: Timestamp) -> Self {
+        Slot {
+            claimed_at: now,
+            heartbeat_at: now,
+        }
+    }
+
+    /// When a slot lease of `lease` runs out if no heartbeat comes.
+    pub fn expires_at(&self, lease: Duration) -> Timestamp {
+        let millis = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        Timestamp(self.heartbeat_at.0.saturating_add(millis))
+    }
+
+    /// Whether a lease of `lease` has run out at `now`.
+    pub fn expired(&self, lease: Duration, now: Timestamp) -> bool {
+        now >= self.expires_at(lease)
+    }
 }
 
 /// The last green bookmark of a queue; only moves forward.
@@ -278,8 +346,12 @@ pub struct Queue {
     pub latest_request_id: Option<RequestId>,
     /// The last green bookmark.
     pub last_green: Option<LastGreen>,
-    /// The requests that own a build slot; occupancy is its size.
-    pub owners: BTreeSet<RequestId>,
+    /// The requests that own a build slot, with their slot's times; occupancy is
+    /// its size.
+    pub owners: BTreeMap<RequestId, Slot>,
+    /// The stored slot limit: `Some(0)` pauses the queue. `None` until the first
+    /// head is stamped (which writes the configured default) or a limit is set.
+    pub max_concurrent: Option<u32>,
     /// Compare-and-set version.
     pub version: Version,
 }
@@ -291,9 +363,16 @@ impl Queue {
             name,
             latest_request_id: None,
             last_green: None,
-            owners: BTreeSet::new(),
+            owners: BTreeMap::new(),
+            max_concurrent: None,
             version: Version::FIRST,
         }
+    }
+
+    /// The slot limit in force: the stored one, else `default` (the configured
+    /// default of a queue that has none stored yet). 0 means paused.
+    pub fn limit(&self, default: u32) -> u32 {
+        self.max_concurrent.unwrap_or(default)
     }
 }
 

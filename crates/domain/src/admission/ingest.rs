@@ -1,7 +1,9 @@
 //! Ingest: after the store created (or deduplicated) the request, stamp it as the
 //! queue's latest head if it is newer.
 
-use super::{DeadLetterReason, Decision, QueueWrite, Reply, Write, check_pair, reply};
+use super::{
+    AdmissionConfig, DeadLetterReason, Decision, QueueWrite, Reply, Write, check_pair, reply,
+};
 use crate::request::{Queue, Request};
 
 /// Decides the ingest step for `request`, which `QueueStore::create_request` just
@@ -10,8 +12,14 @@ use crate::request::{Queue, Request};
 /// Writes the queue with `latest_request_id = request.id` if the request is newer
 /// than the stored latest; otherwise replies [`Reply::Ack`]. After the ack the
 /// caller publishes the process message of the request: the head is stamped
-/// before the process step can see it.
-pub fn decide_ingest(request: &Request, queue: Option<&Queue>) -> Decision {
+/// before the process step can see it. A queue without a stored slot limit gets
+/// `config.max_concurrent` with its first stamp, so every replica gates on one
+/// stored number from then on.
+pub fn decide_ingest(
+    config: &AdmissionConfig,
+    request: &Request,
+    queue: Option<&Queue>,
+) -> Decision {
     let Some(queue) = queue else {
         return reply(Reply::DeadLetter(DeadLetterReason::QueueMissing(
             request.id.queue().clone(),
@@ -32,6 +40,7 @@ pub fn decide_ingest(request: &Request, queue: Option<&Queue>) -> Decision {
     }
     let mut next = queue.clone();
     next.latest_request_id = Some(request.id.clone());
+    next.max_concurrent = Some(queue.limit(config.max_concurrent));
     next.version = queue.version.next();
     Decision::Write(Write::Queue {
         kind: QueueWrite::StampLatest,

@@ -119,13 +119,13 @@ pub fn stored_violations<'a>(
     found.extend(
         queue
             .owners
-            .iter()
+            .keys()
             .filter_map(|owner| owner_violation(owner, states.get(owner).copied())),
     );
     found.extend(
         requests
             .iter()
-            .filter(|r| r.state == RequestState::Processing && !queue.owners.contains(&r.id))
+            .filter(|r| r.state == RequestState::Processing && !queue.owners.contains_key(&r.id))
             .map(|r| Violation::ProcessingWithoutSlot {
                 request: r.id.clone(),
             }),
@@ -149,6 +149,7 @@ mod tests {
             uri: RevisionUri::new(format!("rev-{seq}")).unwrap(),
             state,
             plan: None,
+            reason: None,
             version: Version::FIRST,
         }
     }
@@ -156,7 +157,10 @@ mod tests {
     /// The violations of a queue owned by `owners` with `requests`, as text.
     fn check(owners: &[u64], requests: &[(u64, RequestState)], max: u32) -> Vec<String> {
         let mut queue = Queue::new(QueueName::new("q").unwrap());
-        queue.owners = owners.iter().copied().map(id).collect();
+        queue.owners = owners
+            .iter()
+            .map(|&n| (id(n), crate::request::Slot::claimed(crate::Timestamp(0))))
+            .collect();
         let requests: Vec<Request> = requests.iter().map(|&(n, s)| request(n, s)).collect();
         stored_violations(&queue, &requests, max)
             .iter()

@@ -34,6 +34,7 @@
 // and never stored, so boxing it would only add allocations.
 #![allow(clippy::result_large_err)]
 
+mod heartbeat;
 mod ingest;
 pub mod invariants;
 mod outcome;
@@ -45,25 +46,37 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::ids::{QueueName, RevisionUri};
-use crate::request::{BuildPlan, Queue, Request, RequestId, RequestIdError, RequestState, Version};
+use crate::request::{
+    BuildPlan, FailReason, Queue, Request, RequestId, RequestIdError, RequestState, Version,
+};
 
+pub use heartbeat::{Heartbeat, decide_heartbeat, decide_set_limit, heartbeat_answer};
 pub use ingest::decide_ingest;
 pub use outcome::{BuildOutcome, decide_dead_letter, decide_outcome};
 pub use process::{ProcessInput, ProcessMemo, decide_process};
-pub use reconcile::{decide_backfill, decide_reconcile};
+pub use reconcile::{Pruned, PrunedWhy, decide_backfill, decide_reconcile};
 
 /// The default gate wait delay: how long a request waits for a free slot before the
 /// gate is asked again.
 pub const DEFAULT_GATE_WAIT_DELAY: Duration = Duration::from_secs(5);
 
+/// The default slot lease: an owner without a heartbeat for this long is presumed
+/// lost, its request failed with [`FailReason::SlotLeaseExpired`] and its slot freed.
+pub const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(2 * 60 * 60);
+
 /// Admission settings of a queue. Plain data; [`AdmissionConfig::validate`] checks it
 /// and every step that gates validates it first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdmissionConfig {
-    /// How many requests may own a build slot at once; at least 1 (default 1).
+    /// How many requests may own a build slot at once in a queue that has no
+    /// stored limit yet; at least 1 (default 1). The first stamped head stores it
+    /// with the queue; from then on the stored limit rules ([`Queue::limit`]).
     pub max_concurrent: u32,
     /// How long a request is held when the gate is closed; more than zero (default 5 s).
     pub gate_wait_delay: Duration,
+    /// How long an owner keeps its slot without a heartbeat; more than zero
+    /// (default 2 h).
+    pub slot_lease: Duration,
 }
 
 impl Default for AdmissionConfig {
@@ -71,6 +84,7 @@ impl Default for AdmissionConfig {
         AdmissionConfig {
             max_concurrent: 1,
             gate_wait_delay: DEFAULT_GATE_WAIT_DELAY,
+            slot_lease: DEFAULT_SLOT_LEASE,
         }
     }
 }
@@ -85,12 +99,10 @@ impl AdmissionConfig {
         if self.gate_wait_delay.is_zero() {
             return Err(AdmissionConfigError::GateWaitDelayZero);
         }
+        if self.slot_lease.is_zero() {
+            return Err(AdmissionConfigError::SlotLeaseZero);
+        }
         Ok(())
-    }
-
-    /// The slot capacity as a set size.
-    fn capacity(&self) -> usize {
-        usize::try_from(self.max_concurrent).unwrap_or(usize::MAX)
     }
 }
 
@@ -103,6 +115,9 @@ pub enum AdmissionConfigError {
     /// `gate_wait_delay` was zero.
     #[error("invalid admission config: gate_wait_delay is 0 ms; expected more than zero")]
     GateWaitDelayZero,
+    /// `slot_lease` was zero.
+    #[error("invalid admission config: slot_lease is 0 ms; expected more than zero")]
+    SlotLeaseZero,
 }
 
 /// A non-retryable admission error: redelivering the message cannot fix it, so the
@@ -155,9 +170,15 @@ pub enum DeadLetterReason {
 pub enum Reply {
     /// Done: acknowledge the message.
     Ack,
-    /// The gate is closed: redeliver after the delay. A hold never counts as a
-    /// failed delivery attempt.
-    Hold(Duration),
+    /// The gate is closed: redeliver after `delay` (or when a slot of the queue
+    /// frees). A hold never counts as a failed delivery attempt.
+    Hold {
+        /// The gate wait delay.
+        delay: Duration,
+        /// Whether the gate is closed because the queue is paused (its limit is 0)
+        /// rather than full.
+        paused: bool,
+    },
     /// Redeliver later; counts toward the message's delivery attempts.
     Retry(RetryReason),
     /// Route the message to the dead-letter step now.
@@ -180,19 +201,20 @@ pub enum Reply {
 pub enum QueueWrite {
     /// Ingest: the request becomes the newest head.
     StampLatest,
-    /// Process: the request takes a slot (its id joins the owners).
+    /// Process: the request takes a slot (its id joins the owners, claimed now).
     Claim,
     /// The request gives up its own slot (its id leaves the owners).
     Release,
     /// Reconcile: owners whose request is terminal or missing, or that belong to
     /// another queue, are removed.
     Prune {
-        /// The removed owners.
-        pruned: Vec<RequestId>,
-        /// Of them, the ids of another queue's requests: they can never own a slot
-        /// here, and how they got in is worth a warning.
-        foreign: Vec<RequestId>,
+        /// The removed owners and why each went.
+        pruned: Vec<Pruned>,
     },
+    /// Heartbeat: an owner's slot lease runs again from now.
+    Heartbeat,
+    /// The queue's slot limit is set (0 pauses it).
+    SetLimit,
     /// Migration: processing requests admitted under an anonymous count join the owners.
     Backfill {
         /// The added owners.
@@ -221,8 +243,11 @@ pub enum RequestWrite {
     MarkProcessing,
     /// processing -> the terminal state of a build outcome.
     Finish(RequestState),
-    /// Dead letter: accepted or processing -> failed.
+    /// Dead letter: accepted or processing -> failed ([`FailReason::DeadLettered`]).
     Fail,
+    /// Reconcile: a live owner whose slot lease ran out -> failed
+    /// ([`FailReason::SlotLeaseExpired`]); the prune that follows frees its slot.
+    Expire,
 }
 
 /// One compare-and-set to attempt: the whole record, on the version that was read.
@@ -353,6 +378,11 @@ fn release(queue: &Queue, id: &RequestId) -> Decision {
 fn write_request(request: &Request, kind: RequestWrite, state: RequestState) -> Decision {
     let mut next = request.clone();
     next.state = state;
+    next.reason = match kind {
+        RequestWrite::Fail => Some(FailReason::DeadLettered),
+        RequestWrite::Expire => Some(FailReason::SlotLeaseExpired),
+        _ => request.reason,
+    };
     next.version = request.version.next();
     Decision::Write(Write::Request {
         kind,

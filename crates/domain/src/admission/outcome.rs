@@ -20,7 +20,8 @@
 use std::cmp::Ordering;
 
 use super::{
-    Decision, QueueWrite, Reply, RequestWrite, Write, check_pair, release, reply, write_request,
+    Decision, ProcessMemo, QueueWrite, Reply, RequestWrite, Write, check_pair, release, reply,
+    write_request,
 };
 use crate::request::{LastGreen, Queue, Request, RequestState};
 
@@ -73,7 +74,7 @@ pub fn decide_outcome(
     if let Some(Err(decision)) = queue.map(|q| check_pair(request, q)) {
         return decision;
     }
-    let owned = queue.filter(|q| q.owners.contains(&request.id));
+    let owned = queue.filter(|q| q.owners.contains_key(&request.id));
     match request.state {
         RequestState::Accepted => reply(Reply::Ack),
         RequestState::Processing => match owned {
@@ -122,24 +123,38 @@ fn record_green(request: &Request, queue: &Queue) -> Decision {
 }
 
 /// Decides the dead-letter step for a request, given the request and its queue as
-/// loaded now (request first).
+/// loaded now (request first), and this delivery's memo (record every applied
+/// write in it, as for the process step).
 ///
 /// - request missing: [`Reply::Ack`];
 /// - terminal (including superseded): release its id if it still owns a slot
 ///   (normally absent), else ack;
-/// - accepted or processing and owning a slot: release by id;
-/// - accepted or processing without a slot: write `failed`.
-pub fn decide_dead_letter(request: Option<&Request>, queue: Option<&Queue>) -> Decision {
+/// - accepted and owning a slot: fence it ([`RequestWrite::Fence`]), then release
+///   by id, exactly as a supersede does: a process delivery that read the request
+///   before the fence can no longer mark it processing once the slot is gone;
+/// - processing and owning a slot: release by id;
+/// - accepted or processing without a slot: write `failed`
+///   ([`crate::request::FailReason::DeadLettered`]).
+pub fn decide_dead_letter(
+    request: Option<&Request>,
+    queue: Option<&Queue>,
+    memo: &ProcessMemo,
+) -> Decision {
     let Some(request) = request else {
         return reply(Reply::Ack);
     };
     if let Some(Err(decision)) = queue.map(|q| check_pair(request, q)) {
         return decision;
     }
-    let owned = queue.filter(|q| q.owners.contains(&request.id));
-    match (request.state.is_terminal(), owned) {
+    let owned = queue.filter(|q| q.owners.contains_key(&request.id));
+    match (request.state, owned) {
+        (RequestState::Accepted, Some(_)) if !memo.fenced(request) => {
+            write_request(request, RequestWrite::Fence, RequestState::Accepted)
+        }
         (_, Some(queue)) => release(queue, &request.id),
-        (false, None) => write_request(request, RequestWrite::Fail, RequestState::Failed),
-        (true, None) => reply(Reply::Ack),
+        (RequestState::Accepted | RequestState::Processing, None) => {
+            write_request(request, RequestWrite::Fail, RequestState::Failed)
+        }
+        (_, None) => reply(Reply::Ack),
     }
 }

@@ -11,7 +11,10 @@ use super::{
     Need, QueueWrite, Reply, RequestWrite, RetryReason, Write, check_pair, inconsistent, is_head,
     release, reply, write_request,
 };
-use crate::request::{BuildPlan, BuildStrategy, Queue, Request, RequestId, RequestState, Version};
+use crate::request::{
+    BuildPlan, BuildStrategy, Queue, Request, RequestId, RequestState, Slot, Version,
+};
+use crate::timestamp::Timestamp;
 
 /// What one delivery of a process message remembers between its own decisions:
 /// the fence it wrote, if any. Start each delivery with a fresh memo, and call
@@ -53,7 +56,7 @@ impl ProcessMemo {
     /// fence (a supersede or fail would end the accepted state; a mark from a read
     /// before our fence fails its compare-and-set). So no delivery can mark it
     /// processing any more, and releasing its slot is safe.
-    fn fenced(&self, request: &Request) -> bool {
+    pub(super) fn fenced(&self, request: &Request) -> bool {
         self.fenced
             .as_ref()
             .is_some_and(|(id, version)| *id == request.id && *version <= request.version)
@@ -77,6 +80,9 @@ pub struct ProcessInput<'a> {
     pub ancestry: Option<&'a AncestryFact>,
     /// This delivery's memo.
     pub memo: &'a ProcessMemo,
+    /// The time now: a claim starts its slot lease here, and reconcile expires
+    /// owners whose lease ran out by then.
+    pub now: Timestamp,
 }
 
 /// Decides the next move of a process (admit) delivery.
@@ -95,10 +101,11 @@ pub struct ProcessInput<'a> {
 ///    happens even with the gate closed;
 /// 5. accepted head owning a slot (a crash between claim and mark): resume,
 ///    without the gate: mark processing with the plan, then publish;
-/// 6. accepted head without a slot: gate on |owners| < max_concurrent. Closed ->
-///    reconcile first (load the owners' requests, prune terminal or missing ones
-///    and ids of another queue),
-///    then [`Reply::Hold`] with the gate wait delay if none could be pruned. Open ->
+/// 6. accepted head without a slot: gate on |owners| < the queue's limit
+///    ([`Queue::limit`]; 0 pauses the queue: [`Reply::Hold`] with `paused`).
+///    Closed -> reconcile first ([`super::decide_reconcile`]: expire owners whose
+///    slot lease ran out, prune terminal or missing ones and ids of another queue),
+///    then [`Reply::Hold`] with the gate wait delay if none could be freed. Open ->
 ///    determine the plan (asking for ancestry when there is a last green; an
 ///    ancestry failure is a [`Reply::Retry`] before any claim), then claim by
 ///    adding the id.
@@ -126,7 +133,7 @@ pub fn decide_process(config: &AdmissionConfig, input: &ProcessInput<'_>) -> Dec
     if let Err(decision) = check_pair(request, queue) {
         return decision;
     }
-    let owned = queue.owners.contains(&request.id);
+    let owned = queue.owners.contains_key(&request.id);
     match request.state {
         RequestState::Processing => {
             if !owned {
@@ -182,10 +189,20 @@ fn accepted(
             Err(decision) => decision,
         };
     }
-    if queue.owners.len() >= config.capacity() {
-        return match prune_decision(queue, input.owners) {
+    let limit = queue.limit(config.max_concurrent);
+    if limit == 0 {
+        return reply(Reply::Hold {
+            delay: config.gate_wait_delay,
+            paused: true,
+        });
+    }
+    if queue.owners.len() >= usize::try_from(limit).unwrap_or(usize::MAX) {
+        return match prune_decision(queue, input.owners, config.slot_lease, input.now) {
             Ok(Some(decision)) => decision,
-            Ok(None) => reply(Reply::Hold(config.gate_wait_delay)),
+            Ok(None) => reply(Reply::Hold {
+                delay: config.gate_wait_delay,
+                paused: false,
+            }),
             Err(decision) => decision,
         };
     }
@@ -193,7 +210,8 @@ fn accepted(
         return decision;
     }
     let mut next = queue.clone();
-    next.owners.insert(request.id.clone());
+    next.owners
+        .insert(request.id.clone(), Slot::claimed(input.now));
     next.version = queue.version.next();
     Decision::Write(Write::Queue {
         kind: QueueWrite::Claim,

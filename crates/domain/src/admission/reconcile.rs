@@ -1,25 +1,67 @@
-//! Reconcile (prune owners whose request is terminal or missing, or of another
-//! queue) and the backfill
-//! that migrates a queue from an anonymous in-flight count to owner ids.
+//! Reconcile (expire owners whose slot lease ran out; prune owners whose request
+//! is terminal or missing, or of another queue) and the backfill that migrates a
+//! queue from an anonymous in-flight count to owner ids.
 
 // Private helpers return a whole `Decision` as their early exit; it is moved once
 // and never stored, so boxing it would only add allocations.
 #![allow(clippy::result_large_err)]
 
-use super::{Decision, LoadedRequests, Need, QueueWrite, Reply, Write, inconsistent, reply};
-use crate::request::{Queue, Request, RequestId, RequestState};
+use std::time::Duration;
 
-/// The prune write for `queue`, `Ok(None)` if every owner is live, or the decision
-/// to load the owners not in `loaded` first.
+use super::{
+    Decision, LoadedRequests, Need, QueueWrite, Reply, RequestWrite, Write, inconsistent, reply,
+    write_request,
+};
+use crate::request::{FailReason, Queue, Request, RequestId, RequestState, Slot};
+use crate::timestamp::Timestamp;
+
+/// An owner a reconcile removed, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pruned {
+    /// The removed owner.
+    pub id: RequestId,
+    /// Why it could not own a slot any more.
+    pub why: PrunedWhy,
+}
+
+/// Why an owner was pruned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrunedWhy {
+    /// A request of another queue: it can never own a slot here, and how it got in
+    /// is worth a warning.
+    Foreign,
+    /// No such request is stored.
+    Missing,
+    /// The request is terminal (a missed release, or an owner whose slot lease ran
+    /// out and that reconcile failed with [`FailReason::SlotLeaseExpired`]).
+    Terminal {
+        /// Its terminal state.
+        state: RequestState,
+        /// Why admission failed it, if it did.
+        reason: Option<FailReason>,
+    },
+}
+
+/// The next reconcile write for `queue` at `now` with slot lease `lease`,
+/// `Ok(None)` if every owner is live and within its lease, or the decision to load
+/// the owners not in `loaded` first.
+///
+/// A live owner whose lease ran out is failed first ([`RequestWrite::Expire`], a
+/// compare-and-set on the request, so a delivery that read it before cannot mark
+/// it processing afterwards); the prune that follows removes it with the other
+/// terminal owners. A crash between the two leaves a terminal owner, which the
+/// next reconcile prunes.
 pub(super) fn prune_decision(
     queue: &Queue,
     loaded: &LoadedRequests,
+    lease: Duration,
+    now: Timestamp,
 ) -> Result<Option<Decision>, Decision> {
     // An id of another queue's request never owns a slot here: pruned unread
     // (an error instead would close the gate for good, and nothing removed it).
     let (foreign, own): (Vec<&RequestId>, Vec<&RequestId>) = queue
         .owners
-        .iter()
+        .keys()
         .partition(|id| id.queue() != &queue.name);
     let missing: Vec<RequestId> = own
         .iter()
@@ -29,35 +71,72 @@ pub(super) fn prune_decision(
     if !missing.is_empty() {
         return Err(Decision::Need(Need::Requests(missing)));
     }
-    let foreign: Vec<RequestId> = foreign.into_iter().cloned().collect();
-    let mut pruned = foreign.clone();
-    for id in own {
+    let mut pruned: Vec<Pruned> = foreign
+        .into_iter()
+        .map(|id| Pruned {
+            id: id.clone(),
+            why: PrunedWhy::Foreign,
+        })
+        .collect();
+    for (id, slot) in queue
+        .owners
+        .iter()
+        .filter(|(id, _)| id.queue() == &queue.name)
+    {
         match loaded.get(id) {
-            Some(Some(owner)) if !owner.state.is_terminal() => {}
-            _ => pruned.push(id.clone()),
+            Some(Some(owner)) if !owner.state.is_terminal() => {
+                if slot.expired(lease, now) {
+                    return Ok(Some(write_request(
+                        owner,
+                        RequestWrite::Expire,
+                        RequestState::Failed,
+                    )));
+                }
+            }
+            Some(Some(owner)) => pruned.push(Pruned {
+                id: id.clone(),
+                why: PrunedWhy::Terminal {
+                    state: owner.state,
+                    reason: owner.reason,
+                },
+            }),
+            _ => pruned.push(Pruned {
+                id: id.clone(),
+                why: PrunedWhy::Missing,
+            }),
         }
     }
     if pruned.is_empty() {
         return Ok(None);
     }
     let mut next = queue.clone();
-    for id in &pruned {
-        next.owners.remove(id);
+    for p in &pruned {
+        next.owners.remove(&p.id);
     }
     next.version = queue.version.next();
     Ok(Some(Decision::Write(Write::Queue {
-        kind: QueueWrite::Prune { pruned, foreign },
+        kind: QueueWrite::Prune { pruned },
         expected: queue.version,
         queue: next,
     })))
 }
 
-/// Decides a reconcile pass over `queue`: asks for the owners' requests not in
-/// `owners`, then prunes the owners whose request is terminal or missing (and, at
-/// once, owners that are another queue's requests), or acks when all are live. The process step runs the same rule before every closed-gate
-/// decision, so a missed release heals itself.
-pub fn decide_reconcile(queue: &Queue, owners: &LoadedRequests) -> Decision {
-    match prune_decision(queue, owners) {
+/// Decides a reconcile pass over `queue` at `now` with slot lease `lease`: asks
+/// for the owners' requests not in `owners`, fails live owners whose lease ran out
+/// (one write each), then prunes the owners whose request is terminal or missing
+/// (and, at once, owners that are another queue's requests), or acks when all are
+/// live and within their lease. The process step runs the same rule before every
+/// closed-gate decision, so a missed release or a lost build outcome heals itself.
+///
+/// The caller keeps `owners` current: after an applied request write, the written
+/// request replaces its loaded copy.
+pub fn decide_reconcile(
+    queue: &Queue,
+    owners: &LoadedRequests,
+    lease: Duration,
+    now: Timestamp,
+) -> Decision {
+    match prune_decision(queue, owners, lease, now) {
         Ok(Some(decision)) | Err(decision) => decision,
         Ok(None) => reply(Reply::Ack),
     }
@@ -66,15 +145,16 @@ pub fn decide_reconcile(queue: &Queue, owners: &LoadedRequests) -> Decision {
 /// Decides the migration of `queue` from an anonymous in-flight count: every
 /// processing request of the queue among `requests` (for example all of the
 /// queue's requests from `list_requests`) joins the owners. Acks when none is
-/// missing. Run it with the old binaries stopped: old and new code must never gate
-/// at once on different representations.
-pub fn decide_backfill(queue: &Queue, requests: &[Request]) -> Decision {
+/// missing; the added owners' slot leases start at `now`. Run it with the old
+/// binaries stopped: old and new code must never gate at once on different
+/// representations.
+pub fn decide_backfill(queue: &Queue, requests: &[Request], now: Timestamp) -> Decision {
     let mut added = Vec::new();
     for request in requests {
         if request.id.queue() != &queue.name {
             return inconsistent(&request.id, format!("listed for queue {}", queue.name));
         }
-        if request.state == RequestState::Processing && !queue.owners.contains(&request.id) {
+        if request.state == RequestState::Processing && !queue.owners.contains_key(&request.id) {
             added.push(request.id.clone());
         }
     }
@@ -82,7 +162,9 @@ pub fn decide_backfill(queue: &Queue, requests: &[Request]) -> Decision {
         return reply(Reply::Ack);
     }
     let mut next = queue.clone();
-    next.owners.extend(added.iter().cloned());
+    // Their claim time is unknown: their slot lease starts now.
+    next.owners
+        .extend(added.iter().map(|id| (id.clone(), Slot::claimed(now))));
     next.version = queue.version.next();
     Decision::Write(Write::Queue {
         kind: QueueWrite::Backfill { added },
@@ -103,14 +185,21 @@ mod tests {
         QueueName::new(q).expect("queue")
     }
 
+    const LEASE: Duration = Duration::from_secs(60);
+
     fn request(id: &RequestId, state: RequestState) -> Request {
         Request {
             id: id.clone(),
             uri: RevisionUri::new(format!("rev-{}", id.seq())).expect("uri"),
             state,
             plan: None,
+            reason: None,
             version: Version::FIRST,
         }
+    }
+
+    fn at(secs: u64) -> Timestamp {
+        Timestamp::from_millis(secs * 1_000)
     }
 
     #[test]
@@ -121,12 +210,12 @@ mod tests {
             RequestId::new(name("main"), 1),
             RequestId::new(name("main"), 2),
         );
-        queue
-            .owners
-            .extend([foreign.clone(), live.clone(), done.clone()]);
+        queue.owners.extend(
+            [foreign.clone(), live.clone(), done.clone()].map(|id| (id, Slot::claimed(at(0)))),
+        );
         // The foreign id is never asked for.
         assert_eq!(
-            decide_reconcile(&queue, &BTreeMap::new()),
+            decide_reconcile(&queue, &BTreeMap::new(), LEASE, at(1)),
             Decision::Need(Need::Requests(vec![live.clone(), done.clone()]))
         );
         let loaded: LoadedRequests = [
@@ -137,17 +226,95 @@ mod tests {
         .collect();
         let Decision::Write(Write::Queue {
             kind, queue: next, ..
-        }) = decide_reconcile(&queue, &loaded)
+        }) = decide_reconcile(&queue, &loaded, LEASE, at(1))
         else {
             panic!("a prune write");
         };
         assert_eq!(
             kind,
             QueueWrite::Prune {
-                pruned: vec![foreign.clone(), done],
-                foreign: vec![foreign],
+                pruned: vec![
+                    Pruned {
+                        id: foreign,
+                        why: PrunedWhy::Foreign
+                    },
+                    Pruned {
+                        id: done,
+                        why: PrunedWhy::Terminal {
+                            state: RequestState::Succeeded,
+                            reason: None
+                        }
+                    },
+                ],
             }
         );
-        assert_eq!(next.owners.into_iter().collect::<Vec<_>>(), vec![live]);
+        assert_eq!(next.owners.into_keys().collect::<Vec<_>>(), vec![live]);
+    }
+
+    /// An owner is expired exactly when no heartbeat came within the lease: first
+    /// failed with `slot_lease_expired` on the version read, then pruned as terminal.
+    #[test]
+    fn an_owner_without_a_heartbeat_for_the_lease_is_failed_then_pruned() {
+        let mut queue = Queue::new(name("main"));
+        let (old, fresh) = (
+            RequestId::new(name("main"), 1),
+            RequestId::new(name("main"), 2),
+        );
+        queue.owners.insert(
+            old.clone(),
+            Slot {
+                claimed_at: at(0),
+                heartbeat_at: at(30),
+            },
+        );
+        queue.owners.insert(fresh.clone(), Slot::claimed(at(60)));
+        let mut loaded: LoadedRequests = [&old, &fresh]
+            .map(|id| (id.clone(), Some(request(id, RequestState::Processing))))
+            .into_iter()
+            .collect();
+        // One millisecond before the lease runs out from the last heartbeat: nothing.
+        let just_before = Timestamp::from_millis(at(90).as_millis() - 1);
+        assert_eq!(
+            decide_reconcile(&queue, &loaded, LEASE, just_before),
+            Decision::Reply(Reply::Ack)
+        );
+        let Decision::Write(Write::Request {
+            kind,
+            expected,
+            request: failed,
+        }) = decide_reconcile(&queue, &loaded, LEASE, at(90))
+        else {
+            panic!("an expire write");
+        };
+        assert_eq!(
+            (kind, expected, failed.state, failed.reason),
+            (
+                RequestWrite::Expire,
+                Version::FIRST,
+                RequestState::Failed,
+                Some(FailReason::SlotLeaseExpired)
+            )
+        );
+        assert_eq!(failed.id, old);
+        loaded.insert(old.clone(), Some(failed));
+        let Decision::Write(Write::Queue {
+            kind, queue: next, ..
+        }) = decide_reconcile(&queue, &loaded, LEASE, at(90))
+        else {
+            panic!("a prune write");
+        };
+        assert_eq!(
+            kind,
+            QueueWrite::Prune {
+                pruned: vec![Pruned {
+                    id: old,
+                    why: PrunedWhy::Terminal {
+                        state: RequestState::Failed,
+                        reason: Some(FailReason::SlotLeaseExpired)
+                    }
+                }]
+            }
+        );
+        assert_eq!(next.owners.into_keys().collect::<Vec<_>>(), vec![fresh]);
     }
 }

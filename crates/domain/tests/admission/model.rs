@@ -16,7 +16,8 @@ use holdfast_domain::admission::{
     ProcessMemo, QueueWrite, Reply, RequestWrite, Write, decide_ingest,
 };
 use holdfast_domain::{
-    LastGreen, Queue, QueueName, Request, RequestId, RequestState, RevisionUri, Version,
+    FailReason, LastGreen, Queue, QueueName, Request, RequestId, RequestState, RevisionUri, Slot,
+    Timestamp, Version,
 };
 
 /// The name of the one queue of the model.
@@ -55,12 +56,16 @@ pub enum Msg {
     DeadLetter(RequestId),
     /// Prune the owners (owner-keyed design only).
     Reconcile,
+    /// The running build of the request is alive (owner-keyed design only).
+    Heartbeat(RequestId),
 }
 
 impl Msg {
     fn subject(&self) -> Option<&RequestId> {
         match self {
-            Msg::Process(id) | Msg::Outcome(id, _) | Msg::DeadLetter(id) => Some(id),
+            Msg::Process(id) | Msg::Outcome(id, _) | Msg::DeadLetter(id) | Msg::Heartbeat(id) => {
+                Some(id)
+            }
             Msg::Ingest(_) | Msg::Reconcile => None,
         }
     }
@@ -79,6 +84,8 @@ pub struct View<'a> {
     pub ancestry: Option<&'a AncestryFact>,
     /// The owner-keyed design's memo.
     pub memo: &'a ProcessMemo,
+    /// The model clock.
+    pub now: Timestamp,
     /// Labels of the writes this delivery had applied (the old design is
     /// sequential code and remembers what it did).
     pub applied: &'a [&'static str],
@@ -143,7 +150,11 @@ pub trait Design {
     /// Decides a dead-letter delivery.
     fn dead_letter(&self, view: &View<'_>) -> Act;
     /// Decides a reconcile pass.
-    fn reconcile(&self, view: &View<'_>) -> Act;
+    fn reconcile(&self, cfg: &AdmissionConfig, view: &View<'_>) -> Act;
+    /// Decides a heartbeat; a design without slot leases has nothing to extend.
+    fn heartbeat(&self, _cfg: &AdmissionConfig, _view: &View<'_>) -> Act {
+        Act::Reply(Reply::Ack)
+    }
     /// How many slots are taken.
     fn occupancy(&self, row: &QueueRow) -> usize;
     /// The slot changes of a queue write made on behalf of `actor`.
@@ -167,6 +178,8 @@ fn queue_label(kind: &QueueWrite) -> &'static str {
         QueueWrite::Prune { .. } => "prune",
         QueueWrite::Backfill { .. } => "backfill",
         QueueWrite::RecordGreen => "green",
+        QueueWrite::Heartbeat => "heartbeat",
+        QueueWrite::SetLimit => "limit",
     }
 }
 
@@ -177,6 +190,7 @@ fn request_label(kind: &RequestWrite) -> &'static str {
         RequestWrite::MarkProcessing => "mark",
         RequestWrite::Finish(_) => "finish",
         RequestWrite::Fail => "fail",
+        RequestWrite::Expire => "expire",
     }
 }
 
@@ -231,6 +245,7 @@ impl Design for OwnerKeyed {
             owners: view.owners,
             ancestry: view.ancestry,
             memo: view.memo,
+            now: view.now,
         };
         act(
             holdfast_domain::admission::decide_process(cfg, &input),
@@ -254,19 +269,37 @@ impl Design for OwnerKeyed {
             holdfast_domain::admission::decide_dead_letter(
                 view.request,
                 view.row.map(|r| &r.queue),
+                view.memo,
             ),
             view.row,
         )
     }
 
-    fn reconcile(&self, view: &View<'_>) -> Act {
+    fn reconcile(&self, cfg: &AdmissionConfig, view: &View<'_>) -> Act {
         match view.row {
             Some(row) => act(
-                holdfast_domain::admission::decide_reconcile(&row.queue, view.owners),
+                holdfast_domain::admission::decide_reconcile(
+                    &row.queue,
+                    view.owners,
+                    cfg.slot_lease,
+                    view.now,
+                ),
                 view.row,
             ),
             None => Act::Reply(Reply::Ack),
         }
+    }
+
+    fn heartbeat(&self, cfg: &AdmissionConfig, view: &View<'_>) -> Act {
+        act(
+            holdfast_domain::admission::decide_heartbeat(
+                view.request,
+                view.row.map(|r| &r.queue),
+                cfg.slot_lease,
+                view.now,
+            ),
+            view.row,
+        )
     }
 
     fn occupancy(&self, row: &QueueRow) -> usize {
@@ -282,13 +315,15 @@ impl Design for OwnerKeyed {
         let claims = after
             .queue
             .owners
-            .difference(&before.queue.owners)
+            .keys()
+            .filter(|id| !before.queue.owners.contains_key(*id))
             .cloned()
             .map(SlotChange::Claim);
         let releases = before
             .queue
             .owners
-            .difference(&after.queue.owners)
+            .keys()
+            .filter(|id| !after.queue.owners.contains_key(*id))
             .cloned()
             .map(SlotChange::Release);
         releases.chain(claims).collect()
@@ -415,6 +450,8 @@ pub struct World<D> {
     /// Whether [`World::drain`] ends the newest running build first (default: the
     /// oldest), so that builds succeed out of request order.
     pub finish_newest_first: bool,
+    /// The model clock: what every delivery passes as "now".
+    pub now: Timestamp,
     progress: u64,
 }
 
@@ -447,6 +484,7 @@ impl<D: Design> World<D> {
             trace: Vec::new(),
             holds: 0,
             finish_newest_first: false,
+            now: Timestamp::from_millis(0),
             progress: 0,
         }
     }
@@ -460,19 +498,37 @@ impl<D: Design> World<D> {
         });
     }
 
-    /// Lowers (or raises) max_concurrent; lowering allows excess owners until drain.
+    /// Lowers (or raises) the stored slot limit, as `queue set-limit` does (and
+    /// the configured default with it); lowering allows excess owners until drain.
     pub fn set_max(&mut self, max: u32) {
-        if max < self.cfg.max_concurrent {
+        if usize::try_from(max).unwrap() < self.capacity() {
             self.max_lowered = true;
         }
-        self.cfg.max_concurrent = max;
+        // The configured default stays valid (at least 1); the old design reads it.
+        self.cfg.max_concurrent = max.max(1);
+        if let Some(row) = self.store.queue.as_mut() {
+            row.queue.max_concurrent = Some(max);
+            row.queue.version = row.queue.version.next();
+        }
+    }
+
+    /// The slot limit in force: the stored one, else the configured default.
+    pub fn capacity(&self) -> usize {
+        let limit = self
+            .store
+            .queue
+            .as_ref()
+            .map_or(self.cfg.max_concurrent, |r| {
+                r.queue.limit(self.cfg.max_concurrent)
+            });
+        usize::try_from(limit).unwrap()
     }
 
     /// Rebuilds the ghost from the stored owners (after crafting a state by hand).
     pub fn resync_ghost(&mut self) {
         self.ghost.clear();
         if let Some(row) = &self.store.queue {
-            for id in &row.queue.owners {
+            for id in row.queue.owners.keys() {
                 self.ghost.insert(id.clone(), 1);
             }
         }
@@ -490,7 +546,13 @@ impl<D: Design> World<D> {
         let Some(row) = self.store.queue.as_mut() else {
             return;
         };
-        if !terminal || !row.queue.owners.insert(id.clone()) {
+        if !terminal
+            || row
+                .queue
+                .owners
+                .insert(id.clone(), Slot::claimed(self.now))
+                .is_some()
+        {
             return;
         }
         row.queue.version = row.queue.version.next();
@@ -511,7 +573,7 @@ impl<D: Design> World<D> {
 
     /// The owners, by sequence number.
     pub fn owners(&self) -> Vec<u64> {
-        self.row().queue.owners.iter().map(RequestId::seq).collect()
+        self.row().queue.owners.keys().map(RequestId::seq).collect()
     }
 
     /// The queue row.
@@ -772,6 +834,7 @@ impl<D: Design> World<D> {
             uri: u.clone(),
             state: RequestState::Accepted,
             plan: None,
+            reason: None,
             version: Version::FIRST,
         };
         self.store.next_seq += 1;
@@ -790,12 +853,13 @@ impl<D: Design> World<D> {
                 owners: &d.owners,
                 ancestry: d.ancestry.as_ref(),
                 memo: &d.memo,
+                now: self.now,
                 applied: &d.applied,
             };
             let act = match &d.msg {
                 Msg::Ingest(_) => match d.request.as_ref() {
                     Some(request) => act(
-                        decide_ingest(request, d.row.as_ref().map(|r| &r.queue)),
+                        decide_ingest(&self.cfg, request, d.row.as_ref().map(|r| &r.queue)),
                         d.row.as_ref(),
                     ),
                     None => Act::Reply(Reply::Ack),
@@ -803,7 +867,8 @@ impl<D: Design> World<D> {
                 Msg::Process(id) => self.design.process(&self.cfg, id, &view),
                 Msg::Outcome(_, outcome) => self.design.outcome(&view, *outcome),
                 Msg::DeadLetter(_) => self.design.dead_letter(&view),
-                Msg::Reconcile => self.design.reconcile(&view),
+                Msg::Reconcile => self.design.reconcile(&self.cfg, &view),
+                Msg::Heartbeat(_) => self.design.heartbeat(&self.cfg, &view),
             };
             match act {
                 Act::Need(Need::Requests(ids)) => {
@@ -838,8 +903,32 @@ impl<D: Design> World<D> {
                             request.id
                         ));
                     }
+                    // Decided on the delivery's last read: the slot may have been
+                    // released since (a republish racing its outcome), never before.
+                    if !d.owned_at_load {
+                        self.violations.push(format!(
+                            "publish only for a slot owner: {} published without a slot",
+                            request.id
+                        ));
+                    }
                     self.builds.insert(request.id.clone());
                     self.published.push(request.id.clone());
+                    let running = self
+                        .builds
+                        .iter()
+                        .filter(|id| {
+                            self.store
+                                .requests
+                                .get(*id)
+                                .is_some_and(|r| !r.state.is_terminal())
+                        })
+                        .count();
+                    if !self.max_lowered && running > self.capacity() {
+                        self.violations.push(format!(
+                            "capacity: {running} builds running, max {}",
+                            self.capacity()
+                        ));
+                    }
                     self.trace
                         .push(format!("#{delivery} publish {}", request.id));
                     return StepResult::Ended(End::Reply(Reply::Publish { request, plan }));
@@ -866,6 +955,12 @@ impl<D: Design> World<D> {
                         d.applied.push(write.label);
                         if let Some(domain) = &write.domain {
                             d.memo.record_applied(domain);
+                        }
+                        // Loaded owners stay current, as the app keeps them.
+                        if let Target::Request { request, .. } = &write.target
+                            && let Some(owner) = d.owners.get_mut(&request.id)
+                        {
+                            *owner = Some(request.clone());
                         }
                     }
                     if fault == Some(Fault::CommitThenError) {
@@ -943,7 +1038,7 @@ impl<D: Design> World<D> {
         let owners: Vec<String> = row
             .queue
             .owners
-            .iter()
+            .keys()
             .map(|i| i.seq().to_string())
             .collect();
         let states: Vec<String> = self
@@ -999,7 +1094,7 @@ impl<D: Design> World<D> {
                         self.violations
                             .push(format!("latest head only: {id} claimed while not the head"));
                     }
-                    if self.design.occupancy(after) > self.cfg.capacity() {
+                    if self.design.occupancy(after) > self.capacity() {
                         self.violations.push(format!(
                             "capacity: claim by {id} took {} slots of {}",
                             self.design.occupancy(after),
@@ -1044,9 +1139,7 @@ impl<D: Design> World<D> {
     /// mark, then a resume racing an ingest); the request then keeps its slot and
     /// builds, as processing requests are never superseded. What the fence
     /// guarantees is that such a mark never lands after its slot was released for
-    /// supersession. The one exemption is the dead-letter chain, which releases
-    /// before it writes `failed`: a mark may land in between (its build is never
-    /// published, the reload finds no slot and acks) and the chain then fails it.
+    /// supersession or by a dead letter (which fences the same way).
     fn check_mark(&mut self, after: &Request) {
         let Some(row) = &self.store.queue else {
             return;
@@ -1057,7 +1150,7 @@ impl<D: Design> World<D> {
             .as_ref()
             .is_none_or(|l| after.id >= *l);
         let holds = self.ghost.get(&after.id).copied().unwrap_or(0) > 0;
-        if !head && !holds && !self.pending_for(&after.id, |m| matches!(m, Msg::DeadLetter(_))) {
+        if !head && !holds {
             self.violations.push(format!(
                 "latest head only: {} marked processing while not the head and without a slot",
                 after.id
@@ -1137,7 +1230,7 @@ impl<D: Design> World<D> {
         let mut found = Vec::new();
         // Injected leaks are crafted excess, not admissions.
         let admitted = occupancy.saturating_sub(self.tolerated.len());
-        if !self.max_lowered && admitted > self.cfg.capacity() {
+        if !self.max_lowered && admitted > self.capacity() {
             found.push(format!(
                 "capacity: {occupancy} slots taken, max {}",
                 self.cfg.max_concurrent
@@ -1156,7 +1249,10 @@ impl<D: Design> World<D> {
             match self.store.requests.get(id) {
                 None => found.push(format!("owners are live: {id} owns a slot but is missing")),
                 Some(r) if r.state.is_terminal() => {
-                    if !self.pending_for(id, |m| matches!(m, Msg::Process(_))) {
+                    // An expired owner is failed first and pruned by the next write
+                    // of the same pass (or, after a crash, by the next reconcile).
+                    let expired = r.reason == Some(FailReason::SlotLeaseExpired);
+                    if !expired && !self.pending_for(id, |m| matches!(m, Msg::Process(_))) {
                         found.push(format!(
                             "terminal and superseded own no slot: {id} is {} and owns a slot",
                             r.state
@@ -1220,7 +1316,7 @@ impl<D: Design> World<D> {
                     });
                 }
             }
-            End::Reply(Reply::Hold(_)) => {
+            End::Reply(Reply::Hold { .. }) => {
                 self.holds += 1;
                 if let Some(id) = &d.subject
                     && d.owned_at_load
@@ -1307,16 +1403,6 @@ impl<D: Design> World<D> {
     }
 }
 
-trait Capacity {
-    fn capacity(&self) -> usize;
-}
-
-impl Capacity for AdmissionConfig {
-    fn capacity(&self) -> usize {
-        usize::try_from(self.max_concurrent).unwrap()
-    }
-}
-
 fn who(d: &Delivery) -> String {
     let kind = match &d.msg {
         Msg::Ingest(_) => "ingest",
@@ -1324,6 +1410,7 @@ fn who(d: &Delivery) -> String {
         Msg::Outcome(..) => "outcome",
         Msg::DeadLetter(_) => "dead-letter",
         Msg::Reconcile => "reconcile",
+        Msg::Heartbeat(_) => "heartbeat",
     };
     match &d.subject {
         Some(id) => format!("{kind} {}", id.seq()),
@@ -1334,7 +1421,10 @@ fn who(d: &Delivery) -> String {
 fn short(reply: &Reply) -> String {
     match reply {
         Reply::Ack => "ack".to_owned(),
-        Reply::Hold(d) => format!("hold {}ms", d.as_millis()),
+        Reply::Hold { delay, paused } => {
+            let why = if *paused { " (paused)" } else { "" };
+            format!("hold {}ms{why}", delay.as_millis())
+        }
         Reply::Retry(_) => "retry".to_owned(),
         Reply::DeadLetter(_) => "dead-letter".to_owned(),
         Reply::Publish { .. } => "publish".to_owned(),

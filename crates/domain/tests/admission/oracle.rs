@@ -66,7 +66,10 @@ impl Design for AnonymousCount {
                     return state_write(view, "supersede", RequestState::Superseded);
                 }
                 if row.count >= cfg.max_concurrent {
-                    return Act::Reply(Reply::Hold(cfg.gate_wait_delay));
+                    return Act::Reply(Reply::Hold {
+                        delay: cfg.gate_wait_delay,
+                        paused: false,
+                    });
                 }
                 count_write(row, "claim", row.count + 1)
             }
@@ -100,7 +103,7 @@ impl Design for AnonymousCount {
         }
     }
 
-    fn reconcile(&self, _view: &View<'_>) -> Act {
+    fn reconcile(&self, _cfg: &AdmissionConfig, _view: &View<'_>) -> Act {
         Act::Reply(Reply::Ack)
     }
 
@@ -135,9 +138,10 @@ fn oracle_detects_the_wedge_of_scenario_2() {
     let (a, end) = s02_script(&mut w);
     assert_eq!(
         end,
-        crate::admission::model::End::Reply(Reply::Hold(
-            AdmissionConfig::default().gate_wait_delay
-        ))
+        crate::admission::model::End::Reply(Reply::Hold {
+            delay: AdmissionConfig::default().gate_wait_delay,
+            paused: false,
+        })
     );
     assert!(
         has(&w, &format!("no wedge: {a} is held by its own slot")),

@@ -347,16 +347,21 @@ fn s12_gate_closed_holds_with_delay_without_consuming_a_retry() {
     w.cfg.gate_wait_delay = Duration::from_millis(7_000);
     let a = admit(&mut w, "a");
     let b = w.ingest("b");
+    let (queue_version, request_version) = (w.row().queue.version, w.request(&b).version);
     for _ in 0..5 {
         let end = w.process(&b);
-        assert_eq!(end, End::Reply(Reply::Hold(Duration::from_millis(7_000))));
+        assert_eq!(
+            end,
+            End::Reply(Reply::Hold {
+                delay: Duration::from_millis(7_000),
+                paused: false
+            })
+        );
     }
-    let pending = w
-        .inbox
-        .iter()
-        .find(|p| p.msg == Msg::Process(b.clone()))
-        .unwrap();
-    assert_eq!(pending.attempts, 0, "a hold never burns retries");
+    // A hold is its own reply, not a retry, and writes nothing: holding as often
+    // as the gate stays closed costs no delivery attempt and no version.
+    assert_eq!(w.row().queue.version, queue_version);
+    assert_eq!(w.request(&b).version, request_version);
     assert_eq!(w.owners(), [a.seq()]);
     clean(&w);
     drained(&mut w);
@@ -367,14 +372,14 @@ fn s13_gate_closed_while_two_newer_heads_arrive() {
     let mut w = world(1);
     let a = admit(&mut w, "a");
     let b = w.ingest("b");
-    assert!(matches!(w.process(&b), End::Reply(Reply::Hold(_))));
+    assert!(matches!(w.process(&b), End::Reply(Reply::Hold { .. })));
     let c = w.ingest("c");
     let d = w.ingest("d");
     assert_eq!(w.process(&b), End::Reply(Reply::Ack));
     assert_eq!(w.process(&c), End::Reply(Reply::Ack));
     assert_eq!(w.state(&b), RequestState::Superseded);
     assert_eq!(w.state(&c), RequestState::Superseded);
-    assert!(matches!(w.process(&d), End::Reply(Reply::Hold(_))));
+    assert!(matches!(w.process(&d), End::Reply(Reply::Hold { .. })));
     w.finish_build(&a, BuildOutcome::Succeeded);
     drained(&mut w);
     assert_eq!(w.state(&d), RequestState::Succeeded);
@@ -626,11 +631,11 @@ fn s26_max_lowered_from_two_to_one_with_two_owners() {
     let b = admit(&mut w, "b");
     w.set_max(1);
     let c = w.ingest("c");
-    assert!(matches!(w.process(&c), End::Reply(Reply::Hold(_))));
+    assert!(matches!(w.process(&c), End::Reply(Reply::Hold { .. })));
     w.finish_build(&a, BuildOutcome::Succeeded);
     w.deliver(Msg::Outcome(a, BuildOutcome::Succeeded));
     assert_eq!(w.owners(), [b.seq()]);
-    assert!(matches!(w.process(&c), End::Reply(Reply::Hold(_))));
+    assert!(matches!(w.process(&c), End::Reply(Reply::Hold { .. })));
     w.finish_build(&b, BuildOutcome::Succeeded);
     w.deliver(Msg::Outcome(b, BuildOutcome::Succeeded));
     assert!(is_publish(&w.process(&c)));
@@ -652,7 +657,6 @@ fn s27_backfill_from_anonymous_count_yields_the_processing_owner() {
         base: None,
     });
     w.store.requests.insert(a.clone(), admitted);
-    w.store.queue.as_mut().unwrap().count = 1;
     w.builds.insert(a.clone());
     w.tolerated.insert(a.clone());
     let b = w.ingest("b");
@@ -660,7 +664,7 @@ fn s27_backfill_from_anonymous_count_yields_the_processing_owner() {
 
     let requests: Vec<_> = w.store.requests.values().cloned().collect();
     let queue = w.row().queue.clone();
-    let decision = decide_backfill(&queue, &requests);
+    let decision = decide_backfill(&queue, &requests, w.now);
     let Decision::Write(Write::Queue {
         kind: QueueWrite::Backfill { added },
         expected,
@@ -671,18 +675,18 @@ fn s27_backfill_from_anonymous_count_yields_the_processing_owner() {
     };
     assert_eq!(added, std::slice::from_ref(&a));
     assert_eq!(expected, queue.version);
-    assert!(next.owners.iter().eq([&a]));
+    assert!(next.owners.keys().eq([&a]));
     w.store.queue.as_mut().unwrap().queue = next.clone();
     w.resync_ghost();
     w.tolerated.clear();
     assert_eq!(
-        decide_backfill(&next, &requests),
+        decide_backfill(&next, &requests, w.now),
         Decision::Reply(Reply::Ack),
         "backfill is idempotent"
     );
 
     assert!(
-        matches!(w.process(&b), End::Reply(Reply::Hold(_))),
+        matches!(w.process(&b), End::Reply(Reply::Hold { .. })),
         "the gate counts a"
     );
     w.finish_build(&a, BuildOutcome::Succeeded);
@@ -985,6 +989,142 @@ fn two_deliveries_in_lockstep_fence_once_each_then_release_and_supersede() {
     assert_eq!(w.applied("fence"), 2);
     assert_eq!(w.applied("release"), 1);
     assert!(is_publish(&w.process(&b)));
+    clean(&w);
+    drained(&mut w);
+}
+
+// ---------------------------------------------------------------------------------
+// Slot leases, heartbeats, limits in the queue record, the fenced dead letter.
+// ---------------------------------------------------------------------------------
+
+fn at_secs(secs: u64) -> holdfast_domain::Timestamp {
+    holdfast_domain::Timestamp::from_millis(secs * 1_000)
+}
+
+fn leased(max: u32, lease_secs: u64) -> World<OwnerKeyed> {
+    let mut w = world(max);
+    w.cfg.slot_lease = Duration::from_secs(lease_secs);
+    w
+}
+
+/// The build outcome never arrives: once the lease runs out without a heartbeat,
+/// the next gate decision fails the owner with `slot_lease_expired`, frees its
+/// slot and admits the head. Before that, the head holds.
+#[test]
+fn a_lost_outcome_expires_with_the_lease_and_the_queue_moves_on() {
+    let mut w = leased(1, 60);
+    let a = admit(&mut w, "a");
+    w.builds.remove(&a); // the runner died: no outcome, no heartbeat
+    let b = w.ingest("b");
+    w.now = at_secs(59);
+    assert!(matches!(w.process(&b), End::Reply(Reply::Hold { .. })));
+    w.now = at_secs(60);
+    assert!(is_publish(&w.process(&b)));
+    assert_eq!(w.state(&a), RequestState::Failed);
+    assert_eq!(
+        w.request(&a).reason,
+        Some(holdfast_domain::FailReason::SlotLeaseExpired)
+    );
+    assert_eq!(w.owners(), [b.seq()]);
+    assert_eq!(
+        applied_by(&w, "process 2"),
+        ["expire", "prune", "claim", "mark"]
+    );
+    clean(&w);
+    drained(&mut w);
+}
+
+/// Heartbeats keep a long build's slot; a heartbeat after the lease ran out is
+/// refused, and a reconcile pass (not only a gate decision) expires the owner.
+#[test]
+fn heartbeats_keep_the_slot_and_a_reconcile_expires_a_silent_owner() {
+    let mut w = leased(1, 60);
+    let a = admit(&mut w, "a");
+    for secs in [50, 100, 150] {
+        w.now = at_secs(secs);
+        assert_eq!(w.deliver(Msg::Heartbeat(a.clone())), End::Reply(Reply::Ack));
+        assert_eq!(w.deliver(Msg::Reconcile), End::Reply(Reply::Ack));
+    }
+    assert_eq!(w.applied("heartbeat"), 3);
+    assert_eq!(w.state(&a), RequestState::Processing);
+    w.now = at_secs(210);
+    assert_eq!(w.deliver(Msg::Heartbeat(a.clone())), End::Reply(Reply::Ack));
+    assert_eq!(w.applied("heartbeat"), 3, "an expired lease is not revived");
+    assert_eq!(w.deliver(Msg::Reconcile), End::Reply(Reply::Ack));
+    assert_eq!(w.state(&a), RequestState::Failed);
+    assert_eq!(w.owners(), Vec::<u64>::new());
+    // The build's late outcome finds a terminal request: first terminal writer won.
+    w.finish_build(&a, BuildOutcome::Succeeded);
+    w.deliver(Msg::Outcome(a.clone(), BuildOutcome::Succeeded));
+    assert_eq!(w.state(&a), RequestState::Failed);
+    clean(&w);
+    drained(&mut w);
+}
+
+/// A stored limit of 0 pauses the queue: the head holds (saying so) however many
+/// slots are free; raising the limit admits it on the next delivery. The limit is
+/// the queue's, not the configuration's.
+#[test]
+fn a_paused_queue_holds_every_head_until_its_limit_is_raised() {
+    let mut w = world(2);
+    let a = w.ingest("a");
+    assert_eq!(
+        w.row().queue.max_concurrent,
+        Some(2),
+        "stored by the first stamp"
+    );
+    w.set_max(0);
+    assert_eq!(
+        w.process(&a),
+        End::Reply(Reply::Hold {
+            delay: w.cfg.gate_wait_delay,
+            paused: true
+        })
+    );
+    assert_eq!(w.owners(), Vec::<u64>::new());
+    w.set_max(1);
+    w.cfg.max_concurrent = 5; // a replica's config no longer decides
+    assert!(is_publish(&w.process(&a)));
+    let b = w.ingest("b");
+    assert!(matches!(
+        w.process(&b),
+        End::Reply(Reply::Hold { paused: false, .. })
+    ));
+    clean(&w);
+    drained(&mut w);
+}
+
+/// The dead letter of an accepted owner fences before it releases: a delivery
+/// that read the request (accepted, owning its slot) before the fence cannot mark
+/// it processing after the slot is gone.
+#[test]
+fn the_dead_letter_fences_a_stale_mark_before_it_releases() {
+    let mut w = world(1);
+    let a = w.ingest("a");
+    let d = w.take(Msg::Process(a.clone()));
+    w.run_until_applied(d, "claim");
+    w.crash(d);
+    let stale = w.start(Msg::Process(a.clone()));
+    w.step(stale);
+    w.step(stale);
+    assert_eq!(
+        w.deliver(Msg::DeadLetter(a.clone())),
+        End::Reply(Reply::Ack)
+    );
+    assert_eq!(
+        applied_by(&w, "dead-letter 1"),
+        ["fence", "release", "fail"]
+    );
+    assert_eq!(
+        w.step(stale).unwrap(),
+        crate::admission::model::StepResult::Wrote {
+            label: "mark",
+            applied: false
+        }
+    );
+    assert_eq!(w.run(stale), End::Reply(Reply::Ack));
+    assert_eq!(w.state(&a), RequestState::Failed);
+    assert!(w.published.is_empty());
     clean(&w);
     drained(&mut w);
 }

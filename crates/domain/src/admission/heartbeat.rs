@@ -1,0 +1,228 @@
+//! The operations on a queue's slots outside a message's path: an owner's
+//! heartbeat, which keeps its slot lease running, and the queue's stored limit.
+
+use std::time::Duration;
+
+use super::{DeadLetterReason, Decision, QueueWrite, Reply, Write, check_pair, reply};
+use crate::ids::QueueName;
+use crate::request::{Queue, Request, RequestState};
+use crate::timestamp::Timestamp;
+
+/// What a heartbeat found, read from the request and queue it last loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    /// The request owns its slot; without another heartbeat its lease runs out at
+    /// `expires_at`.
+    Extended {
+        /// When the lease runs out.
+        expires_at: Timestamp,
+    },
+    /// The request owns no slot (any more): its build should stop. `state` is the
+    /// request's stored state, `None` if there is no such request.
+    NotOwner {
+        /// The request's state.
+        state: Option<RequestState>,
+    },
+    /// The request still holds its slot but the lease ran out at `expired_at`: the
+    /// next reconcile fails it, so its build should stop.
+    LeaseExpired {
+        /// When the lease ran out.
+        expired_at: Timestamp,
+    },
+}
+
+/// Decides a heartbeat of `request` at `now`, given the request and its queue as
+/// loaded now (request first): a live owner within its lease has its slot's
+/// heartbeat moved to `now` ([`QueueWrite::Heartbeat`], a compare-and-set on the
+/// queue); anything else is answered ([`Reply::Ack`]) and
+/// [`heartbeat_answer`] tells what was found. A lease that ran out is not revived:
+/// a concurrent reconcile may be failing the request already.
+pub fn decide_heartbeat(
+    request: Option<&Request>,
+    queue: Option<&Queue>,
+    lease: Duration,
+    now: Timestamp,
+) -> Decision {
+    let (Some(request), Some(queue)) = (request, queue) else {
+        return reply(Reply::Ack);
+    };
+    if let Err(decision) = check_pair(request, queue) {
+        return decision;
+    }
+    match queue.owners.get(&request.id) {
+        Some(slot)
+            if !request.state.is_terminal()
+                && !slot.expired(lease, now)
+                && slot.heartbeat_at < now =>
+        {
+            let mut next = queue.clone();
+            if let Some(slot) = next.owners.get_mut(&request.id) {
+                slot.heartbeat_at = now;
+            }
+            next.version = queue.version.next();
+            Decision::Write(Write::Queue {
+                kind: QueueWrite::Heartbeat,
+                expected: queue.version,
+                queue: next,
+            })
+        }
+        _ => reply(Reply::Ack),
+    }
+}
+
+/// What the heartbeat of `request` (the records [`decide_heartbeat`] answered on)
+/// found at `now` with slot lease `lease`.
+pub fn heartbeat_answer(
+    request: Option<&Request>,
+    queue: Option<&Queue>,
+    lease: Duration,
+    now: Timestamp,
+) -> Heartbeat {
+    let state = request.map(|r| r.state);
+    let slot = request
+        .zip(queue)
+        .filter(|(r, _)| !r.state.is_terminal())
+        .and_then(|(r, q)| q.owners.get(&r.id));
+    match slot {
+        None => Heartbeat::NotOwner { state },
+        Some(slot) if slot.expired(lease, now) => Heartbeat::LeaseExpired {
+            expired_at: slot.expires_at(lease),
+        },
+        Some(slot) => Heartbeat::Extended {
+            expires_at: slot.expires_at(lease),
+        },
+    }
+}
+
+/// Decides setting the stored slot limit of `queue` (named `name`) to `max`; 0
+/// pauses the queue (every head holds; owners keep their slots). Acks when the
+/// limit is already `max`; a missing queue is [`Reply::DeadLetter`]. Lowering the
+/// limit below the current owners frees nothing: they finish, and no head is
+/// admitted until fewer than `max` own a slot.
+pub fn decide_set_limit(name: &QueueName, queue: Option<&Queue>, max: u32) -> Decision {
+    let Some(queue) = queue else {
+        return reply(Reply::DeadLetter(DeadLetterReason::QueueMissing(
+            name.clone(),
+        )));
+    };
+    if queue.max_concurrent == Some(max) {
+        return reply(Reply::Ack);
+    }
+    let mut next = queue.clone();
+    next.max_concurrent = Some(max);
+    next.version = queue.version.next();
+    Decision::Write(Write::Queue {
+        kind: QueueWrite::SetLimit,
+        expected: queue.version,
+        queue: next,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::RevisionUri;
+    use crate::request::{RequestId, Slot, Version};
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    fn at(secs: u64) -> Timestamp {
+        Timestamp::from_millis(secs * 1_000)
+    }
+
+    fn fixture(state: RequestState, owner: bool) -> (Request, Queue) {
+        let name = QueueName::new("q").unwrap();
+        let id = RequestId::new(name.clone(), 1);
+        let request = Request {
+            id: id.clone(),
+            uri: RevisionUri::new("git:a").unwrap(),
+            state,
+            plan: None,
+            reason: None,
+            version: Version::FIRST,
+        };
+        let mut queue = Queue::new(name);
+        if owner {
+            queue.owners.insert(id, Slot::claimed(at(0)));
+        }
+        (request, queue)
+    }
+
+    #[test]
+    fn a_live_owner_within_its_lease_moves_its_heartbeat() {
+        let (request, queue) = fixture(RequestState::Processing, true);
+        let Decision::Write(Write::Queue {
+            kind, queue: next, ..
+        }) = decide_heartbeat(Some(&request), Some(&queue), LEASE, at(9))
+        else {
+            panic!("a heartbeat write");
+        };
+        assert_eq!(kind, QueueWrite::Heartbeat);
+        let slot = next.owners[&request.id];
+        assert_eq!((slot.claimed_at, slot.heartbeat_at), (at(0), at(9)));
+        assert_eq!(
+            heartbeat_answer(Some(&request), Some(&next), LEASE, at(9)),
+            Heartbeat::Extended { expires_at: at(19) }
+        );
+        // Written already: the reload answers.
+        assert_eq!(
+            decide_heartbeat(Some(&request), Some(&next), LEASE, at(9)),
+            Decision::Reply(Reply::Ack)
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_never_revives_an_expired_or_terminal_owner() {
+        let (request, queue) = fixture(RequestState::Processing, true);
+        assert_eq!(
+            decide_heartbeat(Some(&request), Some(&queue), LEASE, at(10)),
+            Decision::Reply(Reply::Ack)
+        );
+        assert_eq!(
+            heartbeat_answer(Some(&request), Some(&queue), LEASE, at(10)),
+            Heartbeat::LeaseExpired { expired_at: at(10) }
+        );
+        let (done, queue) = fixture(RequestState::Failed, true);
+        assert_eq!(
+            decide_heartbeat(Some(&done), Some(&queue), LEASE, at(1)),
+            Decision::Reply(Reply::Ack)
+        );
+        assert_eq!(
+            heartbeat_answer(Some(&done), Some(&queue), LEASE, at(1)),
+            Heartbeat::NotOwner {
+                state: Some(RequestState::Failed)
+            }
+        );
+        let (accepted, queue) = fixture(RequestState::Accepted, false);
+        assert_eq!(
+            heartbeat_answer(Some(&accepted), Some(&queue), LEASE, at(1)),
+            Heartbeat::NotOwner {
+                state: Some(RequestState::Accepted)
+            }
+        );
+        assert_eq!(
+            heartbeat_answer(None, Some(&queue), LEASE, at(1)),
+            Heartbeat::NotOwner { state: None }
+        );
+    }
+
+    #[test]
+    fn set_limit_writes_once_and_pauses_at_zero() {
+        let (_, queue) = fixture(RequestState::Accepted, false);
+        let Decision::Write(Write::Queue { queue: next, .. }) =
+            decide_set_limit(&queue.name, Some(&queue), 0)
+        else {
+            panic!("a set-limit write");
+        };
+        assert_eq!(next.max_concurrent, Some(0));
+        assert_eq!(next.limit(3), 0);
+        assert_eq!(
+            decide_set_limit(&queue.name, Some(&next), 0),
+            Decision::Reply(Reply::Ack)
+        );
+        assert!(matches!(
+            decide_set_limit(&queue.name, None, 1),
+            Decision::Reply(Reply::DeadLetter(DeadLetterReason::QueueMissing(_)))
+        ));
+    }
+}

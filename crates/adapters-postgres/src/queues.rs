@@ -2,12 +2,13 @@
 //! compare-and-set on its version. The owner set is a column of the queue row (a
 //! text array of request ids), so a slot claim or release is one CAS.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use holdfast_domain::{
-    BuildPlan, BuildStrategy, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
-    RevisionUri, Version,
+    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, QueueName, Request, RequestId,
+    RequestState, RevisionUri, Slot, Timestamp, Version,
 };
 use holdfast_ports::{
     CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault, WakeKey, WakeUps,
@@ -19,11 +20,12 @@ use crate::codec::{self, get};
 use crate::error::fault as to_fault;
 
 const LOAD_QUEUE: &str = "
-    SELECT latest_request_id, last_green_uri, last_green_request_id, owners, version
+    SELECT latest_request_id, last_green_uri, last_green_request_id, owners, version,
+           owner_claimed_ms, owner_heartbeat_ms, max_concurrent
     FROM queues WHERE name = $1";
 
 const REQUEST_COLUMNS_SQL: &str = "
-    SELECT seq, uri, state, strategy, base_uri, version
+    SELECT seq, uri, state, strategy, base_uri, version, reason
     FROM requests WHERE queue = $1 AND seq = $2";
 
 /// Creates the queue record if missing and locks it for this transaction, so
@@ -36,7 +38,7 @@ const LOCK_QUEUE: &str = "
 /// Returns the existing request for (queue, uri), or inserts the next one.
 const INGEST: &str = "
     WITH existing AS (
-        SELECT seq, uri, state, strategy, base_uri, version FROM requests
+        SELECT seq, uri, state, strategy, base_uri, version, reason FROM requests
         WHERE queue = $1 AND uri = $2
     ),
     inserted AS (
@@ -44,29 +46,46 @@ const INGEST: &str = "
         SELECT $1, COALESCE((SELECT MAX(seq) FROM requests WHERE queue = $1), 0) + 1,
                $2, 'accepted', 1
         WHERE NOT EXISTS (SELECT 1 FROM existing)
-        RETURNING seq, uri, state, strategy, base_uri, version
+        RETURNING seq, uri, state, strategy, base_uri, version, reason
     )
-    SELECT seq, uri, state, strategy, base_uri, version, TRUE FROM inserted
+    SELECT seq, uri, state, strategy, base_uri, version, reason, TRUE FROM inserted
     UNION ALL
-    SELECT seq, uri, state, strategy, base_uri, version, FALSE FROM existing";
+    SELECT seq, uri, state, strategy, base_uri, version, reason, FALSE FROM existing";
 
 const CAS_QUEUE: &str = "
     UPDATE queues
     SET latest_request_id = $3, last_green_uri = $4, last_green_request_id = $5,
-        owners = $6, version = version + 1
+        owners = $6, owner_claimed_ms = $7, owner_heartbeat_ms = $8, max_concurrent = $9,
+        version = version + 1
     WHERE name = $1 AND version = $2";
 
 const CAS_REQUEST: &str = "
     UPDATE requests
-    SET state = $4, strategy = $5, base_uri = $6, version = version + 1
+    SET state = $4, strategy = $5, base_uri = $6, reason = $7, updated_at = now(),
+        version = version + 1
     WHERE queue = $1 AND seq = $2 AND version = $3";
 
 /// The newest `$2` requests, oldest first.
 const LIST_REQUESTS: &str = "
-    SELECT seq, uri, state, strategy, base_uri, version FROM (
-        SELECT seq, uri, state, strategy, base_uri, version
+    SELECT seq, uri, state, strategy, base_uri, version, reason FROM (
+        SELECT seq, uri, state, strategy, base_uri, version, reason
         FROM requests WHERE queue = $1 ORDER BY seq DESC LIMIT $2
     ) AS newest ORDER BY seq";
+
+const LIST_QUEUES: &str = "SELECT name FROM queues ORDER BY name";
+
+/// Retention: terminal requests of `$1` last written `$2` ms ago or earlier,
+/// except the head, the last green, the newest succeeded request and the owners.
+const PRUNE_REQUESTS: &str = "
+    DELETE FROM requests AS r USING queues AS q
+    WHERE r.queue = $1 AND q.name = $1
+      AND r.state IN ('superseded', 'succeeded', 'failed', 'cancelled')
+      AND r.updated_at <= now() - make_interval(secs => $2::double precision / 1000)
+      AND ('request/' || r.queue || '/' || r.seq) IS DISTINCT FROM q.latest_request_id
+      AND ('request/' || r.queue || '/' || r.seq) IS DISTINCT FROM q.last_green_request_id
+      AND NOT ('request/' || r.queue || '/' || r.seq) = ANY (q.owners)
+      AND r.seq IS DISTINCT FROM (SELECT MAX(seq) FROM requests
+                                  WHERE queue = $1 AND state = 'succeeded')";
 
 fn fault(e: &sqlx::Error) -> QueueStoreError {
     QueueStoreError::Fault(to_fault(e))
@@ -97,7 +116,7 @@ fn bind_version(v: Version) -> Option<i64> {
     i64::try_from(v.0).ok()
 }
 
-/// A request from `seq, uri, state, strategy, base_uri, version` columns.
+/// A request from `seq, uri, state, strategy, base_uri, version, reason` columns.
 fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault> {
     let seq: i64 = get(row, 0)?;
     let seq = u64::try_from(seq)
@@ -121,11 +140,20 @@ fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault>
                 .transpose()?,
         }),
     };
+    let reason: Option<String> = get(row, 6)?;
+    let reason = reason
+        .map(|text| {
+            FailReason::from_name(&text).ok_or_else(|| {
+                StoreFault::Corrupt(format!("requests.reason {text:?} is not a known reason"))
+            })
+        })
+        .transpose()?;
     Ok(Request {
         id: RequestId::new(queue.clone(), seq),
         uri: codec::id("requests.uri", get(row, 1)?, RevisionUri::new)?,
         state,
         plan,
+        reason,
         version: version("requests.version", get(row, 5)?)?,
     })
 }
@@ -148,6 +176,39 @@ impl QueueStore for PgBackend {
         let green_uri: Option<String> = get(&row, 1)?;
         let green_id: Option<String> = get(&row, 2)?;
         let owners: Vec<String> = get(&row, 3)?;
+        let claimed: Vec<i64> = get(&row, 5)?;
+        let heartbeats: Vec<i64> = get(&row, 6)?;
+        let max: Option<i32> = get(&row, 7)?;
+        if claimed.len() != owners.len() || heartbeats.len() != owners.len() {
+            return Err(QueueStoreError::Fault(StoreFault::Corrupt(format!(
+                "queues row {name}: {} owners but {} claim and {} heartbeat times",
+                owners.len(),
+                claimed.len(),
+                heartbeats.len()
+            ))));
+        }
+        let millis = |column: &str, ms: i64| {
+            u64::try_from(ms)
+                .map(Timestamp::from_millis)
+                .map_err(|_| StoreFault::Corrupt(format!("{column} {ms} is negative")))
+        };
+        let mut slots = BTreeMap::new();
+        for ((id, claimed), heartbeat) in owners.into_iter().zip(claimed).zip(heartbeats) {
+            slots.insert(
+                request_id("queues.owners", id)?,
+                Slot {
+                    claimed_at: millis("queues.owner_claimed_ms", claimed)?,
+                    heartbeat_at: millis("queues.owner_heartbeat_ms", heartbeat)?,
+                },
+            );
+        }
+        let max_concurrent = max
+            .map(|m| {
+                u32::try_from(m).map_err(|_| {
+                    StoreFault::Corrupt(format!("queues.max_concurrent {m} is negative"))
+                })
+            })
+            .transpose()?;
         let last_green = match (green_uri, green_id) {
             (Some(uri), Some(id)) => Some(LastGreen {
                 uri: codec::id("queues.last_green_uri", uri, RevisionUri::new)?,
@@ -161,10 +222,8 @@ impl QueueStore for PgBackend {
                 .map(|id| request_id("queues.latest_request_id", id))
                 .transpose()?,
             last_green,
-            owners: owners
-                .into_iter()
-                .map(|id| request_id("queues.owners", id))
-                .collect::<Result<BTreeSet<_>, _>>()?,
+            owners: slots,
+            max_concurrent,
             version: version("queues.version", get(&row, 4)?)?,
         }))
     }
@@ -215,7 +274,7 @@ impl QueueStore for PgBackend {
         self.note(tx.commit().await).map_err(|e| fault(&e))?;
         Ok(Ingested {
             request: decode_request(queue, &row)?,
-            created: get(&row, 6)?,
+            created: get(&row, 7)?,
         })
     }
 
@@ -227,7 +286,13 @@ impl QueueStore for PgBackend {
         let Some(expected) = bind_version(expected) else {
             return Ok(CasOutcome::Conflict);
         };
-        let owners: Vec<String> = queue.owners.iter().map(ToString::to_string).collect();
+        let owners: Vec<String> = queue.owners.keys().map(ToString::to_string).collect();
+        let ms = |t: Timestamp| i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+        let claimed: Vec<i64> = queue.owners.values().map(|s| ms(s.claimed_at)).collect();
+        let heartbeats: Vec<i64> = queue.owners.values().map(|s| ms(s.heartbeat_at)).collect();
+        let max = queue
+            .max_concurrent
+            .map(|m| i32::try_from(m).unwrap_or(i32::MAX));
         let done = self
             .note(
                 sqlx::query(CAS_QUEUE)
@@ -237,6 +302,9 @@ impl QueueStore for PgBackend {
                     .bind(queue.last_green.as_ref().map(|g| g.uri.as_str().to_owned()))
                     .bind(queue.last_green.as_ref().map(|g| g.request_id.to_string()))
                     .bind(&owners)
+                    .bind(&claimed)
+                    .bind(&heartbeats)
+                    .bind(max)
                     .execute(self.pool())
                     .await,
             )
@@ -268,6 +336,7 @@ impl QueueStore for PgBackend {
                     .bind(request.state.as_str())
                     .bind(plan.map(|p| p.strategy.as_str()))
                     .bind(plan.and_then(|p| p.base.as_ref()).map(RevisionUri::as_str))
+                    .bind(request.reason.map(FailReason::as_str))
                     .execute(self.pool())
                     .await,
             )
@@ -294,5 +363,32 @@ impl QueueStore for PgBackend {
             .map(|row| decode_request(queue, row))
             .collect::<Result<Vec<_>, _>>()
             .map_err(QueueStoreError::Fault)
+    }
+
+    async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {
+        let rows = self
+            .note(sqlx::query(LIST_QUEUES).fetch_all(self.pool()).await)
+            .map_err(|e| fault(&e))?;
+        rows.iter()
+            .map(|row| codec::id("queues.name", get(row, 0)?, QueueName::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(QueueStoreError::Fault)
+    }
+
+    async fn prune_requests(
+        &self,
+        queue: &QueueName,
+        older_than: Duration,
+    ) -> Result<u64, QueueStoreError> {
+        let done = self
+            .note(
+                sqlx::query(PRUNE_REQUESTS)
+                    .bind(queue.as_str())
+                    .bind(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(done.rows_affected())
     }
 }

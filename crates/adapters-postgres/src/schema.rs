@@ -15,6 +15,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "selections",
         include_str!("../migrations/0002_selections.sql"),
     ),
+    (
+        3,
+        "slot_leases",
+        include_str!("../migrations/0003_slot_leases.sql"),
+    ),
 ];
 
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,

@@ -1,11 +1,12 @@
 //! The queue store over SQLite.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use holdfast_domain::{
-    BuildPlan, BuildStrategy, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
-    RevisionUri, Version,
+    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, QueueName, Request, RequestId,
+    RequestState, RevisionUri, Slot, Version,
 };
 use holdfast_ports::{
     CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault, WakeKey, WakeUps,
@@ -14,12 +15,15 @@ use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::SqliteBackend;
 use crate::codec::{
-    corrupt, queue_from_sql, request_id_from_sql, seq_from_sql, seq_to_sql, uri_from_sql,
-    version_from_sql, version_to_sql,
+    corrupt, queue_from_sql, request_id_from_sql, seq_from_sql, seq_to_sql, time_from_sql,
+    time_to_sql, uri_from_sql, version_from_sql, version_to_sql,
 };
 use crate::pool::Db;
 
-const REQUEST_COLUMNS: &str = "queue, seq, uri, state, strategy, base, version";
+const REQUEST_COLUMNS: &str = "queue, seq, uri, state, strategy, base, version, reason";
+
+/// The terminal states, as stored.
+const TERMINAL: &str = "('superseded', 'succeeded', 'failed', 'cancelled')";
 
 fn request_row(r: &rusqlite::Row<'_>) -> Result<Request, StoreFault> {
     let queue: String = r.get(0).db()?;
@@ -41,11 +45,19 @@ fn request_row(r: &rusqlite::Row<'_>) -> Result<Request, StoreFault> {
             base: base.map(|b| uri_from_sql(&row, b)).transpose()?,
         }),
     };
+    let reason: Option<String> = r.get(7).db()?;
+    let reason = reason
+        .map(|text| {
+            FailReason::from_name(&text)
+                .ok_or_else(|| corrupt(&row, format!("unknown fail reason {text:?}")))
+        })
+        .transpose()?;
     Ok(Request {
         id,
         uri,
         state,
         plan,
+        reason,
         version: version_from_sql(&row, r.get(6).db()?)?,
     })
 }
@@ -69,21 +81,35 @@ impl QueueStore for SqliteBackend {
         self.pool
             .read(move |tx| {
                 let row = format!("queues row {name}");
-                type QueueCols = (Option<String>, Option<String>, Option<String>, i64);
+                type QueueCols = (
+                    Option<String>,
+                    Option<String>,
+                    Option<String>,
+                    i64,
+                    Option<i64>,
+                );
                 let cols: Option<QueueCols> = tx
                     .prepare_cached(
-                        "SELECT latest_request, last_green_uri, last_green_request, version
+                        "SELECT latest_request, last_green_uri, last_green_request, version,
+                                max_concurrent
                          FROM queues WHERE name = ?1",
                     )
                     .db()?
                     .query_row([name.as_str()], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
                     })
                     .optional()
                     .db()?;
-                let Some((latest, green_uri, green_request, version)) = cols else {
+                let Some((latest, green_uri, green_request, version, max)) = cols else {
                     return Ok(None);
                 };
+                let max_concurrent = max
+                    .map(|m| {
+                        u32::try_from(m).map_err(|_| {
+                            corrupt(&row, format!("max_concurrent {m} is not a slot count"))
+                        })
+                    })
+                    .transpose()?;
                 let last_green = match (green_uri, green_request) {
                     (None, None) => None,
                     (Some(u), Some(r)) => Some(LastGreen {
@@ -98,22 +124,32 @@ impl QueueStore for SqliteBackend {
                         .into());
                     }
                 };
-                let mut owners = BTreeSet::new();
+                let mut owners = BTreeMap::new();
                 let mut stmt = tx
-                    .prepare_cached("SELECT request FROM queue_owners WHERE queue = ?1")
+                    .prepare_cached(
+                        "SELECT request, claimed_at, heartbeat_at FROM queue_owners
+                         WHERE queue = ?1",
+                    )
                     .db()?;
                 let mut rows = stmt.query([name.as_str()]).db()?;
+                let owner_row = format!("queue_owners row {name}");
                 while let Some(r) = rows.next().db()? {
                     let text: String = r.get(0).db()?;
-                    owners.insert(request_id_from_sql(
-                        &format!("queue_owners row {name}"),
-                        &text,
-                    )?);
+                    let claimed: String = r.get(1).db()?;
+                    let heartbeat: String = r.get(2).db()?;
+                    owners.insert(
+                        request_id_from_sql(&owner_row, &text)?,
+                        Slot {
+                            claimed_at: time_from_sql(&owner_row, &claimed)?,
+                            heartbeat_at: time_from_sql(&owner_row, &heartbeat)?,
+                        },
+                    );
                 }
                 Ok(Some(Queue {
                     latest_request_id: latest.map(|l| request_id_from_sql(&row, &l)).transpose()?,
                     last_green,
                     owners,
+                    max_concurrent,
                     version: version_from_sql(&row, version)?,
                     name: name.clone(),
                 }))
@@ -162,7 +198,8 @@ impl QueueStore for SqliteBackend {
                     StoreFault::Backend(format!("queue {queue} has run out of request numbers"))
                 })?;
                 tx.prepare_cached(
-                    "INSERT INTO requests (queue, seq, uri, state, version) VALUES (?1, ?2, ?3, ?4, 1)",
+                    "INSERT INTO requests (queue, seq, uri, state, version, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, 1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
                 )
                 .db()?
                 .execute(params![queue.as_str(), seq, uri.as_str(), RequestState::Accepted.as_str()])
@@ -174,6 +211,7 @@ impl QueueStore for SqliteBackend {
                         uri: uri.clone(),
                         state: RequestState::Accepted,
                         plan: None,
+                        reason: None,
                         version: Version::FIRST,
                     },
                     created: true,
@@ -196,7 +234,7 @@ impl QueueStore for SqliteBackend {
                 let n = tx
                     .prepare_cached(
                         "UPDATE queues SET latest_request = ?2, last_green_uri = ?3,
-                                last_green_request = ?4, version = ?5
+                                last_green_request = ?4, version = ?5, max_concurrent = ?7
                          WHERE name = ?1 AND version = ?6",
                     )
                     .db()?
@@ -206,7 +244,8 @@ impl QueueStore for SqliteBackend {
                         queue.last_green.as_ref().map(|g| g.uri.as_str()),
                         queue.last_green.as_ref().map(|g| g.request_id.to_string()),
                         next,
-                        exp
+                        exp,
+                        queue.max_concurrent
                     ])
                     .db()?;
                 if n == 0 {
@@ -217,11 +256,19 @@ impl QueueStore for SqliteBackend {
                     .execute([queue.name.as_str()])
                     .db()?;
                 let mut insert = tx
-                    .prepare_cached("INSERT INTO queue_owners (queue, request) VALUES (?1, ?2)")
+                    .prepare_cached(
+                        "INSERT INTO queue_owners (queue, request, claimed_at, heartbeat_at)
+                         VALUES (?1, ?2, ?3, ?4)",
+                    )
                     .db()?;
-                for owner in &queue.owners {
+                for (owner, slot) in &queue.owners {
                     insert
-                        .execute(params![queue.name.as_str(), owner.to_string()])
+                        .execute(params![
+                            queue.name.as_str(),
+                            owner.to_string(),
+                            time_to_sql(slot.claimed_at)?,
+                            time_to_sql(slot.heartbeat_at)?
+                        ])
                         .db()?;
                 }
                 Ok::<_, QueueStoreError>(CasOutcome::Applied)
@@ -248,7 +295,8 @@ impl QueueStore for SqliteBackend {
                 let n = tx
                     .prepare_cached(
                         // The uri is the immutable dedup key: never rewritten.
-                        "UPDATE requests SET state = ?3, strategy = ?4, base = ?5, version = ?6
+                        "UPDATE requests SET state = ?3, strategy = ?4, base = ?5, version = ?6,
+                                reason = ?8, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
                          WHERE queue = ?1 AND seq = ?2 AND version = ?7",
                     )
                     .db()?
@@ -259,7 +307,8 @@ impl QueueStore for SqliteBackend {
                         plan.map(|p| p.strategy.as_str()),
                         plan.and_then(|p| p.base.as_ref()).map(RevisionUri::as_str),
                         next,
-                        exp
+                        exp,
+                        request.reason.map(FailReason::as_str)
                     ])
                     .db()?;
                 Ok(if n == 1 {
@@ -294,6 +343,61 @@ impl QueueStore for SqliteBackend {
                     out.push(request_row(r)?);
                 }
                 Ok(out)
+            })
+            .await
+    }
+
+    async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {
+        self.pool
+            .read(|tx| {
+                let mut stmt = tx
+                    .prepare_cached("SELECT name FROM queues ORDER BY name")
+                    .db()?;
+                let mut rows = stmt.query([]).db()?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next().db()? {
+                    out.push(queue_from_sql("queues row", r.get(0).db()?)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn prune_requests(
+        &self,
+        queue: &QueueName,
+        older_than: Duration,
+    ) -> Result<u64, QueueStoreError> {
+        let queue = queue.clone();
+        // An SQLite date modifier: this many seconds before now.
+        let age = format!(
+            "-{}.{:03} seconds",
+            older_than.as_secs(),
+            older_than.subsec_millis()
+        );
+        self.pool
+            .write(move |tx| {
+                let sql = format!(
+                    "DELETE FROM requests
+                     WHERE queue = ?1 AND state IN {TERMINAL}
+                       AND updated_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2)
+                       AND 'request/' || queue || '/' || seq NOT IN (
+                           SELECT latest_request FROM queues
+                           WHERE name = ?1 AND latest_request IS NOT NULL
+                           UNION ALL
+                           SELECT last_green_request FROM queues
+                           WHERE name = ?1 AND last_green_request IS NOT NULL
+                           UNION ALL
+                           SELECT request FROM queue_owners WHERE queue = ?1)
+                       AND seq IS NOT (SELECT MAX(seq) FROM requests
+                                       WHERE queue = ?1 AND state = 'succeeded')"
+                );
+                let n = tx
+                    .prepare_cached(&sql)
+                    .db()?
+                    .execute(params![queue.as_str(), age])
+                    .db()?;
+                Ok(u64::try_from(n).unwrap_or(u64::MAX))
             })
             .await
     }

@@ -35,10 +35,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "selections",
         sql: include_str!("../migrations/0002_selections.sql"),
     },
+    Migration {
+        version: 3,
+        name: "slot_leases",
+        sql: include_str!("../migrations/0003_slot_leases.sql"),
+    },
 ];
 
 /// The schema version this code creates and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS holdfast_schema (
     version    INTEGER NOT NULL PRIMARY KEY,

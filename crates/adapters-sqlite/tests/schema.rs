@@ -91,3 +91,59 @@ async fn upgrading_from_version_1_keeps_held_locks_spendable_by_their_transactio
         Ok(vec![fund])
     );
 }
+
+/// A database at schema version 2 with a request building in a slot: after the
+/// upgrade to version 3 the owner keeps its slot with a lease starting at the
+/// upgrade (no running build expires because of it), the request has no fail
+/// reason, and the queue has no stored limit until its next head is stamped.
+#[tokio::test]
+async fn upgrading_from_version_2_starts_owner_leases_at_the_upgrade() {
+    use holdfast_adapters_sqlite::MIGRATIONS;
+    use holdfast_domain::{QueueName, RequestId, Timestamp};
+
+    let file = TempDb::new();
+    {
+        let conn = Connection::open(file.path()).expect("raw connection");
+        conn.execute_batch(
+            "CREATE TABLE holdfast_schema (version INTEGER NOT NULL PRIMARY KEY,
+                 name TEXT NOT NULL, applied_at TEXT NOT NULL);",
+        )
+        .expect("version table");
+        conn.execute_batch(MIGRATIONS[0].sql).expect("version 1");
+        conn.execute_batch(MIGRATIONS[1].sql).expect("version 2");
+        conn.execute_batch(
+            "INSERT INTO holdfast_schema VALUES (1, 'tokens_locks_statuses_queues', '2026-01-01T00:00:00.000Z');
+             INSERT INTO holdfast_schema VALUES (2, 'selections', '2026-01-01T00:00:00.000Z');
+             INSERT INTO queues VALUES ('main', 'request/main/1', NULL, NULL, 3);
+             INSERT INTO requests VALUES ('main', 1, 'git:a', 'processing', 'full', NULL, 2);
+             INSERT INTO queue_owners VALUES ('main', 'request/main/1');",
+        )
+        .expect("a version 2 database with a slot owner");
+    }
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    let backend = file.open().await;
+    let stores = backend.stores();
+    let name = QueueName::new("main").expect("queue");
+    let queue = stores
+        .queues
+        .load_queue(&name)
+        .await
+        .expect("load")
+        .expect("queue");
+    let id = RequestId::new(name, 1);
+    let slot = queue.owners[&id];
+    let since = Timestamp::from_millis(u64::try_from(before).expect("millis") - 1_000);
+    assert!(slot.claimed_at >= since, "{slot:?}");
+    assert_eq!(slot.claimed_at, slot.heartbeat_at);
+    assert_eq!(queue.max_concurrent, None);
+    let request = stores
+        .queues
+        .load_request(&id)
+        .await
+        .expect("load")
+        .expect("request");
+    assert_eq!(request.reason, None);
+}

@@ -1,5 +1,7 @@
 //! The queue store port: build queues and requests, each written by compare-and-set.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use holdfast_domain::{Queue, QueueName, Request, RequestId, RevisionUri, Version};
 
@@ -65,4 +67,17 @@ pub trait QueueStore: Send + Sync {
         queue: &QueueName,
         limit: usize,
     ) -> Result<Vec<Request>, QueueStoreError>;
+
+    /// Every queue's name, in name order.
+    async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError>;
+
+    /// Retention: deletes the terminal requests of `queue` last written at least
+    /// `older_than` ago (by the database's clock), in one statement that keeps the
+    /// queue's head, its last green, its newest succeeded request (a green about
+    /// to be recorded) and every slot owner. Returns how many it deleted.
+    async fn prune_requests(
+        &self,
+        queue: &QueueName,
+        older_than: Duration,
+    ) -> Result<u64, QueueStoreError>;
 }

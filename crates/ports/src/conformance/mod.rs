@@ -131,6 +131,8 @@ macro_rules! conformance_tests {
             queues::request_cas_never_loses_a_concurrent_write,
             queues::owner_set_round_trips_exactly,
             queues::list_requests_in_sequence_order,
+            queues::list_queues_in_name_order,
+            queues::prune_requests_keeps_head_green_owners_and_live,
             security::hostile_strings_are_stored_literally,
             wake::writes_that_free_tokens_signal_their_key,
             wake::a_queue_write_signals_its_queue,

@@ -2,11 +2,13 @@
 //! queues and requests (stale versions rejected, concurrent writes never lost), and
 //! the exact round trip of the owner set.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use holdfast_domain::{
-    BuildPlan, BuildStrategy, LastGreen, Queue, Request, RequestId, RequestState, Version,
+    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, Request, RequestId, RequestState, Slot,
+    Timestamp, Version,
 };
 use tokio::sync::Barrier;
 
@@ -163,7 +165,9 @@ pub async fn queue_cas_rejects_stale_version(db: &dyn TestDatabase) {
     assert_eq!(stored.latest_request_id, Some(created.request.id.clone()));
     let mut stale = q.clone();
     stale.latest_request_id = None;
-    stale.owners.insert(created.request.id.clone());
+    stale
+        .owners
+        .insert(created.request.id.clone(), Slot::claimed(Timestamp(1)));
     assert_eq!(
         s.queues.cas_queue(Version::FIRST, &stale).await,
         Ok(CasOutcome::Conflict)
@@ -223,6 +227,7 @@ pub async fn request_cas_rejects_stale_version(db: &dyn TestDatabase) {
     );
     let failed = Request {
         state: RequestState::Failed,
+        reason: Some(FailReason::SlotLeaseExpired),
         ..r.clone()
     };
     assert_eq!(
@@ -291,7 +296,8 @@ pub async fn queue_cas_never_loses_a_concurrent_write(db: &dyn TestDatabase) {
             for _attempt in 0..10_000u32 {
                 let mut q = load_queue(&s, "a/b/c").await;
                 let expected = q.version;
-                q.owners.insert(mine.clone());
+                q.owners
+                    .insert(mine.clone(), Slot::claimed(Timestamp(i + 1)));
                 match s.queues.cas_queue(expected, &q).await {
                     Ok(CasOutcome::Applied) => return,
                     Ok(CasOutcome::Conflict) => tokio::task::yield_now().await,
@@ -308,7 +314,11 @@ pub async fn queue_cas_never_loses_a_concurrent_write(db: &dyn TestDatabase) {
     let want: BTreeSet<RequestId> = (1..=16)
         .map(|n| RequestId::new(queue("a/b/c"), n))
         .collect();
-    assert_eq!(q.owners, want, "no owner lost");
+    assert_eq!(
+        q.owners.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "no owner lost"
+    );
     assert_eq!(q.version, Version(17), "16 applied writes");
 }
 
@@ -372,8 +382,9 @@ pub async fn request_cas_never_loses_a_concurrent_write(db: &dyn TestDatabase) {
     assert_eq!(r.version, Version(17), "16 applied writes, none lost");
 }
 
-/// The owner set, latest request and last green bookmark round-trip exactly: empty,
-/// one, many, with `/` in queue names and numbers beyond 2^53.
+/// The owner set with each slot's claim and heartbeat times, latest request, last
+/// green bookmark and slot limit round-trip exactly: empty, one, many, with `/` in
+/// queue names and numbers beyond 2^53, times to the millisecond.
 pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
     let s = db.stores();
     let name = queue("org/repo/main");
@@ -381,24 +392,32 @@ pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
         .create_request(&name, &uri("u"))
         .await
         .expect("create");
-    let owner_sets: Vec<BTreeSet<RequestId>> = vec![
-        BTreeSet::new(),
-        BTreeSet::from([RequestId::new(name.clone(), 1)]),
+    let slot = |claimed: u64, heartbeat: u64| Slot {
+        claimed_at: Timestamp(1_764_000_000_000 + claimed),
+        heartbeat_at: Timestamp(1_764_000_000_000 + heartbeat),
+    };
+    let owner_sets: Vec<BTreeMap<RequestId, Slot>> = vec![
+        BTreeMap::new(),
+        BTreeMap::from([(RequestId::new(name.clone(), 1), slot(0, 0))]),
         (1..=40)
-            .map(|n| RequestId::new(name.clone(), n * 3))
+            .map(|n| (RequestId::new(name.clone(), n * 3), slot(n, n * 7 + 1)))
             .collect(),
-        BTreeSet::from([
-            RequestId::new(name.clone(), 2),
-            RequestId::new(name.clone(), 10),
-            RequestId::new(name.clone(), (1 << 53) + 1),
+        BTreeMap::from([
+            (RequestId::new(name.clone(), 2), slot(1, 999)),
+            (RequestId::new(name.clone(), 10), slot(5, 5)),
+            (
+                RequestId::new(name.clone(), (1 << 53) + 1),
+                slot(123, 456_789),
+            ),
         ]),
-        BTreeSet::new(),
+        BTreeMap::new(),
     ];
     let mut version = Version::FIRST;
     for (step, owners) in owner_sets.into_iter().enumerate() {
         let mut q = load_queue(&s, "org/repo/main").await;
         q.owners = owners.clone();
         q.latest_request_id = (step % 2 == 1).then(|| RequestId::new(name.clone(), 7));
+        q.max_concurrent = [None, Some(0), Some(1), Some(40), Some(3)][step];
         q.last_green = (step % 2 == 0 && step > 0).then(|| LastGreen {
             uri: uri("git:green/with/slashes"),
             request_id: RequestId::new(name.clone(), 5),
@@ -456,5 +475,139 @@ pub async fn list_requests_in_sequence_order(db: &dyn TestDatabase) {
             .await
             .expect("list")
             .is_empty()
+    );
+}
+
+/// `list_queues` names every queue once, in name order.
+pub async fn list_queues_in_name_order(db: &dyn TestDatabase) {
+    let s = db.stores();
+    assert_eq!(s.queues.list_queues().await, Ok(vec![]));
+    for (q, u) in [("b", "1"), ("a/x", "1"), ("b", "2"), ("a", "1")] {
+        s.queues
+            .create_request(&queue(q), &uri(u))
+            .await
+            .expect("create");
+    }
+    assert_eq!(
+        s.queues.list_queues().await,
+        Ok(vec![queue("a"), queue("a/x"), queue("b")])
+    );
+}
+
+/// Moves request `id` to `state` (with `reason`) by compare-and-set.
+async fn finish(
+    s: &crate::Stores,
+    id: &RequestId,
+    state: RequestState,
+    reason: Option<FailReason>,
+) {
+    let r = s
+        .queues
+        .load_request(id)
+        .await
+        .expect("load")
+        .expect("stored");
+    let next = Request {
+        state,
+        reason,
+        ..r.clone()
+    };
+    assert_eq!(
+        s.queues.cas_request(r.version, &next).await,
+        Ok(CasOutcome::Applied)
+    );
+}
+
+/// Retention deletes terminal requests last written at least `older_than` ago,
+/// and never the head, the last green, the newest succeeded request, a slot owner
+/// or a live request; the fail reason round-trips on what it keeps.
+pub async fn prune_requests_keeps_head_green_owners_and_live(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let q = queue("keep/me");
+    let mut ids = Vec::new();
+    for u in ["r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"] {
+        ids.push(
+            s.queues
+                .create_request(&q, &uri(u))
+                .await
+                .expect("create")
+                .request
+                .id,
+        );
+    }
+    let other = s
+        .queues
+        .create_request(&queue("other"), &uri("r1"))
+        .await
+        .expect("create")
+        .request
+        .id;
+    finish(&s, &other, RequestState::Superseded, None).await;
+    // 1 superseded, 2 succeeded (the green), 3 failed owner, 4 cancelled,
+    // 5 succeeded (newest succeeded, not yet the green), 6 failed by a lease,
+    // 7 accepted, 8 superseded and the head.
+    finish(&s, &ids[0], RequestState::Superseded, None).await;
+    finish(&s, &ids[1], RequestState::Succeeded, None).await;
+    finish(&s, &ids[2], RequestState::Failed, None).await;
+    finish(&s, &ids[3], RequestState::Cancelled, None).await;
+    finish(&s, &ids[4], RequestState::Succeeded, None).await;
+    finish(
+        &s,
+        &ids[5],
+        RequestState::Failed,
+        Some(FailReason::SlotLeaseExpired),
+    )
+    .await;
+    finish(&s, &ids[7], RequestState::Superseded, None).await;
+    let mut stored = load_queue(&s, "keep/me").await;
+    let version = stored.version;
+    stored.latest_request_id = Some(ids[7].clone());
+    stored.last_green = Some(LastGreen {
+        uri: uri("r2"),
+        request_id: ids[1].clone(),
+    });
+    stored
+        .owners
+        .insert(ids[2].clone(), Slot::claimed(Timestamp(1)));
+    assert_eq!(
+        s.queues.cas_queue(version, &stored).await,
+        Ok(CasOutcome::Applied)
+    );
+    assert_eq!(
+        s.queues
+            .prune_requests(&q, Duration::from_secs(3_600))
+            .await,
+        Ok(0),
+        "nothing is an hour old"
+    );
+    assert_eq!(s.queues.prune_requests(&q, Duration::ZERO).await, Ok(3));
+    let left: Vec<u64> = s
+        .queues
+        .list_requests(&q, 100)
+        .await
+        .expect("list")
+        .iter()
+        .map(|r| r.id.seq())
+        .collect();
+    assert_eq!(left, [2, 3, 5, 7, 8]);
+    assert_eq!(
+        s.queues
+            .load_request(&other)
+            .await
+            .expect("load")
+            .map(|r| r.state),
+        Some(RequestState::Superseded),
+        "another queue is untouched"
+    );
+    assert_eq!(s.queues.prune_requests(&q, Duration::ZERO).await, Ok(0));
+    let next = s
+        .queues
+        .create_request(&q, &uri("r9"))
+        .await
+        .expect("create");
+    assert_eq!(
+        next.request.id.seq(),
+        9,
+        "numbering continues past pruned requests"
     );
 }

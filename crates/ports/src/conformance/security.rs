@@ -3,11 +3,11 @@
 //! stores are written literally, read back byte for byte, match only themselves,
 //! and leave every table working.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use holdfast_domain::{
-    ClaimVerdict, LastGreen, Queue, QueueName, RevisionUri, TokenId, TokenType, TxId, TxStatus,
-    WalletId,
+    ClaimVerdict, LastGreen, Queue, QueueName, RevisionUri, Slot, Timestamp, TokenId, TokenType,
+    TxId, TxStatus, WalletId,
 };
 
 use super::TestDatabase;
@@ -217,7 +217,10 @@ pub async fn hostile_strings_are_stored_literally(db: &dyn TestDatabase) {
             .unwrap_or_else(|| panic!("queue {text:?} missing"));
         assert_eq!(stored.name, queue);
         let owned = Queue {
-            owners: BTreeSet::from([id.clone()]),
+            owners: BTreeMap::from([(
+                id.clone(),
+                Slot::claimed(Timestamp::from_millis(1_700_000_000_123)),
+            )]),
             last_green: Some(LastGreen {
                 uri: uri.clone(),
                 request_id: id.clone(),

@@ -21,20 +21,22 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use holdfast_domain::admission::{
-    self as rules, DeadLetterReason, LoadedRequests, QueueWrite, RequestWrite,
+    self as rules, DeadLetterReason, LoadedRequests, Pruned, QueueWrite, RequestWrite,
 };
 use holdfast_domain::{
-    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Need, ProcessInput,
-    ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Write,
+    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Heartbeat, Need,
+    ProcessInput, ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Write,
 };
 use holdfast_ports::{
-    CasOutcome, QueueStore, QueueStoreError, Subscription, WaitEnd, WakeKey, WakeUps,
+    CasOutcome, Clock, QueueStore, QueueStoreError, Subscription, WaitEnd, WakeKey, WakeUps,
 };
 use tracing::Instrument;
 
+use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::failpoint;
 use crate::metrics as m;
@@ -225,6 +227,8 @@ struct Loaded {
     requests: Vec<Request>,
     /// The owners added by applied backfill writes, in order.
     backfilled: Vec<RequestId>,
+    /// The owners removed by applied prune writes, in order, with why.
+    pruned: Vec<Pruned>,
 }
 
 /// The result of a backfill.
@@ -238,12 +242,43 @@ pub struct Backfill {
     pub reply: Reply,
 }
 
+/// The result of a reconcile pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    /// The owners this pass removed, and why (an owner whose lease ran out was
+    /// failed with `slot_lease_expired` first, and shows as failed with that reason).
+    pub pruned: Vec<Pruned>,
+    /// The step's reply: [`Reply::Ack`].
+    pub reply: Reply,
+}
+
+/// Why a stored slot limit was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SetLimitError {
+    /// The limit is beyond what every store keeps.
+    #[error("invalid slot limit {max}: expected 0 (pause) to {MAX_SLOT_LIMIT}")]
+    TooLarge {
+        /// The refused limit.
+        max: u32,
+    },
+    /// No such queue: a queue exists from its first ingested request on.
+    #[error("no queue {0}: a queue exists from its first ingested request on")]
+    QueueMissing(QueueName),
+    /// The step failed; retrying is safe.
+    #[error(transparent)]
+    Admit(#[from] AdmitError),
+}
+
+/// The largest stored slot limit (PostgreSQL keeps it as a 32-bit integer).
+pub const MAX_SLOT_LIMIT: u32 = 1_000_000;
+
 /// Build-slot admission over a queue store.
 pub struct Admission {
     queues: Arc<dyn QueueStore>,
     ancestry: Arc<dyn Ancestry>,
     policy: AdmissionPolicy,
     wake: Option<Arc<dyn WakeUps>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Admission {
@@ -266,7 +301,16 @@ impl Admission {
             ancestry,
             policy,
             wake: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Reads "now" (slot claims, heartbeats and lease expiry) from `clock` instead
+    /// of the system clock.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Lets a held head be woken when a slot of its queue frees
@@ -313,21 +357,21 @@ impl Admission {
         let span =
             tracing::info_span!("admission_ingest", %queue, %uri, request = tracing::field::Empty);
         async {
-            let ingested = self
-                .queues
-                .create_request(queue, uri)
-                .await
-                .map_err(|source| AdmitError::Store {
-                    step: "ingest",
-                    subject: queue.to_string(),
-                    source,
-                })?;
+            failpoint::hit("ingest", "create_request", failpoint::When::Before);
+            let ingested = self.queues.create_request(queue, uri).await;
+            failpoint::hit("ingest", "create_request", failpoint::When::After);
+            let ingested = ingested.map_err(|source| AdmitError::Store {
+                step: "ingest",
+                subject: queue.to_string(),
+                source,
+            })?;
             tracing::Span::current()
                 .record("request", tracing::field::display(&ingested.request.id));
             let id = ingested.request.id.clone();
+            let config = self.policy.for_queue(queue);
             let reply = self
                 .drive("ingest", Load::Request(&id), |l| match &l.request {
-                    Some(request) => rules::decide_ingest(request, l.queue.as_ref()),
+                    Some(request) => rules::decide_ingest(&config, request, l.queue.as_ref()),
                     None => Decision::Reply(Reply::DeadLetter(DeadLetterReason::RequestMissing(
                         id.clone(),
                     ))),
@@ -348,23 +392,76 @@ impl Admission {
     pub async fn process(&self, id: &RequestId) -> Result<Reply, AdmitError> {
         let span = tracing::info_span!("admission_process", request = %id);
         let config = self.policy.for_queue(id.queue());
-        metrics::gauge!(m::ADMISSION_SLOT_CAPACITY, "queue" => id.queue().to_string())
-            .set(f64::from(config.max_concurrent));
-        self.drive("process", Load::Request(id), |l| {
-            rules::decide_process(
-                &config,
-                &ProcessInput {
-                    id,
-                    request: l.request.as_ref(),
-                    queue: l.queue.as_ref(),
-                    owners: &l.owners,
-                    ancestry: l.ancestry.as_ref(),
-                    memo: &l.memo,
-                },
-            )
+        let now = self.clock.now();
+        let mut loaded = Loaded::default();
+        let reply = self
+            .drive_with("process", Load::Request(id), &mut loaded, |l| {
+                rules::decide_process(
+                    &config,
+                    &ProcessInput {
+                        id,
+                        request: l.request.as_ref(),
+                        queue: l.queue.as_ref(),
+                        owners: &l.owners,
+                        ancestry: l.ancestry.as_ref(),
+                        memo: &l.memo,
+                        now,
+                    },
+                )
+            })
+            .instrument(span)
+            .await?;
+        if let Some(queue) = &loaded.queue {
+            metrics::gauge!(m::ADMISSION_SLOT_CAPACITY, "queue" => queue.name.to_string())
+                .set(f64::from(queue.limit(config.max_concurrent)));
+        }
+        if let Reply::Hold { paused, .. } = &reply {
+            let why = if *paused { "paused" } else { "full" };
+            metrics::counter!(m::ADMISSION_HELD, "queue" => id.queue().to_string(), "why" => why)
+                .increment(1);
+        }
+        Ok(reply)
+    }
+
+    /// Extends the slot lease of `id`'s build ([`Heartbeat::Extended`]), or says
+    /// that it owns no slot (any more) or that its lease ran out: then the build
+    /// should stop. A running build calls this well within the queue's slot lease.
+    pub async fn heartbeat(&self, id: &RequestId) -> Result<Heartbeat, AdmitError> {
+        let span = tracing::info_span!("admission_heartbeat", request = %id);
+        let lease = self.policy.for_queue(id.queue()).slot_lease;
+        let now = self.clock.now();
+        let mut loaded = Loaded::default();
+        self.drive_with("heartbeat", Load::Request(id), &mut loaded, |l| {
+            rules::decide_heartbeat(l.request.as_ref(), l.queue.as_ref(), lease, now)
         })
         .instrument(span)
-        .await
+        .await?;
+        Ok(rules::heartbeat_answer(
+            loaded.request.as_ref(),
+            loaded.queue.as_ref(),
+            lease,
+            now,
+        ))
+    }
+
+    /// Sets the stored slot limit of `queue` for every replica: 0 pauses it (every
+    /// head holds, owners keep their slots), a higher limit admits held heads on
+    /// their next delivery (a held head watching the queue is woken at once).
+    pub async fn set_limit(&self, queue: &QueueName, max: u32) -> Result<(), SetLimitError> {
+        if max > MAX_SLOT_LIMIT {
+            return Err(SetLimitError::TooLarge { max });
+        }
+        let span = tracing::info_span!("admission_set_limit", %queue, max);
+        let reply = self
+            .drive("set_limit", Load::Queue(queue), |l| {
+                rules::decide_set_limit(queue, l.queue.as_ref(), max)
+            })
+            .instrument(span)
+            .await?;
+        match reply {
+            Reply::DeadLetter(_) => Err(SetLimitError::QueueMissing(queue.clone())),
+            _ => Ok(()),
+        }
     }
 
     /// Records a build outcome: releases the request's slot, then writes its
@@ -387,22 +484,68 @@ impl Admission {
     pub async fn dead_letter(&self, id: &RequestId) -> Result<Reply, AdmitError> {
         let span = tracing::info_span!("admission_dead_letter", request = %id);
         self.drive("dead_letter", Load::Request(id), |l| {
-            rules::decide_dead_letter(l.request.as_ref(), l.queue.as_ref())
+            rules::decide_dead_letter(l.request.as_ref(), l.queue.as_ref(), &l.memo)
         })
         .instrument(span)
         .await
     }
 
-    /// Prunes slot owners whose request is terminal or missing. A missing queue
-    /// has nothing to reconcile ([`Reply::Ack`]).
-    pub async fn reconcile(&self, queue: &QueueName) -> Result<Reply, AdmitError> {
+    /// Fails slot owners whose lease ran out (`slot_lease_expired`) and prunes
+    /// owners whose request is terminal or missing, or of another queue. A missing
+    /// queue has nothing to reconcile.
+    pub async fn reconcile(&self, queue: &QueueName) -> Result<Reconciled, AdmitError> {
         let span = tracing::info_span!("admission_reconcile", %queue);
-        self.drive("reconcile", Load::Queue(queue), |l| match &l.queue {
-            Some(q) => rules::decide_reconcile(q, &l.owners),
-            None => Decision::Reply(Reply::Ack),
+        let lease = self.policy.for_queue(queue).slot_lease;
+        let now = self.clock.now();
+        let mut loaded = Loaded::default();
+        let reply = self
+            .drive_with("reconcile", Load::Queue(queue), &mut loaded, |l| {
+                match &l.queue {
+                    Some(q) => rules::decide_reconcile(q, &l.owners, lease, now),
+                    None => Decision::Reply(Reply::Ack),
+                }
+            })
+            .instrument(span)
+            .await?;
+        Ok(Reconciled {
+            pruned: loaded.pruned,
+            reply,
         })
-        .instrument(span)
-        .await
+    }
+
+    /// Reconciles every queue of the store, in name order; the first failure ends
+    /// the pass. What a periodic reconcile runs.
+    pub async fn reconcile_all(&self) -> Result<Vec<(QueueName, Reconciled)>, AdmitError> {
+        let queues = self
+            .queues
+            .list_queues()
+            .await
+            .map_err(|source| AdmitError::Store {
+                step: "reconcile",
+                subject: "every queue".to_owned(),
+                source,
+            })?;
+        let mut out = Vec::new();
+        for queue in queues {
+            let done = self.reconcile(&queue).await?;
+            out.push((queue, done));
+        }
+        Ok(out)
+    }
+
+    /// Retention: deletes the terminal requests of `queue` last written at least
+    /// `older_than` ago, never the head, the last green (nor the newest succeeded
+    /// request) or a slot owner; returns how many were deleted. A deleted request's
+    /// revision can be ingested again as a new request.
+    pub async fn prune(&self, queue: &QueueName, older_than: Duration) -> Result<u64, AdmitError> {
+        self.queues
+            .prune_requests(queue, older_than)
+            .await
+            .map_err(|source| AdmitError::Store {
+                step: "prune",
+                subject: queue.to_string(),
+                source,
+            })
     }
 
     /// Migrates `queue` from an anonymous in-flight count to owner ids: every
@@ -412,6 +555,7 @@ impl Admission {
     /// Running it again adds nothing.
     pub async fn backfill(&self, queue: &QueueName) -> Result<Backfill, AdmitError> {
         let span = tracing::info_span!("admission_backfill", %queue);
+        let now = self.clock.now();
         let mut loaded = Loaded::default();
         let reply = self
             .drive_with(
@@ -419,7 +563,7 @@ impl Admission {
                 Load::QueueAndRequests(queue),
                 &mut loaded,
                 |l| match &l.queue {
-                    Some(q) => rules::decide_backfill(q, &l.requests),
+                    Some(q) => rules::decide_backfill(q, &l.requests, now),
                     None => Decision::Reply(Reply::DeadLetter(DeadLetterReason::QueueMissing(
                         queue.clone(),
                     ))),
@@ -558,14 +702,20 @@ impl Admission {
                         ..
                     } => loaded.backfilled.extend(added.iter().cloned()),
                     Write::Queue {
-                        kind: QueueWrite::Prune { foreign, .. },
+                        kind: QueueWrite::Prune { pruned },
                         queue,
                         ..
-                    } if !foreign.is_empty() => tracing::warn!(
-                        queue = %queue.name,
-                        foreign = ?foreign.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                        "pruned slot owners that are requests of another queue"
-                    ),
+                    } => {
+                        note_pruned(&queue.name, pruned);
+                        loaded.pruned.extend(pruned.iter().cloned());
+                    }
+                    // Loaded owners stay current: a failed (expired) owner is then
+                    // pruned on the next decision instead of failed again.
+                    Write::Request { request, .. } => {
+                        if let Some(owner) = loaded.owners.get_mut(&request.id) {
+                            *owner = Some(request.clone());
+                        }
+                    }
                     _ => {}
                 }
             } else {
@@ -611,11 +761,34 @@ impl Admission {
     }
 }
 
+/// Logs and counts what a prune removed: owners of another queue are worth a
+/// warning (how did they get in?), expired owners a line each.
+fn note_pruned(queue: &QueueName, pruned: &[Pruned]) {
+    use holdfast_domain::FailReason;
+    use holdfast_domain::admission::PrunedWhy;
+    for p in pruned {
+        match p.why {
+            PrunedWhy::Foreign => tracing::warn!(
+                %queue, owner = %p.id,
+                "pruned a slot owner that is a request of another queue"
+            ),
+            PrunedWhy::Terminal {
+                reason: Some(FailReason::SlotLeaseExpired),
+                ..
+            } => {
+                metrics::counter!(m::ADMISSION_EXPIRED, "queue" => queue.to_string()).increment(1);
+                tracing::warn!(%queue, owner = %p.id, "slot lease expired: request failed, slot freed");
+            }
+            _ => tracing::info!(%queue, owner = %p.id, why = ?p.why, "pruned a slot owner"),
+        }
+    }
+}
+
 /// The `reply` metric label.
 pub fn reply_label(reply: &Reply) -> &'static str {
     match reply {
         Reply::Ack => "ack",
-        Reply::Hold(_) => "hold",
+        Reply::Hold { .. } => "hold",
         Reply::Retry(_) => "retry",
         Reply::DeadLetter(_) => "dead_letter",
         Reply::Publish { .. } => "publish",
@@ -633,6 +806,8 @@ pub fn write_label(write: &Write) -> &'static str {
             QueueWrite::Prune { .. } => "prune",
             QueueWrite::Backfill { .. } => "backfill",
             QueueWrite::RecordGreen => "record_green",
+            QueueWrite::Heartbeat => "heartbeat",
+            QueueWrite::SetLimit => "set_limit",
         },
         Write::Request { kind, .. } => match kind {
             RequestWrite::Fence => "fence",
@@ -640,6 +815,7 @@ pub fn write_label(write: &Write) -> &'static str {
             RequestWrite::MarkProcessing => "mark_processing",
             RequestWrite::Finish(_) => "finish",
             RequestWrite::Fail => "fail",
+            RequestWrite::Expire => "expire",
         },
     }
 }
@@ -665,6 +841,7 @@ mod tests {
             uri: RevisionUri::new("git:a").expect("uri"),
             state: RequestState::Accepted,
             plan: None,
+            reason: None,
             version: Version::FIRST,
         };
         let mut queue = Queue::new(queue_name());

@@ -19,11 +19,13 @@
 //! lease_expiry_ms = 180000
 //!
 //! [admission]                   # the default of every queue
-//! max_concurrent = 1
+//! max_concurrent = 1            # stored with a new queue; `queue set-limit` changes it
 //! gate_wait_delay_ms = 5000
+//! slot_lease_ms = 7200000       # an owner without a heartbeat this long is failed
 //!
 //! [admission.queues."monorepo/main"]   # a per-queue override
 //! max_concurrent = 4
+//! slot_lease_ms = 21600000
 //! ```
 //!
 //! The table of every key, its environment variable, default and meaning is
@@ -215,6 +217,8 @@ pub struct AdmissionSection {
     pub max_concurrent: u32,
     /// How long a request is held when the gate is closed, in ms (default 5000).
     pub gate_wait_delay_ms: u64,
+    /// How long an owner keeps its slot without a heartbeat, in ms (default 2 h).
+    pub slot_lease_ms: u64,
     /// Compare-and-set conflicts one step tolerates (reloading after each) before it
     /// fails with a typed error (default 32).
     pub max_conflicts: u32,
@@ -228,6 +232,7 @@ impl Default for AdmissionSection {
         AdmissionSection {
             max_concurrent: d.max_concurrent,
             gate_wait_delay_ms: millis(d.gate_wait_delay),
+            slot_lease_ms: millis(d.slot_lease),
             max_conflicts: 32,
             queues: BTreeMap::new(),
         }
@@ -242,6 +247,8 @@ pub struct QueueOverride {
     pub max_concurrent: Option<u32>,
     /// Gate wait delay of this queue, in ms.
     pub gate_wait_delay_ms: Option<u64>,
+    /// Slot lease of this queue, in ms.
+    pub slot_lease_ms: Option<u64>,
 }
 
 /// Why a configuration could not be loaded or was refused.
@@ -440,6 +447,7 @@ impl Config {
             "admission",
             self.admission.max_concurrent,
             self.admission.gate_wait_delay_ms,
+            self.admission.slot_lease_ms,
         )?;
         for (name, o) in &self.admission.queues {
             let prefix = format!("admission.queues.{name:?}");
@@ -455,6 +463,7 @@ impl Config {
                 o.max_concurrent.unwrap_or(self.admission.max_concurrent),
                 o.gate_wait_delay_ms
                     .unwrap_or(self.admission.gate_wait_delay_ms),
+                o.slot_lease_ms.unwrap_or(self.admission.slot_lease_ms),
             )?;
         }
         Ok(())
@@ -502,6 +511,7 @@ impl Config {
         AdmissionConfig {
             max_concurrent: self.admission.max_concurrent,
             gate_wait_delay: Duration::from_millis(self.admission.gate_wait_delay_ms),
+            slot_lease: Duration::from_millis(self.admission.slot_lease_ms),
         }
     }
 
@@ -515,6 +525,10 @@ impl Config {
             gate_wait_delay: Duration::from_millis(
                 o.and_then(|o| o.gate_wait_delay_ms)
                     .unwrap_or(self.admission.gate_wait_delay_ms),
+            ),
+            slot_lease: Duration::from_millis(
+                o.and_then(|o| o.slot_lease_ms)
+                    .unwrap_or(self.admission.slot_lease_ms),
             ),
         }
     }
@@ -539,7 +553,22 @@ impl Config {
     }
 }
 
-fn check_admission(prefix: &str, max_concurrent: u32, delay_ms: u64) -> Result<(), ConfigError> {
+/// The longest slot lease: 30 days.
+pub const MAX_SLOT_LEASE_MS: u64 = 30 * 24 * 3_600_000;
+
+fn check_admission(
+    prefix: &str,
+    max_concurrent: u32,
+    delay_ms: u64,
+    lease_ms: u64,
+) -> Result<(), ConfigError> {
+    if !(1..=MAX_SLOT_LEASE_MS).contains(&lease_ms) {
+        return Err(ConfigError::Invalid {
+            key: format!("{prefix}.slot_lease_ms"),
+            value: lease_ms.to_string(),
+            expected: "1 to 2592000000 ms (30 days)".to_owned(),
+        });
+    }
     if max_concurrent == 0 {
         return Err(ConfigError::Invalid {
             key: format!("{prefix}.max_concurrent"),
@@ -860,13 +889,19 @@ pub static KEYS: &[KeySpec] = &[
         "admission.max_concurrent",
         "HOLDFAST_MAX_CONCURRENT",
         |c| c.admission.max_concurrent,
-        "Build slots per queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1)."
+        "Build slots of a new queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1); stored with the queue at its first request, then changed only by `holdfast queue set-limit`."
     ),
     key!(
         "admission.gate_wait_delay_ms",
         "HOLDFAST_GATE_WAIT_DELAY_MS",
         |c| c.admission.gate_wait_delay_ms,
         "How long a request is held when the gate is closed, unless overridden per queue (1 to 3600000 ms)."
+    ),
+    key!(
+        "admission.slot_lease_ms",
+        "HOLDFAST_SLOT_LEASE_MS",
+        |c| c.admission.slot_lease_ms,
+        "How long a slot owner keeps its slot without a heartbeat (`holdfast queue heartbeat`); then reconcile fails it with `slot_lease_expired` and frees the slot. Overridable per queue (1 ms to 30 days)."
     ),
     key!(
         "admission.max_conflicts",

@@ -159,4 +159,18 @@ impl<P: CrashPlan> QueueStore for CrashingQueues<P> {
         self.alive()?;
         self.inner.list_requests(queue, limit).await
     }
+
+    async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {
+        self.alive()?;
+        self.inner.list_queues().await
+    }
+
+    async fn prune_requests(
+        &self,
+        queue: &QueueName,
+        older_than: std::time::Duration,
+    ) -> Result<u64, QueueStoreError> {
+        self.alive()?;
+        self.inner.prune_requests(queue, older_than).await
+    }
 }

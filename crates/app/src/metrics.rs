@@ -60,6 +60,10 @@ pub const ADMISSION_WRITES: &str = "holdfast_admission_writes_total";
 pub const ADMISSION_REPLIES: &str = "holdfast_admission_replies_total";
 /// Admission steps that failed.
 pub const ADMISSION_ERRORS: &str = "holdfast_admission_errors_total";
+/// Heads held at a closed gate, per queue.
+pub const ADMISSION_HELD: &str = "holdfast_admission_held_total";
+/// Slot owners failed because their lease ran out, per queue.
+pub const ADMISSION_EXPIRED: &str = "holdfast_admission_expired_owners_total";
 
 /// The type of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,7 +252,7 @@ pub static METRICS: &[MetricDef] = &[
         name: ADMISSION_SLOT_CAPACITY,
         kind: MetricKind::Gauge,
         unit: "slots",
-        help: "Build slots of the queue (max_concurrent), as last used by this replica.",
+        help: "Build slots of the queue (its stored limit; 0 is paused), as last read by this replica.",
         labels: &[("queue", "configured queue names")],
     },
     MetricDef {
@@ -259,7 +263,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "write",
-                "stamp_latest, claim, release, prune, backfill, record_green, fence, supersede, mark_processing, finish, fail",
+                "stamp_latest, claim, release, prune, backfill, record_green, heartbeat, set_limit, fence, supersede, mark_processing, finish, fail, expire",
             ),
             ("result", "applied, conflict"),
         ],
@@ -272,7 +276,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "step",
-                "ingest, process, outcome, dead_letter, reconcile, backfill",
+                "ingest, process, outcome, dead_letter, reconcile, backfill, heartbeat, set_limit",
             ),
             ("reply", "ack, hold, retry, dead_letter, publish, error"),
         ],
@@ -285,10 +289,24 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "step",
-                "ingest, process, outcome, dead_letter, reconcile, backfill",
+                "ingest, process, outcome, dead_letter, reconcile, backfill, heartbeat, set_limit",
             ),
             ("kind", "store, conflicts"),
         ],
+    },
+    MetricDef {
+        name: ADMISSION_HELD,
+        kind: MetricKind::Counter,
+        unit: "holds",
+        help: "Heads held at a closed gate: every slot taken (full) or the queue paused.",
+        labels: &[("queue", "queue names"), ("why", "full, paused")],
+    },
+    MetricDef {
+        name: ADMISSION_EXPIRED,
+        kind: MetricKind::Counter,
+        unit: "owners",
+        help: "Slot owners failed with slot_lease_expired (no heartbeat within the slot lease) and freed.",
+        labels: &[("queue", "queue names")],
     },
 ];
 

@@ -62,10 +62,10 @@ use holdfast::{Admission, AdmissionPolicy, NoAncestry};
 use holdfast_domain::admission::invariants::{Violation, stored_violations};
 use holdfast_domain::admission::{QueueWrite, RequestWrite};
 use holdfast_domain::{
-    AdmissionConfig, BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState,
-    RevisionUri, Version, Write,
+    AdmissionConfig, BuildOutcome, FailReason, Heartbeat, Queue, QueueName, Reply, Request,
+    RequestId, RequestState, RevisionUri, Slot, Timestamp, Version, Write,
 };
-use holdfast_ports::{CasOutcome, QueueStore};
+use holdfast_ports::{CasOutcome, Clock, QueueStore};
 use libtest_mimic::{Arguments, Trial};
 use sqlx::{Connection, PgConnection};
 use tokio::runtime::Runtime;
@@ -79,6 +79,9 @@ const MAX_CONCURRENT: u32 = 2;
 const LOST_REPLY: &str = "reply lost after the write was applied (injected)";
 /// Drain rounds before the test calls the queue wedged.
 const DRAIN_ROUNDS: usize = 8;
+/// The scenario's slot lease; events are a second apart, so only a
+/// [`Event::Tick`] makes an owner's lease run out.
+const SLOT_LEASE_MS: u64 = 60_000;
 
 fn main() -> ExitCode {
     if std::env::var_os(CHILD_ENV).is_some() {
@@ -137,13 +140,27 @@ enum Event {
     /// Writes request k (terminal) back into the owners, as a release missed by an
     /// older writer leaves it.
     LeakSlot(u64),
+    /// The running build of request k extends its slot lease.
+    Heartbeat(u64),
+    /// `queue set-limit`: the stored slot limit (0 pauses the queue).
+    SetLimit(u32),
+    /// The scenario clock jumps past the slot lease: every owner without a later
+    /// heartbeat is expired from here on.
+    Tick,
+    /// A reconcile pass (`queue reconcile`, or the periodic one).
+    Reconcile,
 }
 
 impl Event {
     /// The request whose slot this message may release.
     fn target(self) -> Option<u64> {
         match self {
-            Event::Ingest(_) | Event::LeakSlot(_) => None,
+            Event::Ingest(_)
+            | Event::LeakSlot(_)
+            | Event::Heartbeat(_)
+            | Event::SetLimit(_)
+            | Event::Tick
+            | Event::Reconcile => None,
             Event::Process(k)
             | Event::ProcessLosingReply(k)
             | Event::Outcome(k, _)
@@ -155,31 +172,69 @@ impl Event {
 /// The scenario, with `max_concurrent = 2`. Comments give the writes of an
 /// uninterrupted run.
 const SCENARIO: &[Event] = &[
-    Event::Ingest(1),                           // stamp
-    Event::Process(1),                          // claim, mark
-    Event::Outcome(1, BuildOutcome::Succeeded), // release, finish, record_green
-    Event::LeakSlot(1),                         // owners {1}: 1 is terminal
-    Event::Ingest(2),                           // stamp
-    Event::Process(2),                          // claim, mark: owners {1, 2}
-    Event::Ingest(3),                           // stamp
-    Event::Process(3),                          // gate closed: prune 1, claim, mark
-    Event::Outcome(2, BuildOutcome::Failed),    // release, finish: owners {3}
-    Event::Ingest(4),                           // stamp
-    Event::ProcessLosingReply(4),               // claim (reply lost): owners {3, 4}
-    Event::Ingest(5),                           // stamp
-    Event::Process(5),                          // gate closed, nothing to prune: hold
-    Event::Process(4),                          // not the head: fence, release, supersede
-    Event::Process(5),                          // claim, mark: owners {3, 5}
-    Event::DeadLetter(3),                       // release, fail: owners {5}
-    Event::Ingest(6),                           // stamp
-    Event::DeadLetter(6),                       // accepted without a slot: fail
-    Event::Ingest(7),                           // stamp
-    Event::Ingest(8),                           // stamp
-    Event::Process(7),                          // not the head: supersede
-    Event::Process(8),                          // claim, mark: owners {5, 8}
-    Event::Outcome(5, BuildOutcome::Cancelled), // release, finish: owners {8}
-    Event::DeadLetter(8),                       // release, fail: owners {}
+    Event::Ingest(1),                            // stamp
+    Event::Process(1),                           // claim, mark
+    Event::Outcome(1, BuildOutcome::Succeeded),  // release, finish, record_green
+    Event::LeakSlot(1),                          // owners {1}: 1 is terminal
+    Event::Ingest(2),                            // stamp
+    Event::Process(2),                           // claim, mark: owners {1, 2}
+    Event::Ingest(3),                            // stamp
+    Event::Process(3),                           // gate closed: prune 1, claim, mark
+    Event::Outcome(2, BuildOutcome::Failed),     // release, finish: owners {3}
+    Event::Ingest(4),                            // stamp
+    Event::ProcessLosingReply(4),                // claim (reply lost): owners {3, 4}
+    Event::Ingest(5),                            // stamp
+    Event::Process(5),                           // gate closed, nothing to prune: hold
+    Event::Process(4),                           // not the head: fence, release, supersede
+    Event::Process(5),                           // claim, mark: owners {3, 5}
+    Event::DeadLetter(3),                        // release, fail: owners {5}
+    Event::Ingest(6),                            // stamp
+    Event::DeadLetter(6),                        // accepted without a slot: fail
+    Event::Ingest(7),                            // stamp
+    Event::Ingest(8),                            // stamp
+    Event::Process(7),                           // not the head: supersede
+    Event::Process(8),                           // claim, mark: owners {5, 8}
+    Event::Outcome(5, BuildOutcome::Cancelled),  // release, finish: owners {8}
+    Event::DeadLetter(8),                        // release, fail: owners {}
+    Event::Ingest(9),                            // stamp
+    Event::ProcessLosingReply(9),                // claim (reply lost): owners {9}
+    Event::DeadLetter(9),                        // accepted owner: fence, release, fail
+    Event::Ingest(10),                           // stamp
+    Event::SetLimit(0),                          // set_limit: paused
+    Event::Process(10),                          // paused: hold
+    Event::SetLimit(2),                          // set_limit
+    Event::Process(10),                          // claim, mark: owners {10}
+    Event::Heartbeat(10),                        // heartbeat
+    Event::Tick,                                 // 10's lease runs out
+    Event::Reconcile,                            // expire 10, prune: owners {}
+    Event::Ingest(11),                           // stamp
+    Event::Process(11),                          // claim, mark: owners {11}
+    Event::Outcome(11, BuildOutcome::Succeeded), // release, finish, record_green
 ];
+
+/// The scenario clock when event `i` plays (and, for `i = SCENARIO.len()`, when
+/// the drain runs): a second per event, plus a lease for every [`Event::Tick`]
+/// before it.
+fn now_at(i: usize) -> Timestamp {
+    let ticks = SCENARIO[..i.min(SCENARIO.len())]
+        .iter()
+        .filter(|e| **e == Event::Tick)
+        .count();
+    let (i, ticks) = (
+        u64::try_from(i).expect("small"),
+        u64::try_from(ticks).expect("small"),
+    );
+    Timestamp::from_millis(1_800_000_000_000 + i * 1_000 + ticks * (SLOT_LEASE_MS + 1_000))
+}
+
+/// A clock stopped at one instant.
+struct At(Timestamp);
+
+impl Clock for At {
+    fn now(&self) -> Timestamp {
+        self.0
+    }
+}
 
 /// The queue of run `n`. Every run on PostgreSQL shares one database (creating a
 /// database takes half a second there); nothing in admission reads across queues,
@@ -200,33 +255,37 @@ fn policy() -> AdmissionPolicy {
     AdmissionPolicy {
         default: AdmissionConfig {
             max_concurrent: MAX_CONCURRENT,
+            slot_lease: std::time::Duration::from_millis(SLOT_LEASE_MS),
             ..AdmissionConfig::default()
         },
         ..AdmissionPolicy::default()
     }
 }
 
-fn admission(queues: Arc<dyn QueueStore>) -> Admission {
-    Admission::new(queues, Arc::new(NoAncestry), policy())
+fn admission(queues: Arc<dyn QueueStore>, now: Timestamp) -> Admission {
+    Admission::new(queues, Arc::new(NoAncestry), policy()).with_clock(Arc::new(At(now)))
 }
 
 /// A reply the scenario accepts: anything but an error or a dead letter.
 fn accept(reply: &Reply) -> Result<String, String> {
     match reply {
-        Reply::Ack | Reply::Hold(_) | Reply::Publish { .. } => Ok(reply_label(reply).to_owned()),
+        Reply::Ack | Reply::Hold { .. } | Reply::Publish { .. } => {
+            Ok(reply_label(reply).to_owned())
+        }
         Reply::Retry(_) | Reply::DeadLetter(_) | Reply::Error(_) => {
             Err(format!("unexpected reply {reply:?}"))
         }
     }
 }
 
-/// Plays one event; `Ok` names the reply.
+/// Plays one event at `now`; `Ok` names the reply.
 async fn play(
     queues: &Arc<dyn QueueStore>,
     queue: &QueueName,
     event: Event,
+    now: Timestamp,
 ) -> Result<String, String> {
-    let plain = admission(Arc::clone(queues));
+    let plain = admission(Arc::clone(queues), now);
     match event {
         Event::Ingest(k) => {
             let ingest = plain
@@ -256,7 +315,7 @@ async fn play(
                     lost: AtomicBool::new(false),
                 },
             ));
-            match admission(lossy).process(&request(queue, k)).await {
+            match admission(lossy, now).process(&request(queue, k)).await {
                 Ok(reply) => accept(&reply),
                 Err(e) if e.to_string().contains(LOST_REPLY) => Ok("lost reply".to_owned()),
                 Err(e) => Err(e.to_string()),
@@ -281,13 +340,30 @@ async fn play(
                 .map_err(|e| e.to_string())?
                 .ok_or("no queue to leak a slot in")?;
             let mut next = stored.clone();
-            next.owners.insert(request(queue, k));
+            next.owners.insert(request(queue, k), Slot::claimed(now));
             next.version = stored.version.next();
             match queues.cas_queue(stored.version, &next).await {
                 Ok(CasOutcome::Applied) => Ok("leaked".to_owned()),
                 other => Err(format!("leaking a slot: {other:?}")),
             }
         }
+        Event::Heartbeat(k) => match plain.heartbeat(&request(queue, k)).await {
+            // A redelivered heartbeat after a crash may find the lease extended.
+            Ok(Heartbeat::Extended { .. }) => Ok("extended".to_owned()),
+            Ok(other) => Err(format!("heartbeat of an owner answered {other:?}")),
+            Err(e) => Err(e.to_string()),
+        },
+        Event::SetLimit(max) => plain
+            .set_limit(queue, max)
+            .await
+            .map(|()| "limit set".to_owned())
+            .map_err(|e| e.to_string()),
+        Event::Tick => Ok("tick".to_owned()),
+        Event::Reconcile => plain
+            .reconcile(queue)
+            .await
+            .map(|done| format!("pruned {}", done.pruned.len()))
+            .map_err(|e| e.to_string()),
     }
 }
 
@@ -302,7 +378,7 @@ impl CrashPlan for LosesClaimReply {
     fn fate(&self, write: WriteCall<'_>) -> Fate {
         match write {
             WriteCall::Queue(queue)
-                if queue.owners.contains(&self.claimer)
+                if queue.owners.contains_key(&self.claimer)
                     && !self.lost.swap(true, Ordering::SeqCst) =>
             {
                 Fate::CrashAfter(LOST_REPLY.to_owned())
@@ -353,7 +429,7 @@ mod child {
             if stdin.read_line(&mut go).unwrap_or(0) == 0 {
                 return ExitCode::from(4);
             }
-            let line = match rt.block_on(play(&queues, &queue, *event)) {
+            let line = match rt.block_on(play(&queues, &queue, *event, now_at(i))) {
                 Ok(reply) => format!("ok {i} {reply}"),
                 Err(e) => format!("error {i} {}", e.replace('\n', " ")),
             };
@@ -395,7 +471,7 @@ impl State {
     fn owners(&self) -> BTreeSet<RequestId> {
         self.queue
             .as_ref()
-            .map(|q| q.owners.clone())
+            .map(|q| q.owners.keys().cloned().collect())
             .unwrap_or_default()
     }
 
@@ -466,6 +542,14 @@ struct Allow {
     interrupted: Option<RequestId>,
 }
 
+/// Whether `id` is stored as failed because its slot lease ran out.
+fn expired(state: &State, id: &RequestId) -> bool {
+    state
+        .requests
+        .get(id)
+        .is_some_and(|r| r.reason == Some(FailReason::SlotLeaseExpired))
+}
+
 /// The invariants of one state. Returns the violations.
 ///
 /// The stored-state rules are the domain's ([`stored_violations`]), less what this
@@ -484,7 +568,11 @@ fn state_violations(
     let mut bad: Vec<String> = stored_violations(&queue, state.requests.values(), MAX_CONCURRENT)
         .into_iter()
         .filter(|v| match v {
-            Violation::TerminalOwner { owner, .. } => !leaked.contains(owner),
+            // A reconcile fails an expired owner, then prunes it; a crash in between
+            // leaves it to the redelivered pass.
+            Violation::TerminalOwner { owner, .. } => {
+                !leaked.contains(owner) && !expired(state, owner)
+            }
             Violation::ProcessingWithoutSlot { request } => {
                 allow.interrupted.as_ref() != Some(request)
             }
@@ -517,7 +605,8 @@ fn step_violations(before: &State, after: &State, target: Option<&RequestId>) ->
     // Release only by owner: a slot leaves the owners only by its own request's
     // message, or pruned because its request was terminal or missing.
     for gone in before.owners().difference(&after.owners()) {
-        let pruned = before.state_of(gone).is_none_or(RequestState::is_terminal);
+        let pruned =
+            before.state_of(gone).is_none_or(RequestState::is_terminal) || expired(after, gone);
         if Some(gone) != target && !pruned {
             bad.push(format!(
                 "{gone} lost its slot in a message for {target:?} while live"
@@ -756,7 +845,7 @@ fn recover(rt: &Runtime, observer: &mut Observer, before: State, at: usize, cont
     let queues = observer.backend.stores().queues;
     let mut before = crashed;
     for (i, event) in SCENARIO.iter().enumerate().skip(at) {
-        let played = rt.block_on(play(&queues, &observer.queue, *event));
+        let played = rt.block_on(play(&queues, &observer.queue, *event, now_at(i)));
         if let Err(e) = played {
             panic!("{context} replaying event {i} {event:?}: {e}");
         }
@@ -774,7 +863,7 @@ fn recover(rt: &Runtime, observer: &mut Observer, before: State, at: usize, cont
 /// until all are terminal; panics if that does not happen (a wedge).
 fn drain(rt: &Runtime, observer: &mut Observer, mut before: State, context: &str) {
     let queues = observer.backend.stores().queues;
-    let admission = admission(Arc::clone(&queues));
+    let admission = admission(Arc::clone(&queues), now_at(SCENARIO.len()));
     for _ in 0..DRAIN_ROUNDS {
         let open: Vec<Request> = before
             .requests
@@ -834,7 +923,11 @@ fn drain(rt: &Runtime, observer: &mut Observer, mut before: State, context: &str
 fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
     match kind {
         QueueWrite::StampLatest => &["ingest"],
-        QueueWrite::Claim | QueueWrite::Prune { .. } => &["process"],
+        QueueWrite::Claim => &["process"],
+        // At a closed gate, and in a reconcile pass after an expiry.
+        QueueWrite::Prune { .. } => &["process", "reconcile"],
+        QueueWrite::Heartbeat => &["heartbeat"],
+        QueueWrite::SetLimit => &["set_limit"],
         QueueWrite::Release => &["process", "outcome", "dead_letter"],
         // A succeeded outcome, after its terminal write.
         QueueWrite::RecordGreen => &["outcome"],
@@ -846,11 +939,12 @@ fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
 /// The steps in which the scenario must reach each request write. Exhaustive.
 fn request_write_steps(kind: &RequestWrite) -> &'static [&'static str] {
     match kind {
-        RequestWrite::Fence | RequestWrite::Supersede | RequestWrite::MarkProcessing => {
-            &["process"]
-        }
+        RequestWrite::Supersede | RequestWrite::MarkProcessing => &["process"],
+        // Before releasing a superseded head's slot, and a dead-lettered one's.
+        RequestWrite::Fence => &["process", "dead_letter"],
         RequestWrite::Finish(_) => &["outcome"],
         RequestWrite::Fail => &["dead_letter"],
+        RequestWrite::Expire => &["reconcile"],
     }
 }
 
@@ -862,6 +956,7 @@ fn required_points() -> BTreeSet<(String, String)> {
         uri: uri(1),
         state: RequestState::Accepted,
         plan: None,
+        reason: None,
         version: Version::FIRST,
     };
     // One value of every variant of the two matches above: a variant added there
@@ -870,12 +965,11 @@ fn required_points() -> BTreeSet<(String, String)> {
         QueueWrite::StampLatest,
         QueueWrite::Claim,
         QueueWrite::Release,
-        QueueWrite::Prune {
-            pruned: Vec::new(),
-            foreign: Vec::new(),
-        },
+        QueueWrite::Prune { pruned: Vec::new() },
         QueueWrite::Backfill { added: Vec::new() },
         QueueWrite::RecordGreen,
+        QueueWrite::Heartbeat,
+        QueueWrite::SetLimit,
     ];
     let request_kinds = [
         RequestWrite::Fence,
@@ -883,8 +977,10 @@ fn required_points() -> BTreeSet<(String, String)> {
         RequestWrite::MarkProcessing,
         RequestWrite::Finish(RequestState::Succeeded),
         RequestWrite::Fail,
+        RequestWrite::Expire,
     ];
-    let mut required = BTreeSet::new();
+    // The one write that is not a compare-and-set: ingest creating the request.
+    let mut required = BTreeSet::from([("ingest".to_owned(), "create_request".to_owned())]);
     for kind in queue_kinds {
         let steps = queue_write_steps(&kind);
         let label = write_label(&Write::Queue {

@@ -178,7 +178,7 @@ async fn a_held_head_is_woken_when_a_slot_of_its_queue_frees() {
         .await
         .expect("ingest");
     let mut watch = admission.watch(&queue);
-    let Reply::Hold(_) = admission
+    let Reply::Hold { .. } = admission
         .process(&second.request.id)
         .await
         .expect("process")

@@ -324,7 +324,7 @@ impl CrashPlan for CrashAfterClaim {
     fn fate(&self, write: WriteCall<'_>) -> Fate {
         match write {
             WriteCall::Queue(queue)
-                if queue.owners.contains(&self.request)
+                if queue.owners.contains_key(&self.request)
                     && !self.crashed.swap(true, Ordering::SeqCst) =>
             {
                 Fate::CrashAfter(CRASHED_AFTER_CLAIM.to_owned())
@@ -639,7 +639,7 @@ async fn admission_tour(ctx: &Context, queue: &QueueName) -> Result<AdmissionSum
     let second = ingested.request.id;
     steps.push(observe(ctx, "ingest rev-2", &second, Some(ingested.reply)).await?);
     let held = healthy.process(&second).await?;
-    if !matches!(held, Reply::Hold(_)) {
+    if !matches!(held, Reply::Hold { .. }) {
         return Err(step_failed(
             "hold",
             format!("expected a hold, got {}", ReplyView::from(&held).describe()),
@@ -664,7 +664,7 @@ async fn admission_tour(ctx: &Context, queue: &QueueName) -> Result<AdmissionSum
         queue: queue.to_string(),
         max_concurrent: 1,
         steps,
-        owners_after: end.owners.iter().map(ToString::to_string).collect(),
+        owners_after: end.owners.keys().map(ToString::to_string).collect(),
         last_green: end.last_green.map(|g| g.uri.to_string()),
     })
 }
@@ -694,7 +694,7 @@ async fn observe(
     let owners = queues
         .load_queue(id.queue())
         .await?
-        .map(|q| q.owners.iter().map(ToString::to_string).collect())
+        .map(|q| q.owners.keys().map(ToString::to_string).collect())
         .unwrap_or_default();
     Ok(AdmissionStep {
         step: step.to_owned(),

@@ -67,6 +67,14 @@ pub enum CliError {
         /// The step's reply.
         reply: Box<ReplyView>,
     },
+    /// A heartbeat's request owns no build slot (any more): its build should stop.
+    #[error("{request} owns no build slot: {why}; stop its build")]
+    NoSlot {
+        /// The request.
+        request: String,
+        /// Why (its state, or that its lease ran out).
+        why: String,
+    },
     /// An amount argument was refused.
     #[error(transparent)]
     Amount(#[from] QuantityError),
@@ -153,9 +161,9 @@ impl CliError {
                 ErrorClass::Refused
             }
             CliError::Select(SelectError::Store(_)) => ErrorClass::Backend,
-            CliError::Refused { .. } | CliError::Admit(AdmitError::Conflicts { .. }) => {
-                ErrorClass::Refused
-            }
+            CliError::Refused { .. }
+            | CliError::NoSlot { .. }
+            | CliError::Admit(AdmitError::Conflicts { .. }) => ErrorClass::Refused,
             CliError::Admit(_) => ErrorClass::Backend,
             CliError::Select(SelectError::Input(_))
             | CliError::SelectionConfig(_)

@@ -61,8 +61,25 @@ fn a_confirmed_spend_survives_the_lease_sweep_and_a_double_spend_is_refused() {
 fn queue_commands_happy_path_and_json_shapes() {
     let h = Holdfast::sqlite();
     for (step, output) in queue_happy_path(&h) {
+        insta::assert_json_snapshot!(snapshot_name(step), output, {
+            ".owners[].claimed_at" => "[time]",
+            ".owners[].heartbeat_at" => "[time]",
+            ".owners[].lease_expires_at" => "[time]",
+        });
+    }
+}
+
+#[test]
+fn queue_slot_operations_pause_heartbeat_reconcile_prune() {
+    let h = Holdfast::sqlite();
+    for (step, output) in cli_support::queue_slot_operations(&h) {
         insta::assert_json_snapshot!(snapshot_name(step), output);
     }
+}
+
+#[test]
+fn a_lost_outcome_expires_with_the_slot_lease_and_the_queue_moves_on() {
+    cli_support::queue_lease_expiry(&Holdfast::sqlite());
 }
 
 #[test]
@@ -83,7 +100,7 @@ fn human_output_is_tables_and_sentences() {
     let migrated = h.ok(&["migrate"]);
     assert!(
         migrated.starts_with("sqlite database sqlite://")
-            && migrated.ends_with("is at schema version 2\n"),
+            && migrated.ends_with("is at schema version 3\n"),
         "{migrated}"
     );
 }
@@ -359,7 +376,10 @@ async fn diagnostics_flag_leaked_locks_and_owners() {
         .expect("load")
         .expect("queue");
     let ghost = RequestId::new(queue.clone(), 42);
-    record.owners.insert(ghost);
+    record.owners.insert(
+        ghost,
+        holdfast_domain::Slot::claimed(holdfast_domain::Timestamp::from_millis(1)),
+    );
     let expected = record.version;
     assert_eq!(
         stores
@@ -406,7 +426,7 @@ async fn diagnostics_flag_leaked_locks_and_owners() {
 
     let shown = h.json(&["queue", "show", "--queue", "ci/main"]);
     assert_eq!(
-        shown["owners"],
+        cli_support::owners_brief(&shown["owners"]),
         serde_json::json!([{"request": "request/ci/main/42", "state": null, "live": false}])
     );
     assert_eq!(shown["not_live_owners"], 1);
@@ -460,7 +480,7 @@ async fn queue_backfill_adds_processing_requests_to_the_owners() {
     insta::assert_json_snapshot!("queue_backfill", backfill);
     let after = h.json(&["queue", "show", "--queue", "ci/main"]);
     assert_eq!(
-        after["owners"],
+        cli_support::owners_brief(&after["owners"]),
         serde_json::json!([{"request": "request/ci/main/1", "state": "processing", "live": true}])
     );
     let again = h.json(&["queue", "backfill", "--queue", "ci/main"]);

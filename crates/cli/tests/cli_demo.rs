@@ -42,7 +42,7 @@ fn demo_prints_a_readable_tour() {
         "locks left: 0; balance 9600",
         "CRASHED after the claim write; state accepted; slot owners: request/demo/main/1",
         "redeliver: process resumes: request/demo/main/1 -> publish the full build",
-        "hold: the gate is closed",
+        "hold: every slot is taken",
         "0 lock(s) left, 0 slot owner(s) left",
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");

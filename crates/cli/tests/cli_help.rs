@@ -23,6 +23,10 @@ const COMMANDS: &[&[&str]] = &[
     &["queue", "process"],
     &["queue", "outcome"],
     &["queue", "dead-letter"],
+    &["queue", "heartbeat"],
+    &["queue", "reconcile"],
+    &["queue", "set-limit"],
+    &["queue", "prune"],
     &["queue", "backfill"],
     &["queue", "show"],
     &["demo"],
@@ -52,24 +56,39 @@ fn help_of_every_command() {
 
 #[test]
 fn every_subcommand_has_a_pinned_help() {
-    // A new subcommand must be added to COMMANDS (and so get a snapshot).
+    // A new subcommand, at either level, must be added to COMMANDS (and so get a
+    // snapshot).
     let h = Holdfast::sqlite();
-    let top = h.bare().arg("--help").output().expect("run holdfast");
-    let text = String::from_utf8_lossy(&top.stdout).into_owned();
-    let listed: Vec<&str> = text
-        .lines()
-        .skip_while(|l| !l.starts_with("Commands:"))
-        .skip(1)
-        .take_while(|l| l.starts_with("  "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|c| *c != "help")
-        .collect();
-    assert!(!listed.is_empty(), "no commands listed in:\n{text}");
-    for command in listed {
+    let listed = |path: &[&str]| -> Vec<String> {
+        let out = h
+            .bare()
+            .args(path)
+            .arg("--help")
+            .output()
+            .expect("run holdfast");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|c| *c != "help")
+            .map(str::to_owned)
+            .collect()
+    };
+    let top = listed(&[]);
+    assert!(!top.is_empty(), "no commands listed");
+    for command in &top {
         assert!(
-            COMMANDS.iter().any(|p| p.first() == Some(&command)),
+            COMMANDS.iter().any(|p| p == &[command.as_str()]),
             "{command} has no help snapshot"
         );
+        for sub in listed(&[command]) {
+            assert!(
+                COMMANDS.iter().any(|p| p == &[command.as_str(), sub.as_str()]),
+                "{command} {sub} has no help snapshot"
+            );
+        }
     }
 }
 

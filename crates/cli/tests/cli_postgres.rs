@@ -116,3 +116,17 @@ async fn the_raw_limit_runs_the_select_cycle_on_postgres() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_slot_operations_on_postgres() {
+    let Some(db) = TestDb::create("cli_postgres::queue_slot_operations").await else {
+        return;
+    };
+    let h = Holdfast::at(&db.url);
+    tokio::task::spawn_blocking(move || {
+        cli_support::queue_slot_operations(&h);
+        cli_support::queue_lease_expiry(&h);
+    })
+    .await
+    .expect("the slot operations panicked");
+}

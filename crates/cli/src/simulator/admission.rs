@@ -249,7 +249,7 @@ async fn handle(
                     tally.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 }
                 (_, Reply::Ack) => {}
-                (_, Reply::Hold(_)) => {
+                (_, Reply::Hold { .. }) => {
                     tally.holds.fetch_add(1, Ordering::Relaxed);
                     bus.send(message.clone());
                 }

@@ -138,7 +138,7 @@ pub fn token_happy_path(h: &Holdfast, backend: &str) -> Steps {
     let mut steps = Steps::new();
     let migrated = h.json(&["migrate"]);
     assert_eq!(migrated["backend"], backend);
-    assert_eq!(migrated["schema_version"], 2);
+    assert_eq!(migrated["schema_version"], 3);
     steps.push(("migrate", migrated));
 
     let fund = ["tokens", "add", "--wallet", "alice", "--type", "CHF"];
@@ -341,7 +341,7 @@ pub fn queue_happy_path(h: &Holdfast) -> Steps {
     let shown = h.json(&["queue", "show", "--queue", "ci/main"]);
     assert_eq!(shown["latest_request_id"], "request/ci/main/2");
     assert_eq!(
-        shown["owners"],
+        owners_brief(&shown["owners"]),
         serde_json::json!([{"request": "request/ci/main/1", "state": "processing", "live": true}])
     );
     assert_eq!(shown["not_live_owners"], 0);
@@ -528,4 +528,170 @@ pub fn nothing_lost_after_the_sweep(h: &Holdfast) {
     }
     assert_eq!(locks_after, locks_before, "nothing changed");
     assert_eq!(balance("b"), 0);
+}
+
+/// Runs `args` with `--json` and `env`, expects exit code `code`, and parses stdout
+/// (on success) or stderr (on failure).
+pub fn json_with(
+    h: &Holdfast,
+    env: &[(&str, &str)],
+    args: &[&str],
+    code: i32,
+) -> serde_json::Value {
+    let mut cmd = h.cmd();
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let output = cmd.arg("--json").args(args).output().expect("run holdfast");
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "holdfast {args:?}: expected exit code {code}\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = if code == 0 {
+        &output.stdout
+    } else {
+        &output.stderr
+    };
+    serde_json::from_slice(text).unwrap_or_else(|e| {
+        panic!(
+            "holdfast {args:?}: output is not JSON ({e}): {}",
+            String::from_utf8_lossy(text)
+        )
+    })
+}
+
+/// The slot operations of a CI team on one fresh database: pause a queue
+/// (`set-limit --max 0`: the head holds, exit 1, saying paused), resume it
+/// (`--max 1`: the head is admitted), heartbeat an owner (exit 0) and a finished
+/// request (exit 1), reconcile (nothing to prune), and prune old requests
+/// (`--older-than 0s` keeps the head and the last green).
+pub fn queue_slot_operations(h: &Holdfast) -> Steps {
+    let mut steps = Steps::new();
+    let q = ["--queue", "ops/main"];
+    let ingest = |uri: &str| h.json(&["queue", "ingest", "--queue", "ops/main", "--uri", uri]);
+    ingest("rev-a");
+    h.json(&["queue", "process", "--request", "request/ops/main/1"]);
+    h.json(&[
+        "queue",
+        "outcome",
+        "--request",
+        "request/ops/main/1",
+        "--status",
+        "succeeded",
+    ]);
+    ingest("rev-b");
+    h.json(&["queue", "dead-letter", "--request", "request/ops/main/2"]);
+    ingest("rev-c");
+
+    let paused = h.json(&[&["queue", "set-limit"][..], &q, &["--max", "0"]].concat());
+    assert_eq!(paused["max_concurrent"], 0);
+    assert_eq!(paused["paused"], true);
+    steps.push(("queue set-limit 0", paused));
+    let held = json_error(
+        h,
+        &["queue", "process", "--request", "request/ops/main/3"],
+        1,
+    );
+    assert_eq!(held["error"]["reply"]["kind"], "hold", "{held}");
+    assert_eq!(held["error"]["reply"]["paused"], true, "{held}");
+    let said = h.fails(&["queue", "process", "--request", "request/ops/main/3"], 1);
+    assert!(said.contains("the queue is paused"), "{said}");
+    let resumed = h.json(&[&["queue", "set-limit"][..], &q, &["--max", "1"]].concat());
+    assert_eq!(
+        (resumed["max_concurrent"].clone(), resumed["paused"].clone()),
+        (1.into(), false.into())
+    );
+    let admitted = h.json(&["queue", "process", "--request", "request/ops/main/3"]);
+    assert_eq!(admitted["reply"]["kind"], "publish");
+
+    let beat = h.json(&["queue", "heartbeat", "--request", "request/ops/main/3"]);
+    assert_eq!(beat["request"], "request/ops/main/3");
+    assert!(beat["lease_expires_at"].is_string(), "{beat}");
+    let stop = json_error(
+        h,
+        &["queue", "heartbeat", "--request", "request/ops/main/1"],
+        1,
+    );
+    assert!(
+        stop["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("owns no build slot: it is succeeded")),
+        "{stop}"
+    );
+    steps.push(("queue heartbeat (not an owner, stderr)", stop));
+
+    let reconciled = h.json(&[&["queue", "reconcile"][..], &q].concat());
+    assert_eq!(reconciled["pruned"], serde_json::json!([]));
+    steps.push(("queue reconcile (nothing)", reconciled));
+
+    let pruned = h.json(&[&["queue", "prune"][..], &q, &["--older-than", "0s"]].concat());
+    // 1 is the last green, 3 the head (and processing): only the dead-lettered 2 goes.
+    assert_eq!(pruned["deleted"], 1, "{pruned}");
+    steps.push(("queue prune", pruned));
+    let shown = h.json(&[&["queue", "show"][..], &q].concat());
+    let ids: Vec<&str> = shown["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["request/ops/main/1", "request/ops/main/3"]);
+    let bad = h.fails(
+        &[&["queue", "prune"][..], &q, &["--older-than", "7 days"]].concat(),
+        2,
+    );
+    assert!(bad.contains("expected a whole number and a unit"), "{bad}");
+    let bad = h.fails(
+        &[&["queue", "set-limit"][..], &q, &["--max", "2000000"]].concat(),
+        2,
+    );
+    assert!(bad.contains("expected 0 (pause) to 1000000"), "{bad}");
+    let missing = h.fails(&["queue", "set-limit", "--queue", "nope", "--max", "1"], 2);
+    assert!(missing.contains("no queue \"nope\""), "{missing}");
+    steps
+}
+
+/// A lost build outcome does not wedge the queue: with a 1 s slot lease, an
+/// admitted request that sends no heartbeat for 1.5 s is failed with
+/// `slot_lease_expired` by `queue reconcile`, and the next head is admitted.
+pub fn queue_lease_expiry(h: &Holdfast) {
+    let lease = [("HOLDFAST_SLOT_LEASE_MS", "1000")];
+    let step = |args: &[&str]| json_with(h, &lease, args, 0);
+    step(&["queue", "ingest", "--queue", "lease", "--uri", "rev-1"]);
+    let admitted = step(&["queue", "process", "--request", "request/lease/1"]);
+    assert_eq!(admitted["reply"]["kind"], "publish");
+    step(&["queue", "ingest", "--queue", "lease", "--uri", "rev-2"]);
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let reconciled = step(&["queue", "reconcile", "--queue", "lease"]);
+    assert_eq!(
+        reconciled["pruned"],
+        serde_json::json!([{"request": "request/lease/1", "why": "lease_expired", "state": "failed"}])
+    );
+    let shown = step(&["queue", "show", "--queue", "lease"]);
+    assert_eq!(shown["owners"], serde_json::json!([]));
+    assert_eq!(shown["requests"][0]["state"], "failed");
+    assert_eq!(shown["requests"][0]["reason"], "slot_lease_expired");
+    let next = step(&["queue", "process", "--request", "request/lease/2"]);
+    assert_eq!(next["reply"]["kind"], "publish");
+    // The lost build's heartbeat now says stop (exit 1).
+    let stop = json_with(
+        h,
+        &lease,
+        &["queue", "heartbeat", "--request", "request/lease/1"],
+        1,
+    );
+    assert_eq!(stop["error"]["class"], "refused");
+}
+
+/// The slot owners of a `queue show` without their times: `[{"request", "state", "live"}]`.
+pub fn owners_brief(owners: &serde_json::Value) -> serde_json::Value {
+    owners
+        .as_array()
+        .expect("owners")
+        .iter()
+        .map(|o| serde_json::json!({"request": o["request"], "state": o["state"], "live": o["live"]}))
+        .collect()
 }

@@ -1,0 +1,319 @@
+//! `holdfast queue ingest | process | outcome | dead-letter | heartbeat | reconcile
+//! | set-limit | prune | backfill | show`: one step of the admission service per
+//! command, the operations on a queue's slots, and a view of a queue.
+//!
+//! A step's [`Reply`] decides the exit code: publish and ack succeed (0); a hold
+//! (the gate is closed or the queue paused), a retry or a non-retryable admission
+//! error is a refusal (1); a dead letter for a missing request or queue is bad
+//! input (2).
+
+mod slots;
+mod view;
+
+use std::sync::Arc;
+
+use clap::{Args, Subcommand, ValueEnum};
+use holdfast_domain::{BuildOutcome, QueueName, Reply, RequestId, RevisionUri};
+use holdfast_ports::Clock;
+use serde::Serialize;
+
+use super::output::{Rendered, Report};
+use super::{CliError, Context};
+use holdfast::admission::{Admission, AdmissionPolicy, NoAncestry};
+use holdfast::clock::SystemClock;
+
+pub use slots::{HeartbeatView, LimitView, PruneView, PrunedView, ReconcileView};
+pub use view::{LastGreenView, OwnerView, QueueView, ReplyView, RequestView, StepView, queue_view};
+
+/// The most requests `queue show` lists: the newest ones.
+pub const SHOW_LIMIT: usize = 1000;
+
+/// Queue subcommands.
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Ingest a revision into a queue (deduplicated on queue and uri)
+    Ingest(IngestArgs),
+    /// Process (admit) a request: publish its build, or hold it while the gate is closed
+    Process(RequestArgs),
+    /// Record a build outcome: release the request's slot, then finish it
+    Outcome(OutcomeArgs),
+    /// Dead-letter a request: release its slot, then mark it failed
+    DeadLetter(RequestArgs),
+    /// Extend a running build's slot lease (exit 0), or say that the request owns no slot any more (exit 1: stop the build)
+    Heartbeat(RequestArgs),
+    /// Fail slot owners whose lease ran out, prune owners that are not live; print what went and why
+    Reconcile(ShowArgs),
+    /// Set a queue's slot limit for every replica; 0 pauses it (every head holds)
+    SetLimit(SetLimitArgs),
+    /// Delete terminal requests older than an age, never the head or the last green
+    Prune(PruneArgs),
+    /// Migrate a queue from an anonymous-count admission: add every processing request to the slot owners
+    ///
+    /// Run it once per queue with the old binaries stopped: old and new code must
+    /// never gate at once on different representations. Running it again adds
+    /// nothing.
+    Backfill(ShowArgs),
+    /// Show a queue: head, last green, slot owners (flagging owners that are not live), newest requests
+    Show(ShowArgs),
+}
+
+/// `queue ingest`.
+#[derive(Debug, Args)]
+pub struct IngestArgs {
+    /// The queue, e.g. monorepo/main
+    #[arg(long, value_name = "Q")]
+    pub queue: QueueName,
+    /// The revision to build
+    #[arg(long, value_name = "U")]
+    pub uri: RevisionUri,
+}
+
+/// `queue process` and `queue dead-letter`.
+#[derive(Debug, Args)]
+pub struct RequestArgs {
+    /// The request id, request/<queue>/<n>
+    #[arg(long, value_name = "ID")]
+    pub request: RequestId,
+}
+
+/// Build outcomes `queue outcome` accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutcomeStatus {
+    /// The build passed
+    Succeeded,
+    /// The build failed
+    Failed,
+    /// The build was cancelled
+    Cancelled,
+}
+
+impl From<OutcomeStatus> for BuildOutcome {
+    fn from(s: OutcomeStatus) -> Self {
+        match s {
+            OutcomeStatus::Succeeded => BuildOutcome::Succeeded,
+            OutcomeStatus::Failed => BuildOutcome::Failed,
+            OutcomeStatus::Cancelled => BuildOutcome::Cancelled,
+        }
+    }
+}
+
+/// `queue outcome`.
+#[derive(Debug, Args)]
+pub struct OutcomeArgs {
+    /// The request id, request/<queue>/<n>
+    #[arg(long, value_name = "ID")]
+    pub request: RequestId,
+    /// The build's outcome
+    #[arg(long, value_enum, value_name = "STATUS")]
+    pub status: OutcomeStatus,
+}
+
+/// `queue show`, `queue reconcile` and `queue backfill`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The queue
+    #[arg(long, value_name = "Q")]
+    pub queue: QueueName,
+}
+
+/// `queue set-limit`.
+#[derive(Debug, Args)]
+pub struct SetLimitArgs {
+    /// The queue
+    #[arg(long, value_name = "Q")]
+    pub queue: QueueName,
+    /// Build slots, 0 to 1000000; 0 pauses the queue
+    #[arg(long, value_name = "N")]
+    pub max: u32,
+}
+
+/// `queue prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// The queue
+    #[arg(long, value_name = "Q")]
+    pub queue: QueueName,
+    /// Delete terminal requests last written at least this long ago: a number and a unit (ms, s, m, h, d, w), e.g. 7d, 12h, 0s
+    #[arg(long, value_name = "AGE", value_parser = slots::parse_age)]
+    pub older_than: std::time::Duration,
+}
+
+/// The admission service a command uses on `ctx`'s backend: the configured
+/// policy, and no ancestry source (every build is a full build).
+pub fn admission(ctx: &Context) -> Admission {
+    Admission::new(
+        ctx.backend.stores().queues,
+        Arc::new(NoAncestry),
+        AdmissionPolicy::from_config(&ctx.config),
+    )
+}
+
+/// Turns a step's reply into the command's result: publish and ack succeed; the
+/// rest are errors with the matching exit code.
+pub fn conclude(view: StepView) -> Result<Rendered, CliError> {
+    match &view.reply {
+        ReplyView::Publish { .. } | ReplyView::Ack => Ok(Rendered::of(&view)),
+        ReplyView::DeadLetter { .. } => Err(CliError::NotFound {
+            what: "request or queue",
+            id: view
+                .request
+                .as_ref()
+                .map(|r| r.id.clone())
+                .unwrap_or_default(),
+            hint: "list requests with `holdfast queue show --queue Q`",
+        }),
+        _ => Err(CliError::Refused {
+            subject: view
+                .request
+                .as_ref()
+                .map(|r| r.id.clone())
+                .unwrap_or_default(),
+            reply: Box::new(view.reply.clone()),
+        }),
+    }
+}
+
+async fn after(ctx: &Context, id: &RequestId) -> Result<Option<RequestView>, CliError> {
+    Ok(ctx
+        .backend
+        .stores()
+        .queues
+        .load_request(id)
+        .await?
+        .as_ref()
+        .map(RequestView::from))
+}
+
+/// Runs a queue subcommand.
+pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError> {
+    let admission = admission(ctx);
+    match cmd {
+        QueueCommand::Ingest(args) => {
+            let ingest = admission.ingest(&args.queue, &args.uri).await?;
+            conclude(StepView {
+                step: "ingest",
+                request: Some(RequestView::from(&ingest.request)),
+                created: Some(ingest.created),
+                reply: ReplyView::from(&ingest.reply),
+            })
+        }
+        QueueCommand::Process(args) => {
+            let reply = admission.process(&args.request).await?;
+            step(ctx, "process", &args.request, &reply).await
+        }
+        QueueCommand::Outcome(args) => {
+            let reply = admission.outcome(&args.request, args.status.into()).await?;
+            step(ctx, "outcome", &args.request, &reply).await
+        }
+        QueueCommand::DeadLetter(args) => {
+            let reply = admission.dead_letter(&args.request).await?;
+            step(ctx, "dead_letter", &args.request, &reply).await
+        }
+        QueueCommand::Heartbeat(args) => slots::heartbeat(&admission, &args.request).await,
+        QueueCommand::Reconcile(args) => slots::reconcile(ctx, &admission, &args.queue).await,
+        QueueCommand::SetLimit(args) => {
+            slots::set_limit(ctx, &admission, &args.queue, args.max).await
+        }
+        QueueCommand::Prune(args) => {
+            slots::prune(ctx, &admission, &args.queue, args.older_than).await
+        }
+        QueueCommand::Backfill(args) => {
+            let backfill = admission.backfill(&args.queue).await?;
+            if let Reply::DeadLetter(_) = backfill.reply {
+                return Err(CliError::NotFound {
+                    what: "queue",
+                    id: args.queue.to_string(),
+                    hint: "a queue exists once a revision is ingested into it",
+                });
+            }
+            let view = BackfillView {
+                queue: args.queue.to_string(),
+                added: backfill.added.iter().map(ToString::to_string).collect(),
+                reply: ReplyView::from(&backfill.reply),
+            };
+            match view.reply {
+                ReplyView::Ack => Ok(Rendered::of(&view)),
+                _ => Err(CliError::Refused {
+                    subject: view.queue.clone(),
+                    reply: Box::new(view.reply.clone()),
+                }),
+            }
+        }
+        QueueCommand::Show(args) => show(ctx, &args.queue).await.map(|v| Rendered::of(&v)),
+    }
+}
+
+/// `queue backfill` JSON: `{"queue", "added": ["request/<queue>/<n>"...], "reply":
+/// ReplyView}`; `added` lists the processing requests this run made slot owners.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackfillView {
+    /// The queue.
+    pub queue: String,
+    /// The request ids added to the slot owners, in order.
+    pub added: Vec<String>,
+    /// The step's reply (always an ack when the command succeeds).
+    pub reply: ReplyView,
+}
+
+impl Report for BackfillView {
+    fn human(&self) -> String {
+        if self.added.is_empty() {
+            format!(
+                "queue {}: every processing request owns a slot already; nothing added\n",
+                self.queue
+            )
+        } else {
+            format!(
+                "queue {}: added {} slot owner(s): {}\n",
+                self.queue,
+                self.added.len(),
+                self.added.join(", ")
+            )
+        }
+    }
+}
+
+async fn step(
+    ctx: &Context,
+    step: &'static str,
+    id: &RequestId,
+    reply: &Reply,
+) -> Result<Rendered, CliError> {
+    let request = after(ctx, id).await?;
+    if request.is_none() {
+        return Err(CliError::NotFound {
+            what: "request",
+            id: id.to_string(),
+            hint: "list requests with `holdfast queue show --queue Q`",
+        });
+    }
+    conclude(StepView {
+        step,
+        request,
+        created: None,
+        reply: ReplyView::from(reply),
+    })
+}
+
+/// Loads and views `name`; a missing queue is [`CliError::NotFound`].
+pub async fn show(ctx: &Context, name: &QueueName) -> Result<QueueView, CliError> {
+    let queues = ctx.backend.stores().queues;
+    let Some(queue) = queues.load_queue(name).await? else {
+        return Err(CliError::NotFound {
+            what: "queue",
+            id: name.to_string(),
+            hint: "a queue exists once a revision is ingested into it",
+        });
+    };
+    let mut requests = queues.list_requests(name, SHOW_LIMIT).await?;
+    // Owners beyond the listing limit are loaded one by one, so liveness is exact.
+    for owner in queue.owners.keys() {
+        if !requests.iter().any(|r| &r.id == owner)
+            && let Some(r) = queues.load_request(owner).await?
+        {
+            requests.push(r);
+        }
+    }
+    requests.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(queue_view(ctx, &queue, &requests, SystemClock.now()))
+}

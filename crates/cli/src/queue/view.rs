@@ -1,0 +1,346 @@
+//! What the queue commands print: requests, step replies and the queue view, for
+//! people (text) and programs (JSON).
+
+use holdfast_domain::admission::invariants::owner_violation;
+use holdfast_domain::admission::{DeadLetterReason, RetryReason};
+use holdfast_domain::{Queue, Reply, Request, RequestState, Timestamp};
+use serde::Serialize;
+
+use crate::Context;
+use crate::output::{self, Report, Table};
+
+/// A request in JSON: `{"id", "uri", "state", "reason": null | "slot_lease_expired"
+/// | "dead_lettered", "strategy": null | "full" | "incremental_since_green", "base":
+/// null | "uri", "version"}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestView {
+    /// `request/<queue>/<n>`.
+    pub id: String,
+    /// The revision.
+    pub uri: String,
+    /// `accepted`, `processing`, `superseded`, `succeeded`, `failed` or `cancelled`.
+    pub state: &'static str,
+    /// Why admission failed it (`slot_lease_expired`, `dead_lettered`), if it did.
+    pub reason: Option<&'static str>,
+    /// The build strategy, once admitted.
+    pub strategy: Option<&'static str>,
+    /// The incremental base, if any.
+    pub base: Option<String>,
+    /// The record's compare-and-set version.
+    pub version: u64,
+}
+
+impl From<&Request> for RequestView {
+    fn from(r: &Request) -> Self {
+        RequestView {
+            id: r.id.to_string(),
+            uri: r.uri.to_string(),
+            state: r.state.as_str(),
+            reason: r.reason.map(|r| r.as_str()),
+            strategy: r.plan.as_ref().map(|p| p.strategy.as_str()),
+            base: r
+                .plan
+                .as_ref()
+                .and_then(|p| p.base.as_ref())
+                .map(ToString::to_string),
+            version: r.version.0,
+        }
+    }
+}
+
+/// A step's reply in JSON, tagged by `kind`: `{"kind": "publish", "request",
+/// "strategy", "base"}`, `{"kind": "hold", "delay_ms", "paused"}`, `{"kind": "ack"}`,
+/// `{"kind": "retry", "reason"}`, `{"kind": "dead_letter", "reason"}`,
+/// `{"kind": "error", "message"}`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReplyView {
+    /// Publish the build of the admitted request.
+    Publish {
+        /// The admitted request.
+        request: String,
+        /// Its strategy.
+        strategy: &'static str,
+        /// Its incremental base, if any.
+        base: Option<String>,
+    },
+    /// The gate is closed: redeliver after the delay.
+    Hold {
+        /// The delay.
+        delay_ms: u64,
+        /// Whether the queue is paused (its limit is 0) rather than full.
+        paused: bool,
+    },
+    /// Done: acknowledge the message.
+    Ack,
+    /// Redeliver later.
+    Retry {
+        /// Why.
+        reason: String,
+    },
+    /// Route the message to the dead-letter step.
+    DeadLetter {
+        /// Why.
+        reason: String,
+    },
+    /// A non-retryable error.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl From<&Reply> for ReplyView {
+    fn from(reply: &Reply) -> Self {
+        match reply {
+            Reply::Publish { request, plan } => ReplyView::Publish {
+                request: request.id.to_string(),
+                strategy: plan.strategy.as_str(),
+                base: plan.base.as_ref().map(ToString::to_string),
+            },
+            Reply::Hold { delay, paused } => ReplyView::Hold {
+                delay_ms: output::millis(*delay),
+                paused: *paused,
+            },
+            Reply::Ack => ReplyView::Ack,
+            Reply::Retry(RetryReason::Ancestry {
+                ancestor,
+                descendant,
+                reason,
+            }) => ReplyView::Retry {
+                reason: format!(
+                    "ancestry of {descendant} against the last green {ancestor} is unknown: {reason}"
+                ),
+            },
+            Reply::DeadLetter(reason) => ReplyView::DeadLetter {
+                reason: match reason {
+                    DeadLetterReason::RequestMissing(id) => format!("no request {id}"),
+                    DeadLetterReason::QueueMissing(q) => format!("no queue {q}"),
+                },
+            },
+            Reply::Error(e) => ReplyView::Error {
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+impl ReplyView {
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match self {
+            ReplyView::Publish {
+                request,
+                strategy,
+                base,
+            } => match base {
+                Some(base) => format!("publish the {strategy} build of {request} (base {base})"),
+                None => format!("publish the {strategy} build of {request}"),
+            },
+            ReplyView::Hold {
+                delay_ms,
+                paused: false,
+            } => format!("hold: every slot is taken; redeliver after {delay_ms} ms"),
+            ReplyView::Hold {
+                delay_ms,
+                paused: true,
+            } => format!(
+                "hold: the queue is paused (limit 0; raise it with `holdfast queue set-limit`); redeliver after {delay_ms} ms"
+            ),
+            ReplyView::Ack => "ack".to_owned(),
+            ReplyView::Retry { reason } => format!("retry later: {reason}"),
+            ReplyView::DeadLetter { reason } => format!("dead-letter: {reason}"),
+            ReplyView::Error { message } => format!("error: {message}"),
+        }
+    }
+}
+
+/// The JSON of `queue ingest`, `process`, `outcome` and `dead-letter`:
+/// `{"step", "request": RequestView | null, "created": bool | null, "reply": ReplyView}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepView {
+    /// `ingest`, `process`, `outcome` or `dead_letter`.
+    pub step: &'static str,
+    /// The request after the step.
+    pub request: Option<RequestView>,
+    /// For ingest: whether the request was created by this call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<bool>,
+    /// What the caller does with the message.
+    pub reply: ReplyView,
+}
+
+impl Report for StepView {
+    fn human(&self) -> String {
+        let mut text = String::new();
+        if let Some(request) = &self.request {
+            let created = match self.created {
+                Some(true) => " (new)",
+                Some(false) => " (existing)",
+                None => "",
+            };
+            text.push_str(&format!(
+                "{}{created}: {} {}\n",
+                request.id, request.state, request.uri
+            ));
+        }
+        text.push_str(&self.reply.describe());
+        text.push('\n');
+        text
+    }
+}
+
+/// A slot owner in `queue show` JSON: `{"request", "state": null | "processing",
+/// "live", "claimed_at", "heartbeat_at", "lease_expires_at", "lease_expired"}`
+/// (times RFC 3339 UTC).
+#[derive(Debug, Clone, Serialize)]
+pub struct OwnerView {
+    /// The owning request id.
+    pub request: String,
+    /// Its state, or null when the request is missing.
+    pub state: Option<&'static str>,
+    /// Whether it is live (accepted or processing); a non-live owner is a leak that
+    /// the next admission step's reconcile prunes.
+    pub live: bool,
+    /// When it claimed the slot.
+    pub claimed_at: String,
+    /// Its last heartbeat (the claim if none came).
+    pub heartbeat_at: String,
+    /// When its slot lease runs out without another heartbeat.
+    pub lease_expires_at: String,
+    /// Whether the lease ran out: the next reconcile fails it with
+    /// `slot_lease_expired` and frees the slot.
+    pub lease_expired: bool,
+}
+
+/// `queue show` JSON: `{"queue", "version", "max_concurrent", "latest_request_id",
+/// "last_green": null | {"uri", "request_id"}, "owners": [OwnerView...],
+/// "not_live_owners", "requests": [RequestView...]}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueView {
+    /// The queue name.
+    pub queue: String,
+    /// The record's compare-and-set version.
+    pub version: u64,
+    /// The slot limit in force (stored with the queue; 0 is paused).
+    pub max_concurrent: u32,
+    /// Whether the queue is paused (its limit is 0).
+    pub paused: bool,
+    /// The queue's slot lease, in ms.
+    pub slot_lease_ms: u64,
+    /// The newest ingested request.
+    pub latest_request_id: Option<String>,
+    /// The last green bookmark.
+    pub last_green: Option<LastGreenView>,
+    /// The requests owning a slot.
+    pub owners: Vec<OwnerView>,
+    /// How many owners are not live.
+    pub not_live_owners: usize,
+    /// The newest requests (at most [`SHOW_LIMIT`]) and any older slot owner,
+    /// oldest first.
+    pub requests: Vec<RequestView>,
+}
+
+/// The last green bookmark in JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct LastGreenView {
+    /// The green revision.
+    pub uri: String,
+    /// The request that built it.
+    pub request_id: String,
+}
+
+impl Report for QueueView {
+    fn human(&self) -> String {
+        let slots = if self.paused {
+            "PAUSED".to_owned()
+        } else {
+            format!("{} slot(s)", self.max_concurrent)
+        };
+        let mut text = format!(
+            "queue {} ({}; {slots}): head {}, last green {}\n",
+            self.queue,
+            format_args!("v{}", self.version),
+            self.latest_request_id.as_deref().unwrap_or("-"),
+            self.last_green
+                .as_ref()
+                .map_or("-".to_owned(), |g| format!("{} ({})", g.uri, g.request_id)),
+        );
+        if self.owners.is_empty() {
+            text.push_str("slot owners: none\n");
+        } else {
+            let owners: Vec<String> = self
+                .owners
+                .iter()
+                .map(|o| {
+                    let state = o.state.unwrap_or("missing");
+                    let lease = if o.lease_expired {
+                        format!("LEASE EXPIRED at {}", o.lease_expires_at)
+                    } else {
+                        format!("lease until {}", o.lease_expires_at)
+                    };
+                    if o.live {
+                        format!("{} ({state}, {lease})", o.request)
+                    } else {
+                        format!("{} ({state}, NOT LIVE)", o.request)
+                    }
+                })
+                .collect();
+            text.push_str(&format!("slot owners: {}\n", owners.join(", ")));
+        }
+        if !self.requests.is_empty() {
+            let mut table = Table::new(["REQUEST", "STATE", "URI", "STRATEGY"]);
+            for r in &self.requests {
+                let state = match r.reason {
+                    Some(reason) => format!("{} ({reason})", r.state),
+                    None => r.state.to_owned(),
+                };
+                table.row([
+                    r.id.clone(),
+                    state,
+                    r.uri.clone(),
+                    r.strategy.unwrap_or("-").to_owned(),
+                ]);
+            }
+            text.push_str(&table.render());
+        }
+        text
+    }
+}
+
+/// The view of `queue` and its requests at `now`.
+pub fn queue_view(ctx: &Context, queue: &Queue, requests: &[Request], now: Timestamp) -> QueueView {
+    let config = ctx.config.admission_for(&queue.name);
+    let owners: Vec<OwnerView> = queue
+        .owners
+        .iter()
+        .map(|(id, slot)| {
+            let state = requests.iter().find(|r| &r.id == id).map(|r| r.state);
+            OwnerView {
+                request: id.to_string(),
+                state: state.map(RequestState::as_str),
+                live: owner_violation(id, state).is_none(),
+                claimed_at: output::time(slot.claimed_at),
+                heartbeat_at: output::time(slot.heartbeat_at),
+                lease_expires_at: output::time(slot.expires_at(config.slot_lease)),
+                lease_expired: slot.expired(config.slot_lease, now),
+            }
+        })
+        .collect();
+    let limit = queue.limit(config.max_concurrent);
+    QueueView {
+        queue: queue.name.to_string(),
+        version: queue.version.0,
+        max_concurrent: limit,
+        paused: limit == 0,
+        slot_lease_ms: output::millis(config.slot_lease),
+        latest_request_id: queue.latest_request_id.as_ref().map(ToString::to_string),
+        last_green: queue.last_green.as_ref().map(|g| LastGreenView {
+            uri: g.uri.to_string(),
+            request_id: g.request_id.to_string(),
+        }),
+        not_live_owners: owners.iter().filter(|o| !o.live).count(),
+        owners,
+        requests: requests.iter().map(RequestView::from).collect(),
+    }
+}

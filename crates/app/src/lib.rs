@@ -13,6 +13,8 @@
 //! - [`settlement`]: [`Settlement`], the lock lifecycle on status reports and at start-up.
 //! - [`sweeper`]: [`LeaseSweeper`], the background lease sweep.
 //! - [`admission`]: [`Admission`], build-slot admission against the queue store.
+//! - [`worker`]: [`Admission::run`] over a delivery source, and
+//!   [`worker::StoreDeliveries`], the reference source over the queue store.
 //! - [`crash`]: [`crash::CrashingQueues`], a queue store whose writes crash as a
 //!   plan says (the demo, the simulator and the crash tests share it).
 //! - [`failpoint`]: crash points around admission writes (feature `failpoints`).
@@ -28,6 +30,7 @@ pub mod metrics;
 pub mod selector;
 pub mod settlement;
 pub mod sweeper;
+pub mod worker;
 
 pub use admission::{
     Admission, AdmissionPolicy, AdmitError, Ancestry, AncestryError, Ingest, NoAncestry,
@@ -37,6 +40,7 @@ pub use config::{Config, ConfigError};
 pub use selector::{SelectError, SelectReport, TokenSelector};
 pub use settlement::{Recovery, SettleError, Settled, Settlement};
 pub use sweeper::{LeaseSweeper, SweepTotals, SweeperHandle, sweep_once};
+pub use worker::{Handled, RunOptions, RunReport, StoreDeliveries};
 
 /// The README's Rust examples, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]

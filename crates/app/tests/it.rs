@@ -5,6 +5,7 @@ mod common;
 #[path = "../../adapters-postgres/tests/support/mod.rs"]
 mod pg_support;
 
+mod admission_concurrent;
 mod config;
 mod lease_shorter_than_select;
 mod reference_docs;

@@ -357,3 +357,112 @@ async fn an_owner_id_of_another_queue_is_pruned_and_does_not_close_the_gate() {
         vec![head.request.id]
     );
 }
+
+/// The reference delivery source over the store: a worker run delivers the process
+/// message of an ingested revision and publishes it; a second head is held at the
+/// closed gate (a minute's delay) and comes back as soon as the first build's
+/// outcome frees the slot, not after the minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_head_of_the_store_source_comes_back_when_the_slot_frees() {
+    use holdfast::{Handled, RunOptions, StoreDeliveries};
+    use holdfast_ports::{BuildPublisher, DeliveryError, DeliverySource, Message};
+    use std::sync::Mutex;
+
+    struct Published(Mutex<Vec<holdfast_domain::RequestId>>);
+    #[async_trait::async_trait]
+    impl BuildPublisher for Published {
+        async fn publish(
+            &self,
+            request: &holdfast_domain::Request,
+            _plan: &holdfast_domain::BuildPlan,
+        ) -> Result<(), DeliveryError> {
+            self.0.lock().expect("published").push(request.id.clone());
+            Ok(())
+        }
+    }
+
+    let backend = SqliteBackend::open_in_memory().await.expect("open");
+    let stores = backend.stores();
+    let mut policy = holdfast::AdmissionPolicy::default();
+    policy.default.gate_wait_delay = Duration::from_secs(60);
+    let admission = holdfast::Admission::new(
+        stores.queues.clone(),
+        Arc::new(holdfast::NoAncestry),
+        policy,
+    )
+    .with_wakeups(stores.wake.clone());
+    let queue = QueueName::new("main").expect("queue");
+    let source = StoreDeliveries::new(
+        stores.queues.clone(),
+        vec![queue.clone()],
+        Duration::from_secs(60),
+    )
+    .with_wakeups(stores.wake.clone());
+    let published = Published(Mutex::new(Vec::new()));
+    let options = RunOptions::default();
+    let next = || async { source.next().await.expect("next").expect("a delivery") };
+    for uri in ["rev-1", "rev-2"] {
+        let uri = RevisionUri::new(uri).expect("uri");
+        source
+            .send(Message::Ingest {
+                queue: queue.clone(),
+                uri,
+            })
+            .await
+            .expect("send");
+    }
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        // ingest 1, ingest 2, then the two process messages in order.
+        let d = next().await;
+        seen.push(
+            admission
+                .handle(&source, &published, &d, options)
+                .await
+                .expect("handle"),
+        );
+    }
+    // rev-2 is the head: 1 is superseded, 2 admitted.
+    assert_eq!(
+        seen,
+        [
+            Handled::Acked,
+            Handled::Acked,
+            Handled::Acked,
+            Handled::Published
+        ]
+    );
+    let first = published.0.lock().expect("published")[0].clone();
+    assert_eq!(first.seq(), 2);
+    source
+        .send(Message::Ingest {
+            queue: queue.clone(),
+            uri: RevisionUri::new("rev-3").expect("uri"),
+        })
+        .await
+        .expect("send");
+    for want in [Handled::Acked, Handled::Held] {
+        let d = next().await;
+        assert_eq!(
+            admission.handle(&source, &published, &d, options).await,
+            Ok(want)
+        );
+    }
+    admission
+        .outcome(&first, holdfast_domain::BuildOutcome::Succeeded)
+        .await
+        .expect("outcome");
+    let started = std::time::Instant::now();
+    let d = tokio::time::timeout(Duration::from_secs(10), next())
+        .await
+        .expect("the held head came back before its minute");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(
+        d.message,
+        Message::Process(holdfast_domain::RequestId::new(queue.clone(), 3))
+    );
+    assert_eq!(
+        admission.handle(&source, &published, &d, options).await,
+        Ok(Handled::Published)
+    );
+}

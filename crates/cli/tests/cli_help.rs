@@ -85,7 +85,9 @@ fn every_subcommand_has_a_pinned_help() {
         );
         for sub in listed(&[command]) {
             assert!(
-                COMMANDS.iter().any(|p| p == &[command.as_str(), sub.as_str()]),
+                COMMANDS
+                    .iter()
+                    .any(|p| p == &[command.as_str(), sub.as_str()]),
                 "{command} {sub} has no help snapshot"
             );
         }

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod delivery;
 pub mod error;
 pub mod locks;
 pub mod queues;
@@ -25,6 +26,10 @@ pub mod conformance;
 use std::sync::Arc;
 
 pub use clock::{Clock, MockClock};
+pub use delivery::{
+    BuildPublisher, Delivery, DeliveryError, DeliverySource, Message, MockBuildPublisher,
+    MockDeliverySource,
+};
 pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError};
 pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport, check_window};
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};

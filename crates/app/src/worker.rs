@@ -1,0 +1,444 @@
+//! Wiring admission into a message consumer (`docs/admission.md`, "Workers"):
+//! [`Admission::run`] takes deliveries from a [`DeliverySource`] until it closes,
+//! runs the step each message names, and answers the source (ack, hold, retry,
+//! dead-letter); admitted builds go to a [`BuildPublisher`].
+//!
+//! [`StoreDeliveries`] is the reference source, over the queue store itself: it
+//! delivers what is sent to it (ingests, outcomes, follow-ups) and, when that runs
+//! dry, a process message for every accepted request of its queues, so nothing a
+//! crashed worker held is lost (the stored state is the message log). A held head
+//! comes back after its delay, or as soon as a slot of its queue frees (a queue
+//! wake-up). Any number of workers, on any number of replicas, may share it or run
+//! their own: every step is safe to repeat.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use holdfast_domain::{QueueName, Reply, RequestId, RequestState};
+use holdfast_ports::{
+    BuildPublisher, Delivery, DeliveryError, DeliverySource, Message, QueueStore, WakeKey, WakeUps,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::admission::{Admission, reply_label};
+
+/// How [`Admission::run`] treats failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Failed attempts after which a message is dead-lettered instead of retried
+    /// (default 5). Holds never count.
+    pub max_attempts: u32,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { max_attempts: 5 }
+    }
+}
+
+/// What became of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Handled {
+    /// Done (an ingest also sent its process message).
+    Acked,
+    /// The build was published, then the delivery acked.
+    Published,
+    /// The gate was closed (or the queue paused): back after the delay.
+    Held,
+    /// The attempt failed: back later, one more failed attempt.
+    Retried,
+    /// Routed to the dead-letter path.
+    DeadLettered,
+}
+
+/// What one [`Admission::run`] did, by outcome.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// Deliveries per outcome.
+    pub handled: BTreeMap<Handled, u64>,
+}
+
+impl Admission {
+    /// Takes deliveries from `source` until it closes, handling each in turn
+    /// ([`Admission::handle`]). Run as many of these as you want workers; a source
+    /// error ends the run.
+    pub async fn run(
+        &self,
+        source: &dyn DeliverySource,
+        publisher: &dyn BuildPublisher,
+        options: RunOptions,
+    ) -> Result<RunReport, DeliveryError> {
+        let mut report = RunReport::default();
+        while let Some(delivery) = source.next().await? {
+            let handled = self.handle(source, publisher, &delivery, options).await?;
+            *report.handled.entry(handled).or_default() += 1;
+        }
+        Ok(report)
+    }
+
+    /// Runs the step `delivery` names and answers `source`:
+    ///
+    /// - ingest: on ack, sends the request's process message, then acks;
+    /// - process: publishes an admitted build, then acks (a failed publish is
+    ///   retried: the request keeps its slot and the redelivery republishes);
+    ///   holds a held head for the gate delay;
+    /// - outcome and dead letter: ack when done;
+    /// - a store error or heavy contention retries, up to `options.max_attempts`
+    ///   failed attempts, then dead-letters; so does a non-retryable answer.
+    pub async fn handle(
+        &self,
+        source: &dyn DeliverySource,
+        publisher: &dyn BuildPublisher,
+        delivery: &Delivery,
+        options: RunOptions,
+    ) -> Result<Handled, DeliveryError> {
+        let step = match &delivery.message {
+            Message::Ingest { queue, uri } => match self.ingest(queue, uri).await {
+                Ok(ingest) if ingest.reply == Reply::Ack => {
+                    source
+                        .send(Message::Process(ingest.request.id.clone()))
+                        .await?;
+                    Ok(ingest.reply)
+                }
+                Ok(ingest) => Ok(ingest.reply),
+                Err(e) => Err(e),
+            },
+            Message::Process(id) => self.process(id).await,
+            Message::Outcome(id, outcome) => self.outcome(id, *outcome).await,
+            Message::DeadLetter(id) => self.dead_letter(id).await,
+        };
+        let reply = match step {
+            Ok(reply) => reply,
+            Err(e) => return fail(source, delivery, &e.to_string(), options).await,
+        };
+        tracing::debug!(
+            delivery = delivery.id,
+            reply = reply_label(&reply),
+            "delivery handled"
+        );
+        match reply {
+            Reply::Ack => {
+                source.ack(delivery).await?;
+                Ok(Handled::Acked)
+            }
+            Reply::Publish { request, plan } => match publisher.publish(&request, &plan).await {
+                Ok(()) => {
+                    source.ack(delivery).await?;
+                    Ok(Handled::Published)
+                }
+                Err(e) => fail(source, delivery, &e.to_string(), options).await,
+            },
+            Reply::Hold { delay, .. } => {
+                source.hold(delivery, delay).await?;
+                Ok(Handled::Held)
+            }
+            Reply::Retry(reason) => fail(source, delivery, &format!("{reason:?}"), options).await,
+            Reply::DeadLetter(reason) => {
+                source.dead_letter(delivery, &format!("{reason:?}")).await?;
+                Ok(Handled::DeadLettered)
+            }
+            Reply::Error(e) => {
+                source.dead_letter(delivery, &e.to_string()).await?;
+                Ok(Handled::DeadLettered)
+            }
+        }
+    }
+}
+
+impl Admission {
+    /// Reconciles every queue ([`Admission::reconcile_all`]) every `period` until
+    /// `stop` resolves; returns the passes made. A failed pass is logged and the
+    /// next one tries again. Every replica may run one: a pass writes only what
+    /// must change, by compare-and-set, so concurrent passes cost reads, never
+    /// correctness. This is what expires lost builds in a queue no head waits on.
+    pub async fn reconcile_periodically(
+        &self,
+        period: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> u64 {
+        let mut passes = 0;
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => return passes,
+                _ = tick.tick() => {}
+            }
+            passes += 1;
+            if let Err(e) = self.reconcile_all().await {
+                tracing::warn!(error = %e, "periodic reconcile failed; the next tick retries");
+            }
+        }
+    }
+}
+
+/// A failed attempt: retried, or dead-lettered once it used up its attempts (a
+/// dead-letter message itself is always retried: it is the way out).
+async fn fail(
+    source: &dyn DeliverySource,
+    delivery: &Delivery,
+    reason: &str,
+    options: RunOptions,
+) -> Result<Handled, DeliveryError> {
+    let used_up = delivery.attempts.saturating_add(1) >= options.max_attempts;
+    if used_up && !matches!(delivery.message, Message::DeadLetter(_)) {
+        source.dead_letter(delivery, reason).await?;
+        return Ok(Handled::DeadLettered);
+    }
+    tracing::debug!(delivery = delivery.id, reason, "delivery retried");
+    source.retry(delivery, reason).await?;
+    Ok(Handled::Retried)
+}
+
+/// The state of a [`StoreDeliveries`].
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    /// Deliverable now, in order.
+    ready: VecDeque<Delivery>,
+    /// Held or backing off, with when they are due.
+    waiting: BTreeMap<u64, (Delivery, Instant)>,
+    /// Handed out and not answered yet.
+    out: BTreeMap<u64, Delivery>,
+    closed: bool,
+}
+
+impl Inner {
+    fn deliver(&mut self, message: Message, attempts: u32) -> Delivery {
+        self.next_id += 1;
+        Delivery {
+            id: self.next_id,
+            message,
+            attempts,
+        }
+    }
+
+    /// Requests with a process message anywhere in this source.
+    fn processing(&self) -> BTreeSet<RequestId> {
+        self.ready
+            .iter()
+            .chain(self.out.values())
+            .chain(self.waiting.values().map(|(d, _)| d))
+            .filter_map(|d| match &d.message {
+                Message::Process(id) => Some(id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// The reference [`DeliverySource`], over the queue store: see the module
+/// documentation.
+pub struct StoreDeliveries {
+    queues: Arc<dyn QueueStore>,
+    wake: Option<Arc<dyn WakeUps>>,
+    scope: Vec<QueueName>,
+    poll: Duration,
+    state: Arc<Mutex<Inner>>,
+    notify: Arc<Notify>,
+}
+
+impl std::fmt::Debug for StoreDeliveries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreDeliveries")
+            .field("scope", &self.scope)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The most requests of a queue one scan reads (the newest).
+const SCAN_LIMIT: usize = 200;
+
+impl StoreDeliveries {
+    /// A source for the queues `scope` of `queues`, scanning them for accepted
+    /// requests every `poll` while nothing else is due.
+    pub fn new(queues: Arc<dyn QueueStore>, scope: Vec<QueueName>, poll: Duration) -> Self {
+        StoreDeliveries {
+            queues,
+            wake: None,
+            scope,
+            poll,
+            state: Arc::new(Mutex::new(Inner::default())),
+            notify: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Wakes held heads as soon as a slot of their queue frees.
+    #[must_use]
+    pub fn with_wakeups(mut self, wake: Arc<dyn WakeUps>) -> Self {
+        self.wake = Some(wake);
+        self
+    }
+
+    /// Closes the source: every `next` returns `None` from now on (deliveries
+    /// handed out may still be answered).
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Deliveries handed out and not answered, ready, held or backing off.
+    pub fn pending(&self) -> usize {
+        let state = self.lock();
+        state.ready.len() + state.waiting.len() + state.out.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves `delivery` to the waiting set until `due`; with wake-ups, a held
+    /// process message is due at once when its queue is signalled.
+    fn wait(&self, delivery: Delivery, due: Instant, wake_early: bool) {
+        let id = delivery.id;
+        let queue = delivery.message.queue().clone();
+        {
+            let mut state = self.lock();
+            state.out.remove(&id);
+            state.waiting.insert(id, (delivery, due));
+        }
+        self.notify.notify_one();
+        let Some(wake) = self.wake.clone().filter(|_| wake_early) else {
+            return;
+        };
+        let (state, notify) = (Arc::clone(&self.state), Arc::clone(&self.notify));
+        let mut watch = wake.subscribe(WakeKey::Queue(queue), None);
+        tokio::spawn(async move {
+            if watch.wait_until(due).await == holdfast_ports::WaitEnd::Signalled {
+                let mut inner = state.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some((_, at)) = inner.waiting.get_mut(&id) {
+                    *at = Instant::now();
+                }
+                drop(inner);
+                notify.notify_one();
+            }
+        });
+    }
+
+    /// Process messages for accepted requests of the scope that no delivery of
+    /// this source carries.
+    async fn scan(&self) -> Result<Vec<RequestId>, DeliveryError> {
+        let mut found = Vec::new();
+        for queue in &self.scope {
+            let requests = self
+                .queues
+                .list_requests(queue, SCAN_LIMIT)
+                .await
+                .map_err(|e| DeliveryError(format!("scanning queue {queue}: {e}")))?;
+            found.extend(
+                requests
+                    .into_iter()
+                    .filter(|r| r.state == RequestState::Accepted)
+                    .map(|r| r.id),
+            );
+        }
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl DeliverySource for StoreDeliveries {
+    async fn next(&self) -> Result<Option<Delivery>, DeliveryError> {
+        let mut scanned = false;
+        loop {
+            let notified = self.notify.notified();
+            let wait_until = {
+                let mut state = self.lock();
+                if state.closed {
+                    return Ok(None);
+                }
+                let now = Instant::now();
+                let due: Vec<u64> = state
+                    .waiting
+                    .iter()
+                    .filter(|(_, (_, at))| *at <= now)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in due {
+                    if let Some((d, _)) = state.waiting.remove(&id) {
+                        state.ready.push_back(d);
+                    }
+                }
+                if let Some(d) = state.ready.pop_front() {
+                    state.out.insert(d.id, d.clone());
+                    return Ok(Some(d));
+                }
+                let earliest = state.waiting.values().map(|(_, at)| *at).min();
+                earliest.map_or(now + self.poll, |at| at.min(now + self.poll))
+            };
+            if !scanned {
+                scanned = true;
+                let accepted = self.scan().await?;
+                let mut state = self.lock();
+                let carried = state.processing();
+                for id in accepted.into_iter().filter(|id| !carried.contains(id)) {
+                    let d = state.deliver(Message::Process(id), 0);
+                    state.ready.push_back(d);
+                }
+                if !state.ready.is_empty() {
+                    continue;
+                }
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(wait_until) => scanned = false,
+            }
+        }
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> Result<(), DeliveryError> {
+        self.lock().out.remove(&delivery.id);
+        Ok(())
+    }
+
+    async fn hold(&self, delivery: &Delivery, delay: Duration) -> Result<(), DeliveryError> {
+        self.wait(delivery.clone(), Instant::now() + delay, true);
+        Ok(())
+    }
+
+    async fn retry(&self, delivery: &Delivery, _reason: &str) -> Result<(), DeliveryError> {
+        let mut again = delivery.clone();
+        again.attempts = again.attempts.saturating_add(1);
+        // 10 ms, 20 ms, 40 ms, ... up to 1 s.
+        let backoff =
+            Duration::from_millis(10 << again.attempts.min(7)).min(Duration::from_secs(1));
+        self.wait(again, Instant::now() + backoff, false);
+        Ok(())
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), DeliveryError> {
+        let mut state = self.lock();
+        state.out.remove(&delivery.id);
+        match &delivery.message {
+            Message::Process(id) | Message::Outcome(id, _) => {
+                tracing::warn!(request = %id, reason, "message dead-lettered");
+                let d = state.deliver(Message::DeadLetter(id.clone()), 0);
+                state.ready.push_back(d);
+            }
+            Message::Ingest { queue, uri } => {
+                tracing::warn!(%queue, %uri, reason, "ingest dead-lettered: dropped");
+            }
+            Message::DeadLetter(id) => {
+                tracing::error!(request = %id, reason, "dead letter failed for good: dropped");
+            }
+        }
+        drop(state);
+        self.notify.notify_one();
+        Ok(())
+    }
+
+    async fn send(&self, message: Message) -> Result<(), DeliveryError> {
+        {
+            let mut state = self.lock();
+            let d = state.deliver(message, 0);
+            state.ready.push_back(d);
+        }
+        self.notify.notify_one();
+        Ok(())
+    }
+}

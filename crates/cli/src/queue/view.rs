@@ -236,7 +236,7 @@ pub struct QueueView {
     pub owners: Vec<OwnerView>,
     /// How many owners are not live.
     pub not_live_owners: usize,
-    /// The newest requests (at most [`SHOW_LIMIT`]) and any older slot owner,
+    /// The newest requests (at most [`super::SHOW_LIMIT`]) and any older slot owner,
     /// oldest first.
     pub requests: Vec<RequestView>,
 }

@@ -18,8 +18,10 @@ ALTER TABLE queues
         cardinality(owner_claimed_ms) = cardinality(owners)
         AND cardinality(owner_heartbeat_ms) = cardinality(owners));
 
--- Why admission failed a request, and when it was last written: retention removes
--- terminal requests by that age.
+-- Why admission failed a request, when it was ingested (admission's wait runs from
+-- there; unknown before the upgrade, so the upgrade's time) and when it was last
+-- written (retention removes terminal requests by that age).
 ALTER TABLE requests
-    ADD COLUMN reason     TEXT CHECK (reason IN ('slot_lease_expired', 'dead_lettered')),
-    ADD COLUMN updated_at TIMESTAMPTZ NOT NULL DEFAULT now();
+    ADD COLUMN reason      TEXT CHECK (reason IN ('slot_lease_expired', 'dead_lettered')),
+    ADD COLUMN ingested_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    ADD COLUMN updated_at  TIMESTAMPTZ NOT NULL DEFAULT now();

@@ -25,7 +25,8 @@ const LOAD_QUEUE: &str = "
     FROM queues WHERE name = $1";
 
 const REQUEST_COLUMNS_SQL: &str = "
-    SELECT seq, uri, state, strategy, base_uri, version, reason
+    SELECT seq, uri, state, strategy, base_uri, version, reason,
+           (extract(epoch FROM ingested_at) * 1000)::BIGINT
     FROM requests WHERE queue = $1 AND seq = $2";
 
 /// Creates the queue record if missing and locks it for this transaction, so
@@ -38,7 +39,7 @@ const LOCK_QUEUE: &str = "
 /// Returns the existing request for (queue, uri), or inserts the next one.
 const INGEST: &str = "
     WITH existing AS (
-        SELECT seq, uri, state, strategy, base_uri, version, reason FROM requests
+        SELECT seq, uri, state, strategy, base_uri, version, reason, ingested_at FROM requests
         WHERE queue = $1 AND uri = $2
     ),
     inserted AS (
@@ -46,11 +47,13 @@ const INGEST: &str = "
         SELECT $1, COALESCE((SELECT MAX(seq) FROM requests WHERE queue = $1), 0) + 1,
                $2, 'accepted', 1
         WHERE NOT EXISTS (SELECT 1 FROM existing)
-        RETURNING seq, uri, state, strategy, base_uri, version, reason
+        RETURNING seq, uri, state, strategy, base_uri, version, reason, ingested_at
     )
-    SELECT seq, uri, state, strategy, base_uri, version, reason, TRUE FROM inserted
+    SELECT seq, uri, state, strategy, base_uri, version, reason,
+           (extract(epoch FROM ingested_at) * 1000)::BIGINT, TRUE FROM inserted
     UNION ALL
-    SELECT seq, uri, state, strategy, base_uri, version, reason, FALSE FROM existing";
+    SELECT seq, uri, state, strategy, base_uri, version, reason,
+           (extract(epoch FROM ingested_at) * 1000)::BIGINT, FALSE FROM existing";
 
 const CAS_QUEUE: &str = "
     UPDATE queues
@@ -67,8 +70,9 @@ const CAS_REQUEST: &str = "
 
 /// The newest `$2` requests, oldest first.
 const LIST_REQUESTS: &str = "
-    SELECT seq, uri, state, strategy, base_uri, version, reason FROM (
-        SELECT seq, uri, state, strategy, base_uri, version, reason
+    SELECT seq, uri, state, strategy, base_uri, version, reason,
+           (extract(epoch FROM ingested_at) * 1000)::BIGINT FROM (
+        SELECT seq, uri, state, strategy, base_uri, version, reason, ingested_at
         FROM requests WHERE queue = $1 ORDER BY seq DESC LIMIT $2
     ) AS newest ORDER BY seq";
 
@@ -116,7 +120,8 @@ fn bind_version(v: Version) -> Option<i64> {
     i64::try_from(v.0).ok()
 }
 
-/// A request from `seq, uri, state, strategy, base_uri, version, reason` columns.
+/// A request from `seq, uri, state, strategy, base_uri, version, reason,
+/// ingested_at (ms)` columns.
 fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault> {
     let seq: i64 = get(row, 0)?;
     let seq = u64::try_from(seq)
@@ -148,12 +153,18 @@ fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault>
             })
         })
         .transpose()?;
+    let ingested: i64 = get(row, 7)?;
     Ok(Request {
         id: RequestId::new(queue.clone(), seq),
         uri: codec::id("requests.uri", get(row, 1)?, RevisionUri::new)?,
         state,
         plan,
         reason,
+        ingested_at: u64::try_from(ingested)
+            .map(Timestamp::from_millis)
+            .map_err(|_| {
+                StoreFault::Corrupt(format!("requests.ingested_at {ingested} is before 1970"))
+            })?,
         version: version("requests.version", get(row, 5)?)?,
     })
 }
@@ -274,7 +285,7 @@ impl QueueStore for PgBackend {
         self.note(tx.commit().await).map_err(|e| fault(&e))?;
         Ok(Ingested {
             request: decode_request(queue, &row)?,
-            created: get(&row, 7)?,
+            created: get(&row, 8)?,
         })
     }
 

@@ -11,8 +11,13 @@ SET claimed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
 -- until the next head is stamped with the configured default, or a limit is set.
 ALTER TABLE queues ADD COLUMN max_concurrent INTEGER CHECK (max_concurrent >= 0);
 
--- Why admission failed a request (slot_lease_expired, dead_lettered), and when it
--- was last written: retention removes terminal requests by that age.
+-- Why admission failed a request (slot_lease_expired, dead_lettered), when it was
+-- ingested (admission's wait runs from there; unknown before the upgrade, so the
+-- upgrade's time) and when it was last written (retention removes terminal
+-- requests by that age).
 ALTER TABLE requests ADD COLUMN reason TEXT;
+ALTER TABLE requests ADD COLUMN ingested_at TEXT NOT NULL DEFAULT '';
 ALTER TABLE requests ADD COLUMN updated_at TEXT NOT NULL DEFAULT '';
-UPDATE requests SET updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now');
+UPDATE requests
+SET ingested_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
+    updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now');

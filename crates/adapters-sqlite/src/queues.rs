@@ -20,7 +20,8 @@ use crate::codec::{
 };
 use crate::pool::Db;
 
-const REQUEST_COLUMNS: &str = "queue, seq, uri, state, strategy, base, version, reason";
+const REQUEST_COLUMNS: &str =
+    "queue, seq, uri, state, strategy, base, version, reason, ingested_at";
 
 /// The terminal states, as stored.
 const TERMINAL: &str = "('superseded', 'succeeded', 'failed', 'cancelled')";
@@ -52,12 +53,14 @@ fn request_row(r: &rusqlite::Row<'_>) -> Result<Request, StoreFault> {
                 .ok_or_else(|| corrupt(&row, format!("unknown fail reason {text:?}")))
         })
         .transpose()?;
+    let ingested: String = r.get(8).db()?;
     Ok(Request {
         id,
         uri,
         state,
         plan,
         reason,
+        ingested_at: time_from_sql(&row, &ingested)?,
         version: version_from_sql(&row, r.get(6).db()?)?,
     })
 }
@@ -197,12 +200,23 @@ impl QueueStore for SqliteBackend {
                 let seq = last.checked_add(1).ok_or_else(|| {
                     StoreFault::Backend(format!("queue {queue} has run out of request numbers"))
                 })?;
+                let now: String = tx
+                    .prepare_cached("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+                    .db()?
+                    .query_row([], |r| r.get(0))
+                    .db()?;
                 tx.prepare_cached(
-                    "INSERT INTO requests (queue, seq, uri, state, version, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, 1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+                    "INSERT INTO requests (queue, seq, uri, state, version, ingested_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5)",
                 )
                 .db()?
-                .execute(params![queue.as_str(), seq, uri.as_str(), RequestState::Accepted.as_str()])
+                .execute(params![
+                    queue.as_str(),
+                    seq,
+                    uri.as_str(),
+                    RequestState::Accepted.as_str(),
+                    now
+                ])
                 .db()?;
                 let seq = seq_from_sql(&format!("requests row of {queue}"), seq)?;
                 Ok(Ingested {
@@ -212,6 +226,7 @@ impl QueueStore for SqliteBackend {
                         state: RequestState::Accepted,
                         plan: None,
                         reason: None,
+                        ingested_at: time_from_sql("requests row", &now)?,
                         version: Version::FIRST,
                     },
                     created: true,

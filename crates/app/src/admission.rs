@@ -229,6 +229,8 @@ struct Loaded {
     backfilled: Vec<RequestId>,
     /// The owners removed by applied prune writes, in order, with why.
     pruned: Vec<Pruned>,
+    /// Whether this step marked its request processing (its first publish).
+    marked: bool,
 }
 
 /// The result of a backfill.
@@ -415,10 +417,18 @@ impl Admission {
             metrics::gauge!(m::ADMISSION_SLOT_CAPACITY, "queue" => queue.name.to_string())
                 .set(f64::from(queue.limit(config.max_concurrent)));
         }
-        if let Reply::Hold { paused, .. } = &reply {
-            let why = if *paused { "paused" } else { "full" };
-            metrics::counter!(m::ADMISSION_HELD, "queue" => id.queue().to_string(), "why" => why)
-                .increment(1);
+        match &reply {
+            Reply::Hold { paused, .. } => {
+                let why = if *paused { "paused" } else { "full" };
+                metrics::counter!(m::ADMISSION_HELD, "queue" => id.queue().to_string(), "why" => why)
+                    .increment(1);
+            }
+            // The first publish: how long the request waited since its ingest.
+            Reply::Publish { request, .. } if loaded.marked => {
+                metrics::histogram!(m::ADMISSION_WAIT, "queue" => id.queue().to_string())
+                    .record(now.since(request.ingested_at).as_secs_f64());
+            }
+            _ => {}
         }
         Ok(reply)
     }
@@ -711,7 +721,8 @@ impl Admission {
                     }
                     // Loaded owners stay current: a failed (expired) owner is then
                     // pruned on the next decision instead of failed again.
-                    Write::Request { request, .. } => {
+                    Write::Request { kind, request, .. } => {
+                        loaded.marked |= *kind == RequestWrite::MarkProcessing;
                         if let Some(owner) = loaded.owners.get_mut(&request.id) {
                             *owner = Some(request.clone());
                         }
@@ -842,6 +853,7 @@ mod tests {
             state: RequestState::Accepted,
             plan: None,
             reason: None,
+            ingested_at: holdfast_domain::Timestamp::from_millis(0),
             version: Version::FIRST,
         };
         let mut queue = Queue::new(queue_name());

@@ -60,6 +60,8 @@ pub const ADMISSION_WRITES: &str = "holdfast_admission_writes_total";
 pub const ADMISSION_REPLIES: &str = "holdfast_admission_replies_total";
 /// Admission steps that failed.
 pub const ADMISSION_ERRORS: &str = "holdfast_admission_errors_total";
+/// Ingest to first publish, per queue.
+pub const ADMISSION_WAIT: &str = "holdfast_admission_wait_seconds";
 /// Heads held at a closed gate, per queue.
 pub const ADMISSION_HELD: &str = "holdfast_admission_held_total";
 /// Slot owners failed because their lease ran out, per queue.
@@ -293,6 +295,13 @@ pub static METRICS: &[MetricDef] = &[
             ),
             ("kind", "store, conflicts"),
         ],
+    },
+    MetricDef {
+        name: ADMISSION_WAIT,
+        kind: MetricKind::Histogram,
+        unit: "seconds",
+        help: "How long a request waited from its ingest to the first publish of its build.",
+        labels: &[("queue", "queue names")],
     },
     MetricDef {
         name: ADMISSION_HELD,

@@ -957,6 +957,7 @@ fn required_points() -> BTreeSet<(String, String)> {
         state: RequestState::Accepted,
         plan: None,
         reason: None,
+        ingested_at: holdfast_domain::Timestamp::from_millis(0),
         version: Version::FIRST,
     };
     // One value of every variant of the two matches above: a variant added there

@@ -260,6 +260,9 @@ pub struct Request {
     pub plan: Option<BuildPlan>,
     /// Why a failed request failed when admission (not a build) failed it.
     pub reason: Option<FailReason>,
+    /// When it was ingested (by the store's clock); admission's wait is from here
+    /// to the publish of its build.
+    pub ingested_at: Timestamp,
     /// Compare-and-set version.
     pub version: Version,
 }

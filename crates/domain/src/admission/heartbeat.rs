@@ -139,6 +139,7 @@ mod tests {
             state,
             plan: None,
             reason: None,
+            ingested_at: crate::Timestamp::from_millis(0),
             version: Version::FIRST,
         };
         let mut queue = Queue::new(name);

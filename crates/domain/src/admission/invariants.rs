@@ -150,6 +150,7 @@ mod tests {
             state,
             plan: None,
             reason: None,
+            ingested_at: crate::Timestamp::from_millis(0),
             version: Version::FIRST,
         }
     }

@@ -835,6 +835,7 @@ impl<D: Design> World<D> {
             state: RequestState::Accepted,
             plan: None,
             reason: None,
+            ingested_at: self.now,
             version: Version::FIRST,
         };
         self.store.next_seq += 1;

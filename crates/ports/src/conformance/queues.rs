@@ -57,6 +57,12 @@ pub async fn create_request_dedups_and_numbers(db: &dyn TestDatabase) {
     assert_eq!(a.request.state, RequestState::Accepted);
     assert_eq!(a.request.plan, None);
     assert_eq!(a.request.version, Version::FIRST);
+    // Stamped by the store's clock at creation (a date after 2023, not a default).
+    assert!(
+        a.request.ingested_at > Timestamp::from_millis(1_700_000_000_000),
+        "{:?}",
+        a.request.ingested_at
+    );
     let b = s
         .queues
         .create_request(&q, &uri("git:bbb"))

@@ -25,3 +25,11 @@ ALTER TABLE requests
     ADD COLUMN reason      TEXT CHECK (reason IN ('slot_lease_expired', 'dead_lettered')),
     ADD COLUMN ingested_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     ADD COLUMN updated_at  TIMESTAMPTZ NOT NULL DEFAULT now();
+
+-- Periodic reconcile: one leader per tick. The replica whose update moves `tick`
+-- forward leads that tick; the others skip it.
+CREATE TABLE reconcile_ticks (
+    name TEXT COLLATE "C" PRIMARY KEY,
+    tick BIGINT NOT NULL
+);
+INSERT INTO reconcile_ticks (name, tick) VALUES ('reconcile', 0);

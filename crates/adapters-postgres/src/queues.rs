@@ -78,6 +78,10 @@ const LIST_REQUESTS: &str = "
 
 const LIST_QUEUES: &str = "SELECT name FROM queues ORDER BY name";
 
+/// Moves the reconcile tick forward; a row updated means this caller leads it.
+const LEAD_RECONCILE: &str = "
+    UPDATE reconcile_ticks SET tick = $1 WHERE name = 'reconcile' AND tick < $1";
+
 /// Retention: terminal requests of `$1` last written `$2` ms ago or earlier,
 /// except the head, the last green, the newest succeeded request and the owners.
 const PRUNE_REQUESTS: &str = "
@@ -374,6 +378,18 @@ impl QueueStore for PgBackend {
             .map(|row| decode_request(queue, row))
             .collect::<Result<Vec<_>, _>>()
             .map_err(QueueStoreError::Fault)
+    }
+
+    async fn lead_reconcile(&self, tick: u64) -> Result<bool, QueueStoreError> {
+        let done = self
+            .note(
+                sqlx::query(LEAD_RECONCILE)
+                    .bind(i64::try_from(tick).unwrap_or(i64::MAX))
+                    .execute(self.pool())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {

@@ -21,3 +21,11 @@ ALTER TABLE requests ADD COLUMN updated_at TEXT NOT NULL DEFAULT '';
 UPDATE requests
 SET ingested_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'),
     updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now');
+
+-- Periodic reconcile: one leader per tick. The replica whose update moves `tick`
+-- forward leads that tick; the others skip it.
+CREATE TABLE reconcile_ticks (
+    name TEXT    NOT NULL PRIMARY KEY,
+    tick INTEGER NOT NULL
+);
+INSERT INTO reconcile_ticks (name, tick) VALUES ('reconcile', 0);

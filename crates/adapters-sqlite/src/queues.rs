@@ -362,6 +362,23 @@ impl QueueStore for SqliteBackend {
             .await
     }
 
+    async fn lead_reconcile(&self, tick: u64) -> Result<bool, QueueStoreError> {
+        let tick = i64::try_from(tick).unwrap_or(i64::MAX);
+        self.pool
+            .write(move |tx| {
+                let n = tx
+                    .prepare_cached(
+                        "UPDATE reconcile_ticks SET tick = ?1
+                         WHERE name = 'reconcile' AND tick < ?1",
+                    )
+                    .db()?
+                    .execute([tick])
+                    .db()?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
     async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {
         self.pool
             .read(|tx| {

@@ -29,7 +29,8 @@ use holdfast_domain::admission::{
 };
 use holdfast_domain::{
     AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Heartbeat, Need,
-    ProcessInput, ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Write,
+    ProcessInput, ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Timestamp,
+    Write,
 };
 use holdfast_ports::{
     CasOutcome, Clock, QueueStore, QueueStoreError, Subscription, WaitEnd, WakeKey, WakeUps,
@@ -521,6 +522,23 @@ impl Admission {
             pruned: loaded.pruned,
             reply,
         })
+    }
+
+    /// The time now, by this admission's clock.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Whether this replica leads periodic reconcile tick `tick`.
+    pub(crate) async fn lead_reconcile(&self, tick: u64) -> Result<bool, AdmitError> {
+        self.queues
+            .lead_reconcile(tick)
+            .await
+            .map_err(|source| AdmitError::Store {
+                step: "reconcile",
+                subject: format!("tick {tick}"),
+                source,
+            })
     }
 
     /// Reconciles every queue of the store, in name order; the first failure ends

@@ -160,6 +160,11 @@ impl<P: CrashPlan> QueueStore for CrashingQueues<P> {
         self.inner.list_requests(queue, limit).await
     }
 
+    async fn lead_reconcile(&self, tick: u64) -> Result<bool, QueueStoreError> {
+        self.alive()?;
+        self.inner.lead_reconcile(tick).await
+    }
+
     async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {
         self.alive()?;
         self.inner.list_queues().await

@@ -149,26 +149,37 @@ impl Admission {
 }
 
 impl Admission {
-    /// Reconciles every queue ([`Admission::reconcile_all`]) every `period` until
-    /// `stop` resolves; returns the passes made. A failed pass is logged and the
-    /// next one tries again. Every replica may run one: a pass writes only what
-    /// must change, by compare-and-set, so concurrent passes cost reads, never
-    /// correctness. This is what expires lost builds in a queue no head waits on.
+    /// Reconciles every queue ([`Admission::reconcile_all`]) once per `period`
+    /// until `stop` resolves; returns the passes this replica led. Run it on every
+    /// replica: each tick (the clock's time divided by `period`) has one leader
+    /// ([`QueueStore::lead_reconcile`]), the others skip it. A failed pass is
+    /// logged and the next tick tries again. This is what expires lost builds in a
+    /// queue no head waits on. `period` must be more than zero.
     pub async fn reconcile_periodically(
         &self,
         period: Duration,
         stop: impl std::future::Future<Output = ()>,
     ) -> u64 {
-        let mut passes = 0;
-        let mut tick = tokio::time::interval(period);
+        let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut led = 0;
+        let mut tick = tokio::time::interval(period.max(Duration::from_millis(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
         loop {
             tokio::select! {
-                () = &mut stop => return passes,
+                () = &mut stop => return led,
                 _ = tick.tick() => {}
             }
-            passes += 1;
+            let number = self.now().as_millis() / period_ms;
+            match self.lead_reconcile(number).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "periodic reconcile: leadership unknown");
+                    continue;
+                }
+            }
+            led += 1;
             if let Err(e) = self.reconcile_all().await {
                 tracing::warn!(error = %e, "periodic reconcile failed; the next tick retries");
             }

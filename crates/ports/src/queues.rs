@@ -68,6 +68,12 @@ pub trait QueueStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Request>, QueueStoreError>;
 
+    /// Whether this caller leads periodic reconcile tick `tick` (a period number:
+    /// now divided by the period). Ticks only move forward: exactly one caller of
+    /// all replicas gets `true` for a tick; a tick not after the last led one is
+    /// `false`.
+    async fn lead_reconcile(&self, tick: u64) -> Result<bool, QueueStoreError>;
+
     /// Every queue's name, in name order.
     async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError>;
 

@@ -133,6 +133,7 @@ macro_rules! conformance_tests {
             queues::list_requests_in_sequence_order,
             queues::list_queues_in_name_order,
             queues::prune_requests_keeps_head_green_owners_and_live,
+            queues::one_reconcile_leader_per_tick,
             security::hostile_strings_are_stored_literally,
             wake::writes_that_free_tokens_signal_their_key,
             wake::a_queue_write_signals_its_queue,

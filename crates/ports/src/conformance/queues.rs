@@ -617,3 +617,26 @@ pub async fn prune_requests_keeps_head_green_owners_and_live(db: &dyn TestDataba
         "numbering continues past pruned requests"
     );
 }
+
+/// One leader per reconcile tick: of 16 callers on three instances asking for one
+/// tick, exactly one leads; an old tick never leads again; the next one does.
+pub async fn one_reconcile_leader_per_tick(db: &dyn TestDatabase) {
+    let inst = instances(db).await;
+    let barrier = Arc::new(Barrier::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..16usize {
+        let (s, barrier) = (inst[i % inst.len()].clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            s.queues.lead_reconcile(1_000).await.expect("lead")
+        }));
+    }
+    let mut leaders = 0;
+    for t in tasks {
+        leaders += usize::from(t.await.expect("lead task panicked"));
+    }
+    assert_eq!(leaders, 1, "one leader of tick 1000");
+    assert_eq!(inst[1].queues.lead_reconcile(1_000).await, Ok(false));
+    assert_eq!(inst[2].queues.lead_reconcile(999).await, Ok(false));
+    assert_eq!(inst[0].queues.lead_reconcile(1_001).await, Ok(true));
+}

@@ -15,7 +15,8 @@
 //! scenario and lists every point its writes passed (`holdfast::failpoint::passed`);
 //! the test also requires that list to contain, for every write kind of the domain
 //! (exhaustive matches below, so a new kind does not compile until it is placed),
-//! both sides of the writes process, outcome and dead letter make. Then, for each
+//! both sides of the writes every step makes (ingest with its request creation,
+//! process, outcome, dead letter, heartbeat, set-limit, reconcile, backfill). Then, for each
 //! point, on a fresh database: a child armed with it aborts there
 //! (`std::process::abort`); the parent (a new process for the database) redelivers
 //! the interrupted message, plays the rest of the scenario and drains (processes
@@ -40,7 +41,11 @@
 //! has failpoints too; the checks allow that one stale owner until it is pruned.
 //! Another loses the reply of an applied claim (the store call fails after the
 //! write), so that a later redelivery finds an accepted request owning a slot after
-//! a newer head arrived: the fence, release and supersede writes.
+//! a newer head arrived: the fence, release and supersede writes (and, later, the
+//! dead letter's fence). Another writes a processing request without a slot, as
+//! binaries that counted slots anonymously left it, for the backfill. The scenario
+//! clock moves a second per event and jumps past the slot lease once, so a
+//! reconcile expires an owner.
 
 #[path = "../../adapters-postgres/tests/support/mod.rs"]
 mod pg_support;
@@ -149,6 +154,11 @@ enum Event {
     Tick,
     /// A reconcile pass (`queue reconcile`, or the periodic one).
     Reconcile,
+    /// Writes request k (the accepted head) as processing without a slot, as
+    /// binaries that counted slots anonymously left their admitted requests.
+    Orphan(u64),
+    /// The migration from an anonymous count (`queue backfill`).
+    Backfill,
 }
 
 impl Event {
@@ -160,7 +170,9 @@ impl Event {
             | Event::Heartbeat(_)
             | Event::SetLimit(_)
             | Event::Tick
-            | Event::Reconcile => None,
+            | Event::Reconcile
+            | Event::Orphan(_)
+            | Event::Backfill => None,
             Event::Process(k)
             | Event::ProcessLosingReply(k)
             | Event::Outcome(k, _)
@@ -210,6 +222,10 @@ const SCENARIO: &[Event] = &[
     Event::Ingest(11),                           // stamp
     Event::Process(11),                          // claim, mark: owners {11}
     Event::Outcome(11, BuildOutcome::Succeeded), // release, finish, record_green
+    Event::Ingest(12),                           // stamp
+    Event::Orphan(12),                           // processing without a slot (old binaries)
+    Event::Backfill,                             // backfill: owners {12}
+    Event::Outcome(12, BuildOutcome::Succeeded), // release, finish, record_green
 ];
 
 /// The scenario clock when event `i` plays (and, for `i = SCENARIO.len()`, when
@@ -364,6 +380,31 @@ async fn play(
             .await
             .map(|done| format!("pruned {}", done.pruned.len()))
             .map_err(|e| e.to_string()),
+        Event::Orphan(k) => {
+            let id = request(queue, k);
+            let stored = queues
+                .load_request(&id)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no request to orphan")?;
+            let admitted = Request {
+                state: RequestState::Processing,
+                plan: Some(holdfast_domain::BuildPlan {
+                    strategy: holdfast_domain::BuildStrategy::Full,
+                    base: None,
+                }),
+                ..stored.clone()
+            };
+            match queues.cas_request(stored.version, &admitted).await {
+                Ok(CasOutcome::Applied) => Ok("orphaned".to_owned()),
+                other => Err(format!("orphaning a request: {other:?}")),
+            }
+        }
+        Event::Backfill => plain
+            .backfill(queue)
+            .await
+            .map(|done| format!("added {}", done.added.len()))
+            .map_err(|e| e.to_string()),
     }
 }
 
@@ -487,6 +528,8 @@ struct Observer {
     raw: Raw,
     /// Terminal owners written by [`Event::LeakSlot`] and not yet pruned.
     leaked: BTreeSet<RequestId>,
+    /// Processing requests written by [`Event::Orphan`] and not yet backfilled.
+    orphaned: BTreeSet<RequestId>,
 }
 
 impl Observer {
@@ -558,9 +601,10 @@ fn expired(state: &State, id: &RequestId) -> bool {
 fn state_violations(
     state: &State,
     name: &QueueName,
-    leaked: &BTreeSet<RequestId>,
+    crafted: (&BTreeSet<RequestId>, &BTreeSet<RequestId>),
     allow: Allow,
 ) -> Vec<String> {
+    let (leaked, orphaned) = crafted;
     let queue = state
         .queue
         .clone()
@@ -574,7 +618,7 @@ fn state_violations(
                 !leaked.contains(owner) && !expired(state, owner)
             }
             Violation::ProcessingWithoutSlot { request } => {
-                allow.interrupted.as_ref() != Some(request)
+                allow.interrupted.as_ref() != Some(request) && !orphaned.contains(request)
             }
             Violation::TooManyOwners { .. } | Violation::OwnerMissing { .. } => true,
         })
@@ -670,7 +714,7 @@ fn check(
     bad.extend(state_violations(
         after,
         &observer.queue,
-        &observer.leaked,
+        (&observer.leaked, &observer.orphaned),
         allow,
     ));
     assert!(
@@ -680,6 +724,9 @@ fn check(
     );
     let owners = after.owners();
     observer.leaked.retain(|id| owners.contains(id));
+    observer
+        .orphaned
+        .retain(|id| !owners.contains(id) && after.state_of(id) == Some(RequestState::Processing));
 }
 
 // ---------------------------------------------------------------------------------
@@ -750,6 +797,7 @@ fn run(rt: &Runtime, url: &str, raw: Raw, queue: QueueName, point: Option<&str>)
         queue,
         raw,
         leaked: BTreeSet::new(),
+        orphaned: BTreeSet::new(),
     };
     let mut before = rt.block_on(observer.snapshot());
     let mut current: Option<usize> = None;
@@ -779,8 +827,14 @@ fn run(rt: &Runtime, url: &str, raw: Raw, queue: QueueName, point: Option<&str>)
                     .next()
                     .and_then(|s| s.parse().ok())
                     .expect("ok index");
-                if let Event::LeakSlot(k) = SCENARIO[i] {
-                    observer.leaked.insert(request(&observer.queue, k));
+                match SCENARIO[i] {
+                    Event::LeakSlot(k) => {
+                        observer.leaked.insert(request(&observer.queue, k));
+                    }
+                    Event::Orphan(k) => {
+                        observer.orphaned.insert(request(&observer.queue, k));
+                    }
+                    _ => {}
                 }
             }
             "error" => panic!("{}", context(&format!("the child failed: {rest}"))),
@@ -849,8 +903,14 @@ fn recover(rt: &Runtime, observer: &mut Observer, before: State, at: usize, cont
         if let Err(e) = played {
             panic!("{context} replaying event {i} {event:?}: {e}");
         }
-        if let Event::LeakSlot(k) = event {
-            observer.leaked.insert(request(&observer.queue, *k));
+        match event {
+            Event::LeakSlot(k) => {
+                observer.leaked.insert(request(&observer.queue, *k));
+            }
+            Event::Orphan(k) => {
+                observer.orphaned.insert(request(&observer.queue, *k));
+            }
+            _ => {}
         }
         let what = if i == at { "redelivered" } else { "replayed" };
         let what = format!("{context} {what} event {i} {event:?}");
@@ -931,8 +991,8 @@ fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
         QueueWrite::Release => &["process", "outcome", "dead_letter"],
         // A succeeded outcome, after its terminal write.
         QueueWrite::RecordGreen => &["outcome"],
-        // Written only by the reconcile step's migration backfill.
-        QueueWrite::Backfill { .. } => &[],
+        // The migration from an anonymous count.
+        QueueWrite::Backfill { .. } => &["backfill"],
     }
 }
 

@@ -299,6 +299,13 @@ impl StoreDeliveries {
         state.ready.len() + state.waiting.len() + state.out.len()
     }
 
+    /// Whether a delivery is ready or handed out and not answered yet (held and
+    /// backing-off ones are not busy: they wait for time or a freed slot).
+    pub fn busy(&self) -> bool {
+        let state = self.lock();
+        !state.ready.is_empty() || !state.out.is_empty()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -144,6 +144,9 @@ pub enum CliError {
         /// What went wrong.
         detail: String,
     },
+    /// A `queue work` worker failed (its delivery source, or a panic).
+    #[error("queue work: {0}")]
+    Worker(String),
     /// The simulator could not run (`holdfast simulate`).
     #[error(transparent)]
     Simulate(Box<crate::simulator::SimulateError>),
@@ -182,6 +185,7 @@ impl CliError {
             | CliError::Statuses(_)
             | CliError::Queues(_)
             | CliError::Io { .. }
+            | CliError::Worker(_)
             | CliError::Demo { .. } => ErrorClass::Backend,
         }
     }

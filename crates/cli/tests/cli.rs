@@ -78,6 +78,11 @@ fn queue_slot_operations_pause_heartbeat_reconcile_prune() {
 }
 
 #[test]
+fn queue_work_admits_what_the_store_holds() {
+    cli_support::queue_work(&Holdfast::sqlite());
+}
+
+#[test]
 fn a_lost_outcome_expires_with_the_slot_lease_and_the_queue_moves_on() {
     cli_support::queue_lease_expiry(&Holdfast::sqlite());
 }

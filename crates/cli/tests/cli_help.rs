@@ -27,6 +27,7 @@ const COMMANDS: &[&[&str]] = &[
     &["queue", "reconcile"],
     &["queue", "set-limit"],
     &["queue", "prune"],
+    &["queue", "work"],
     &["queue", "backfill"],
     &["queue", "show"],
     &["demo"],

@@ -126,6 +126,7 @@ async fn queue_slot_operations_on_postgres() {
     tokio::task::spawn_blocking(move || {
         cli_support::queue_slot_operations(&h);
         cli_support::queue_lease_expiry(&h);
+        cli_support::queue_work(&h);
     })
     .await
     .expect("the slot operations panicked");

@@ -9,6 +9,7 @@
 
 mod slots;
 mod view;
+mod work;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use holdfast::clock::SystemClock;
 
 pub use slots::{HeartbeatView, LimitView, PruneView, PrunedView, ReconcileView};
 pub use view::{LastGreenView, OwnerView, QueueView, ReplyView, RequestView, StepView, queue_view};
+pub use work::{PublishedView, WorkView};
 
 /// The most requests `queue show` lists: the newest ones.
 pub const SHOW_LIMIT: usize = 1000;
@@ -47,6 +49,8 @@ pub enum QueueCommand {
     SetLimit(SetLimitArgs),
     /// Delete terminal requests older than an age, never the head or the last green
     Prune(PruneArgs),
+    /// Run admission workers over the stored requests of queues: admit what can be admitted, print the builds to publish, stop when nothing is left to do
+    Work(WorkArgs),
     /// Migrate a queue from an anonymous-count admission: add every processing request to the slot owners
     ///
     /// Run it once per queue with the old binaries stopped: old and new code must
@@ -125,6 +129,17 @@ pub struct SetLimitArgs {
     /// Build slots, 0 to 1000000; 0 pauses the queue
     #[arg(long, value_name = "N")]
     pub max: u32,
+}
+
+/// `queue work`.
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// A queue to work on (repeat for more)
+    #[arg(long, value_name = "Q", required = true)]
+    pub queue: Vec<QueueName>,
+    /// Workers, 1 to 64
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub workers: usize,
 }
 
 /// `queue prune`.
@@ -217,6 +232,7 @@ pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError>
         QueueCommand::Prune(args) => {
             slots::prune(ctx, &admission, &args.queue, args.older_than).await
         }
+        QueueCommand::Work(args) => work::work(ctx, admission, args.queue, args.workers).await,
         QueueCommand::Backfill(args) => {
             let backfill = admission.backfill(&args.queue).await?;
             if let Reply::DeadLetter(_) = backfill.reply {

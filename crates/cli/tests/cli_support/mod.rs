@@ -695,3 +695,45 @@ pub fn owners_brief(owners: &serde_json::Value) -> serde_json::Value {
         .map(|o| serde_json::json!({"request": o["request"], "state": o["state"], "live": o["live"]}))
         .collect()
 }
+
+/// `queue work` admits what the store holds: of three ingested revisions the head
+/// is published and the older two superseded; a fourth is held at the closed gate
+/// (one slot); after the first build's outcome a second run publishes it.
+pub fn queue_work(h: &Holdfast) {
+    for uri in ["w-1", "w-2", "w-3"] {
+        h.json(&["queue", "ingest", "--queue", "work", "--uri", uri]);
+    }
+    let run = h.json(&["queue", "work", "--queue", "work", "--workers", "3"]);
+    assert_eq!(
+        run["published"],
+        serde_json::json!([{"request": "request/work/3", "strategy": "full", "base": null}]),
+        "{run}"
+    );
+    let shown = h.json(&["queue", "show", "--queue", "work"]);
+    let states: Vec<&str> = shown["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .filter_map(|r| r["state"].as_str())
+        .collect();
+    assert_eq!(states, ["superseded", "superseded", "processing"]);
+    h.json(&["queue", "ingest", "--queue", "work", "--uri", "w-4"]);
+    let held = h.json(&["queue", "work", "--queue", "work"]);
+    assert_eq!(held["published"], serde_json::json!([]), "{held}");
+    assert!(
+        held["deliveries"]["held"].as_u64().is_some_and(|n| n >= 1),
+        "{held}"
+    );
+    h.json(&[
+        "queue",
+        "outcome",
+        "--request",
+        "request/work/3",
+        "--status",
+        "succeeded",
+    ]);
+    let next = h.json(&["queue", "work", "--queue", "work"]);
+    assert_eq!(next["published"][0]["request"], "request/work/4", "{next}");
+    let bad = h.fails(&["queue", "work", "--queue", "work", "--workers", "0"], 2);
+    assert!(bad.contains("expected 1 to 64"), "{bad}");
+}

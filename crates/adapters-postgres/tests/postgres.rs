@@ -775,3 +775,77 @@ fn with_database_replaces_only_the_path() {
         "postgres://h/t3"
     );
 }
+
+/// A database at schema version 2 (migrated by an older holdfast) with a request
+/// building in a slot: after the upgrade to version 3 the owner keeps its slot
+/// with a lease starting at the upgrade, the request has no fail reason, and the
+/// queue no stored limit until its next head is stamped.
+#[tokio::test]
+async fn upgrading_from_version_2_starts_owner_leases_at_the_upgrade() {
+    use std::borrow::Cow;
+
+    use holdfast_adapters_postgres::MIGRATIONS;
+    use holdfast_domain::{QueueName, RequestId, Timestamp};
+    use holdfast_ports::QueueStore;
+    use sqlx::SqlSafeStr;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+
+    let Some(db) = TestDb::create("upgrading_from_version_2").await else {
+        return;
+    };
+    let mut conn = db.connection().await;
+    let older = Migrator::with_migrations(
+        MIGRATIONS[..2]
+            .iter()
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    *version,
+                    Cow::Borrowed(*description),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect(),
+    );
+    older.run(&mut conn).await.expect("migrate to version 2");
+    for row in [
+        "INSERT INTO queues (name, latest_request_id, owners, version)
+         VALUES ('main', 'request/main/1', '{request/main/1}', 3)",
+        "INSERT INTO queues (name, version) VALUES ('empty', 1)",
+        "INSERT INTO requests (queue, seq, uri, state, strategy, version)
+         VALUES ('main', 1, 'git:a', 'processing', 'full', 2)",
+    ] {
+        exec(&mut conn, row).await;
+    }
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    let backend = db.backend(LockStrategy::Insert, 2).await;
+    let name = QueueName::new("main").expect("queue");
+    let queue = backend
+        .load_queue(&name)
+        .await
+        .expect("load")
+        .expect("queue");
+    let id = RequestId::new(name, 1);
+    let slot = queue.owners[&id];
+    let since = Timestamp::from_millis(u64::try_from(before).expect("millis") - 60_000);
+    assert!(slot.claimed_at >= since, "{slot:?}");
+    assert_eq!(slot.claimed_at, slot.heartbeat_at);
+    assert_eq!(queue.max_concurrent, None);
+    let request = backend
+        .load_request(&id)
+        .await
+        .expect("load")
+        .expect("request");
+    assert_eq!(request.reason, None);
+    assert!(request.ingested_at >= since);
+    let empty = backend
+        .load_queue(&QueueName::new("empty").expect("queue"))
+        .await
+        .expect("load")
+        .expect("queue");
+    assert!(empty.owners.is_empty());
+}

@@ -52,30 +52,42 @@ async fn schema_after_migrations() {
     insta::assert_snapshot!(out);
 }
 
+/// A database file at schema `version` (its migrations applied and recorded as an
+/// older holdfast would), holding the rows `rows` inserts.
+fn at_version(version: usize, rows: &str) -> TempDb {
+    use holdfast_adapters_sqlite::MIGRATIONS;
+
+    let file = TempDb::new();
+    let conn = Connection::open(file.path()).expect("raw connection");
+    conn.execute_batch(
+        "CREATE TABLE holdfast_schema (version INTEGER NOT NULL PRIMARY KEY,
+             name TEXT NOT NULL, applied_at TEXT NOT NULL);",
+    )
+    .expect("version table");
+    for m in &MIGRATIONS[..version] {
+        conn.execute_batch(m.sql).expect("an older migration");
+        conn.execute(
+            "INSERT INTO holdfast_schema VALUES (?1, ?2, '2026-01-01T00:00:00.000Z')",
+            rusqlite::params![m.version, m.name],
+        )
+        .expect("record it");
+    }
+    conn.execute_batch(rows).expect("the older database's rows");
+    file
+}
+
 /// A database written by schema version 1 with a transaction holding a lock: after
 /// the upgrade to version 2 the lock counts as selected, so its Confirmed spends
 /// the token (the upgrade loses no spend).
 #[tokio::test]
 async fn upgrading_from_version_1_keeps_held_locks_spendable_by_their_transaction() {
-    use holdfast_adapters_sqlite::MIGRATIONS;
     use holdfast_domain::{Timestamp, TokenId, TxId};
 
-    let file = TempDb::new();
-    {
-        let conn = Connection::open(file.path()).expect("raw connection");
-        conn.execute_batch(
-            "CREATE TABLE holdfast_schema (version INTEGER NOT NULL PRIMARY KEY,
-                 name TEXT NOT NULL, applied_at TEXT NOT NULL);",
-        )
-        .expect("version table");
-        conn.execute_batch(MIGRATIONS[0].sql).expect("version 1");
-        conn.execute_batch(
-            "INSERT INTO holdfast_schema VALUES (1, 'tokens_locks_statuses_queues', '2026-01-01T00:00:00.000Z');
-             INSERT INTO tokens VALUES ('fund', 0, 'w', 'CHF', '0000000000000000000000000000000a', 1, NULL, NULL);
-             INSERT INTO locks VALUES ('fund', 0, 'pay-1', '2026-01-01T00:00:00.000Z');",
-        )
-        .expect("a version 1 database with a held lock");
-    }
+    let file = at_version(
+        1,
+        "INSERT INTO tokens VALUES ('fund', 0, 'w', 'CHF', '0000000000000000000000000000000a', 1, NULL, NULL);
+         INSERT INTO locks VALUES ('fund', 0, 'pay-1', '2026-01-01T00:00:00.000Z');",
+    );
     let backend = file.open().await;
     let stores = backend.stores();
     let fund = TokenId::new(TxId::new("fund").expect("tx"), 0);
@@ -98,28 +110,14 @@ async fn upgrading_from_version_1_keeps_held_locks_spendable_by_their_transactio
 /// reason, and the queue has no stored limit until its next head is stamped.
 #[tokio::test]
 async fn upgrading_from_version_2_starts_owner_leases_at_the_upgrade() {
-    use holdfast_adapters_sqlite::MIGRATIONS;
     use holdfast_domain::{QueueName, RequestId, Timestamp};
 
-    let file = TempDb::new();
-    {
-        let conn = Connection::open(file.path()).expect("raw connection");
-        conn.execute_batch(
-            "CREATE TABLE holdfast_schema (version INTEGER NOT NULL PRIMARY KEY,
-                 name TEXT NOT NULL, applied_at TEXT NOT NULL);",
-        )
-        .expect("version table");
-        conn.execute_batch(MIGRATIONS[0].sql).expect("version 1");
-        conn.execute_batch(MIGRATIONS[1].sql).expect("version 2");
-        conn.execute_batch(
-            "INSERT INTO holdfast_schema VALUES (1, 'tokens_locks_statuses_queues', '2026-01-01T00:00:00.000Z');
-             INSERT INTO holdfast_schema VALUES (2, 'selections', '2026-01-01T00:00:00.000Z');
-             INSERT INTO queues VALUES ('main', 'request/main/1', NULL, NULL, 3);
-             INSERT INTO requests VALUES ('main', 1, 'git:a', 'processing', 'full', NULL, 2);
-             INSERT INTO queue_owners VALUES ('main', 'request/main/1');",
-        )
-        .expect("a version 2 database with a slot owner");
-    }
+    let file = at_version(
+        2,
+        "INSERT INTO queues VALUES ('main', 'request/main/1', NULL, NULL, 3);
+         INSERT INTO requests VALUES ('main', 1, 'git:a', 'processing', 'full', NULL, 2);
+         INSERT INTO queue_owners VALUES ('main', 'request/main/1');",
+    );
     let before = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")

@@ -137,22 +137,21 @@ fn no_queue(queue: &QueueName) -> CliError {
     }
 }
 
+/// A missing queue is bad input, not an empty answer.
+async fn ensure_queue(ctx: &Context, queue: &QueueName) -> Result<(), CliError> {
+    match ctx.backend.stores().queues.load_queue(queue).await? {
+        Some(_) => Ok(()),
+        None => Err(no_queue(queue)),
+    }
+}
+
 /// One reconcile pass over `queue`, printing what it pruned and why.
 pub async fn reconcile(
     ctx: &Context,
     admission: &Admission,
     queue: &QueueName,
 ) -> Result<Rendered, CliError> {
-    if ctx
-        .backend
-        .stores()
-        .queues
-        .load_queue(queue)
-        .await?
-        .is_none()
-    {
-        return Err(no_queue(queue));
-    }
+    ensure_queue(ctx, queue).await?;
     let done = admission.reconcile(queue).await?;
     Ok(Rendered::of(&ReconcileView {
         queue: queue.to_string(),
@@ -250,16 +249,7 @@ pub async fn prune(
     queue: &QueueName,
     older_than: Duration,
 ) -> Result<Rendered, CliError> {
-    if ctx
-        .backend
-        .stores()
-        .queues
-        .load_queue(queue)
-        .await?
-        .is_none()
-    {
-        return Err(no_queue(queue));
-    }
+    ensure_queue(ctx, queue).await?;
     let deleted = admission.prune(queue, older_than).await?;
     Ok(Rendered::of(&PruneView {
         queue: queue.to_string(),

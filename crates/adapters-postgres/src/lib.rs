@@ -44,5 +44,5 @@ pub use backend::PgBackend;
 pub use error::{ConnectError, redact_url};
 pub use locks::{RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED};
 pub use options::{LockStrategy, OptionsError, PgOptions, UnknownStrategy};
-pub use schema::MIGRATIONS;
+pub use schema::{MIGRATIONS, migrator_up_to};
 pub use wake::{CHANNEL, COALESCE};

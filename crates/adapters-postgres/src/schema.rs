@@ -25,9 +25,17 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,
 /// so replicas starting at once apply each version exactly once.
 pub fn migrator() -> Migrator {
+    migrator_up_to(i64::MAX)
+}
+
+/// A migrator over the migrations up to `version`: the schema an older holdfast
+/// left (upgrade tests start from it). The checksums are the same, so a later
+/// [`migrator`] applies only what follows.
+pub fn migrator_up_to(version: i64) -> Migrator {
     Migrator::with_migrations(
         MIGRATIONS
             .iter()
+            .filter(|(v, _, _)| *v <= version)
             .map(|(version, description, sql)| {
                 Migration::new(
                     *version,

@@ -782,32 +782,14 @@ fn with_database_replaces_only_the_path() {
 /// queue no stored limit until its next head is stamped.
 #[tokio::test]
 async fn upgrading_from_version_2_starts_owner_leases_at_the_upgrade() {
-    use std::borrow::Cow;
-
-    use holdfast_adapters_postgres::MIGRATIONS;
     use holdfast_domain::{QueueName, RequestId, Timestamp};
     use holdfast_ports::QueueStore;
-    use sqlx::SqlSafeStr;
-    use sqlx::migrate::{Migration, MigrationType, Migrator};
 
     let Some(db) = TestDb::create("upgrading_from_version_2").await else {
         return;
     };
     let mut conn = db.connection().await;
-    let older = Migrator::with_migrations(
-        MIGRATIONS[..2]
-            .iter()
-            .map(|(version, description, sql)| {
-                Migration::new(
-                    *version,
-                    Cow::Borrowed(*description),
-                    MigrationType::Simple,
-                    sql.into_sql_str(),
-                    false,
-                )
-            })
-            .collect(),
-    );
+    let older = holdfast_adapters_postgres::migrator_up_to(2);
     older.run(&mut conn).await.expect("migrate to version 2");
     for row in [
         "INSERT INTO queues (name, latest_request_id, owners, version)

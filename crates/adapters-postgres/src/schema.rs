@@ -30,7 +30,8 @@ pub fn migrator() -> Migrator {
 
 /// A migrator over the migrations up to `version`: the schema an older holdfast
 /// left (upgrade tests start from it). The checksums are the same, so a later
-/// [`migrator`] applies only what follows.
+/// migrator of every version (what opening a backend runs) applies only what
+/// follows.
 pub fn migrator_up_to(version: i64) -> Migrator {
     Migrator::with_migrations(
         MIGRATIONS

@@ -78,6 +78,9 @@ const LIST_REQUESTS: &str = "
 
 const LIST_QUEUES: &str = "SELECT name FROM queues ORDER BY name";
 
+/// The longest retention age bound into SQL: a thousand years.
+const MAX_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 3_600);
+
 /// Moves the reconcile tick forward; a row updated means this caller leads it.
 const LEAD_RECONCILE: &str = "
     UPDATE reconcile_ticks SET tick = $1 WHERE name = 'reconcile' AND tick < $1";
@@ -411,7 +414,9 @@ impl QueueStore for PgBackend {
             .note(
                 sqlx::query(PRUNE_REQUESTS)
                     .bind(queue.as_str())
-                    .bind(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX))
+                    // Beyond a millennium nothing is old enough, and PostgreSQL's
+                    // timestamps end in year 294276.
+                    .bind(i64::try_from(older_than.min(MAX_AGE).as_millis()).unwrap_or(i64::MAX))
                     .execute(self.pool())
                     .await,
             )

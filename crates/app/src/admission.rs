@@ -490,12 +490,12 @@ impl Admission {
         .await
     }
 
-    /// Dead-letters a request: releases its slot, then marks it failed (unless it
-    /// is terminal already).
+    /// Dead-letters a request: marks it failed (unless it is terminal already),
+    /// then releases its slot.
     pub async fn dead_letter(&self, id: &RequestId) -> Result<Reply, AdmitError> {
         let span = tracing::info_span!("admission_dead_letter", request = %id);
         self.drive("dead_letter", Load::Request(id), |l| {
-            rules::decide_dead_letter(l.request.as_ref(), l.queue.as_ref(), &l.memo)
+            rules::decide_dead_letter(l.request.as_ref(), l.queue.as_ref())
         })
         .instrument(span)
         .await
@@ -541,9 +541,16 @@ impl Admission {
             })
     }
 
-    /// Reconciles every queue of the store, in name order; the first failure ends
-    /// the pass. What a periodic reconcile runs.
-    pub async fn reconcile_all(&self) -> Result<Vec<(QueueName, Reconciled)>, AdmitError> {
+    /// Reconciles every queue of the store, in name order: what a periodic
+    /// reconcile runs. A queue whose pass fails does not stop the others: its
+    /// error is in its entry. Listing the queues failing is the one error.
+    #[allow(
+        clippy::type_complexity,
+        reason = "one entry per queue: its name and its pass"
+    )]
+    pub async fn reconcile_all(
+        &self,
+    ) -> Result<Vec<(QueueName, Result<Reconciled, AdmitError>)>, AdmitError> {
         let queues = self
             .queues
             .list_queues()
@@ -555,7 +562,7 @@ impl Admission {
             })?;
         let mut out = Vec::new();
         for queue in queues {
-            let done = self.reconcile(&queue).await?;
+            let done = self.reconcile(&queue).await;
             out.push((queue, done));
         }
         Ok(out)
@@ -662,7 +669,7 @@ impl Admission {
         };
         let mut conflicts = 0u32;
         let mut rounds = 0u32;
-        let max = max_rounds(self.policy.max_conflicts);
+        let mut max = max_rounds(self.policy.max_conflicts);
         loop {
             match load {
                 Load::Request(id) => {
@@ -685,6 +692,12 @@ impl Admission {
                 let owners = u32::try_from(queue.owners.len()).unwrap_or(u32::MAX);
                 metrics::gauge!(m::ADMISSION_SLOT_OWNERS, "queue" => queue.name.to_string())
                     .set(f64::from(owners));
+                // A reconcile fails each expired owner with a write of its own:
+                // the bound allows one more round per owner (and its reload).
+                max = max.max(
+                    max_rounds(self.policy.max_conflicts)
+                        .saturating_add(owners.saturating_mul(ROUNDS_PER_CONFLICT)),
+                );
             }
             let write = loop {
                 rounds = rounds.saturating_add(1);
@@ -748,6 +761,11 @@ impl Admission {
                     _ => {}
                 }
             } else {
+                // A request that moved on under us is read again (a loaded owner
+                // kept would make the same compare-and-set fail every round).
+                if let Write::Request { request, .. } = &write {
+                    loaded.owners.remove(&request.id);
+                }
                 conflicts += 1;
                 if conflicts > self.policy.max_conflicts {
                     return Err(AdmitError::Conflicts {

@@ -18,7 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use holdfast_domain::{QueueName, Reply, RequestId, RequestState};
 use holdfast_ports::{
-    BuildPublisher, Delivery, DeliveryError, DeliverySource, Message, QueueStore, WakeKey, WakeUps,
+    BuildPublisher, Delivery, DeliveryError, DeliverySource, Message, QueueStore, Subscription,
+    WakeKey, WakeUps,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -151,8 +152,9 @@ impl Admission {
 impl Admission {
     /// Reconciles every queue ([`Admission::reconcile_all`]) once per `period`
     /// until `stop` resolves; returns the passes this replica led. Run it on every
-    /// replica: each tick (the clock's time divided by `period`) has one leader
-    /// ([`QueueStore::lead_reconcile`]), the others skip it. A failed pass is
+    /// replica: each tick (named by its start, the clock's time rounded down to a
+    /// multiple of `period`) has one leader ([`QueueStore::lead_reconcile`]), the
+    /// others skip it; replicas with different periods still move forward. A failed pass is
     /// logged and the next tick tries again. This is what expires lost builds in a
     /// queue no head waits on. `period` must be more than zero.
     pub async fn reconcile_periodically(
@@ -170,8 +172,9 @@ impl Admission {
                 () = &mut stop => return led,
                 _ = tick.tick() => {}
             }
-            let number = self.now().as_millis() / period_ms;
-            match self.lead_reconcile(number).await {
+            // A tick is named by its start: ticks of any period only move forward.
+            let tick = self.now().as_millis() / period_ms * period_ms;
+            match self.lead_reconcile(tick).await {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {
@@ -180,8 +183,17 @@ impl Admission {
                 }
             }
             led += 1;
-            if let Err(e) = self.reconcile_all().await {
-                tracing::warn!(error = %e, "periodic reconcile failed; the next tick retries");
+            match self.reconcile_all().await {
+                Ok(passes) => {
+                    for (queue, pass) in passes {
+                        if let Err(e) = pass {
+                            tracing::warn!(%queue, error = %e, "periodic reconcile of a queue failed; the next tick retries");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "periodic reconcile failed; the next tick retries");
+                }
             }
         }
     }
@@ -215,6 +227,11 @@ struct Inner {
     waiting: BTreeMap<u64, (Delivery, Instant)>,
     /// Handed out and not answered yet.
     out: BTreeMap<u64, Delivery>,
+    /// Process deliveries handed out, watching their queue from before the step
+    /// read it: a slot freed between the read and a hold is not missed.
+    watches: BTreeMap<u64, Subscription>,
+    /// Scans under way (a scan may find work: the source is busy meanwhile).
+    scanning: usize,
     closed: bool,
 }
 
@@ -303,29 +320,29 @@ impl StoreDeliveries {
     /// backing-off ones are not busy: they wait for time or a freed slot).
     pub fn busy(&self) -> bool {
         let state = self.lock();
-        !state.ready.is_empty() || !state.out.is_empty()
+        !state.ready.is_empty() || !state.out.is_empty() || state.scanning > 0
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Moves `delivery` to the waiting set until `due`; with wake-ups, a held
-    /// process message is due at once when its queue is signalled.
+    /// Moves `delivery` to the waiting set until `due`; a held process message
+    /// whose queue is watched is due at once when its queue is signalled.
     fn wait(&self, delivery: Delivery, due: Instant, wake_early: bool) {
         let id = delivery.id;
-        let queue = delivery.message.queue().clone();
-        {
+        let watch = {
             let mut state = self.lock();
             state.out.remove(&id);
+            let watch = state.watches.remove(&id);
             state.waiting.insert(id, (delivery, due));
-        }
+            watch
+        };
         self.notify.notify_one();
-        let Some(wake) = self.wake.clone().filter(|_| wake_early) else {
+        let Some(mut watch) = watch.filter(|_| wake_early) else {
             return;
         };
         let (state, notify) = (Arc::clone(&self.state), Arc::clone(&self.notify));
-        let mut watch = wake.subscribe(WakeKey::Queue(queue), None);
         tokio::spawn(async move {
             if watch.wait_until(due).await == holdfast_ports::WaitEnd::Signalled {
                 let mut inner = state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -338,24 +355,22 @@ impl StoreDeliveries {
         });
     }
 
-    /// Process messages for accepted requests of the scope that no delivery of
-    /// this source carries.
-    async fn scan(&self) -> Result<Vec<RequestId>, DeliveryError> {
+    /// The accepted requests of the scope. A queue that cannot be read now is
+    /// logged and skipped: the next scan, a poll later, tries again.
+    async fn scan(&self) -> Vec<RequestId> {
         let mut found = Vec::new();
         for queue in &self.scope {
-            let requests = self
-                .queues
-                .list_requests(queue, SCAN_LIMIT)
-                .await
-                .map_err(|e| DeliveryError(format!("scanning queue {queue}: {e}")))?;
-            found.extend(
-                requests
-                    .into_iter()
-                    .filter(|r| r.state == RequestState::Accepted)
-                    .map(|r| r.id),
-            );
+            match self.queues.list_requests(queue, SCAN_LIMIT).await {
+                Ok(requests) => found.extend(
+                    requests
+                        .into_iter()
+                        .filter(|r| r.state == RequestState::Accepted)
+                        .map(|r| r.id),
+                ),
+                Err(e) => tracing::warn!(%queue, error = %e, "scanning a queue failed; retrying"),
+            }
         }
-        Ok(found)
+        found
     }
 }
 
@@ -384,6 +399,10 @@ impl DeliverySource for StoreDeliveries {
                 }
                 if let Some(d) = state.ready.pop_front() {
                     state.out.insert(d.id, d.clone());
+                    if let (Some(wake), Message::Process(id)) = (&self.wake, &d.message) {
+                        let watch = wake.subscribe(WakeKey::Queue(id.queue().clone()), None);
+                        state.watches.insert(d.id, watch);
+                    }
                     return Ok(Some(d));
                 }
                 let earliest = state.waiting.values().map(|(_, at)| *at).min();
@@ -391,8 +410,10 @@ impl DeliverySource for StoreDeliveries {
             };
             if !scanned {
                 scanned = true;
-                let accepted = self.scan().await?;
+                self.lock().scanning += 1;
+                let accepted = self.scan().await;
                 let mut state = self.lock();
+                state.scanning -= 1;
                 let carried = state.processing();
                 for id in accepted.into_iter().filter(|id| !carried.contains(id)) {
                     let d = state.deliver(Message::Process(id), 0);
@@ -410,7 +431,9 @@ impl DeliverySource for StoreDeliveries {
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<(), DeliveryError> {
-        self.lock().out.remove(&delivery.id);
+        let mut state = self.lock();
+        state.out.remove(&delivery.id);
+        state.watches.remove(&delivery.id);
         Ok(())
     }
 
@@ -432,6 +455,7 @@ impl DeliverySource for StoreDeliveries {
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), DeliveryError> {
         let mut state = self.lock();
         state.out.remove(&delivery.id);
+        state.watches.remove(&delivery.id);
         match &delivery.message {
             Message::Process(id) | Message::Outcome(id, _) => {
                 tracing::warn!(request = %id, reason, "message dead-lettered");

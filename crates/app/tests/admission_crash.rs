@@ -41,8 +41,8 @@
 //! has failpoints too; the checks allow that one stale owner until it is pruned.
 //! Another loses the reply of an applied claim (the store call fails after the
 //! write), so that a later redelivery finds an accepted request owning a slot after
-//! a newer head arrived: the fence, release and supersede writes (and, later, the
-//! dead letter's fence). Another writes a processing request without a slot, as
+//! a newer head arrived: the fence, release and supersede writes (and, later, a
+//! dead letter of an accepted owner). Another writes a processing request without a slot, as
 //! binaries that counted slots anonymously left it, for the backfill. The scenario
 //! clock moves a second per event and jumps past the slot lease once, so a
 //! reconcile expires an owner.
@@ -614,8 +614,12 @@ fn state_violations(
         .filter(|v| match v {
             // A reconcile fails an expired owner, then prunes it; a crash in between
             // leaves it to the redelivered pass.
+            // So does a dead letter (failed first, released next) interrupted
+            // between its writes, until it is redelivered.
             Violation::TerminalOwner { owner, .. } => {
-                !leaked.contains(owner) && !expired(state, owner)
+                !leaked.contains(owner)
+                    && !expired(state, owner)
+                    && allow.interrupted.as_ref() != Some(owner)
             }
             Violation::ProcessingWithoutSlot { request } => {
                 allow.interrupted.as_ref() != Some(request) && !orphaned.contains(request)
@@ -1000,8 +1004,8 @@ fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
 fn request_write_steps(kind: &RequestWrite) -> &'static [&'static str] {
     match kind {
         RequestWrite::Supersede | RequestWrite::MarkProcessing => &["process"],
-        // Before releasing a superseded head's slot, and a dead-lettered one's.
-        RequestWrite::Fence => &["process", "dead_letter"],
+        // Before releasing a superseded head's slot.
+        RequestWrite::Fence => &["process"],
         RequestWrite::Finish(_) => &["outcome"],
         RequestWrite::Fail => &["dead_letter"],
         RequestWrite::Expire => &["reconcile"],

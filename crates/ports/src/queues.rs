@@ -68,10 +68,10 @@ pub trait QueueStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<Request>, QueueStoreError>;
 
-    /// Whether this caller leads periodic reconcile tick `tick` (a period number:
-    /// now divided by the period). Ticks only move forward: exactly one caller of
-    /// all replicas gets `true` for a tick; a tick not after the last led one is
-    /// `false`.
+    /// Whether this caller leads the periodic reconcile tick that starts at `tick`
+    /// (milliseconds since the epoch). Ticks only move forward: exactly one caller
+    /// of all replicas gets `true` for a tick; a tick not after the last led one
+    /// is `false`.
     async fn lead_reconcile(&self, tick: u64) -> Result<bool, QueueStoreError>;
 
     /// Every queue's name, in name order.

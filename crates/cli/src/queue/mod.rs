@@ -236,11 +236,7 @@ pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError>
         QueueCommand::Backfill(args) => {
             let backfill = admission.backfill(&args.queue).await?;
             if let Reply::DeadLetter(_) = backfill.reply {
-                return Err(CliError::NotFound {
-                    what: "queue",
-                    id: args.queue.to_string(),
-                    hint: "a queue exists once a revision is ingested into it",
-                });
+                return Err(no_queue(&args.queue));
             }
             let view = BackfillView {
                 queue: args.queue.to_string(),
@@ -315,11 +311,7 @@ async fn step(
 pub async fn show(ctx: &Context, name: &QueueName) -> Result<QueueView, CliError> {
     let queues = ctx.backend.stores().queues;
     let Some(queue) = queues.load_queue(name).await? else {
-        return Err(CliError::NotFound {
-            what: "queue",
-            id: name.to_string(),
-            hint: "a queue exists once a revision is ingested into it",
-        });
+        return Err(no_queue(name));
     };
     let mut requests = queues.list_requests(name, SHOW_LIMIT).await?;
     // Owners beyond the listing limit are loaded one by one, so liveness is exact.
@@ -332,4 +324,20 @@ pub async fn show(ctx: &Context, name: &QueueName) -> Result<QueueView, CliError
     }
     requests.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(queue_view(ctx, &queue, &requests, SystemClock.now()))
+}
+
+fn no_queue(queue: &QueueName) -> CliError {
+    CliError::NotFound {
+        what: "queue",
+        id: queue.to_string(),
+        hint: "a queue exists once a revision is ingested into it",
+    }
+}
+
+/// A missing queue is bad input, not an empty answer.
+async fn ensure_queue(ctx: &Context, queue: &QueueName) -> Result<(), CliError> {
+    match ctx.backend.stores().queues.load_queue(queue).await? {
+        Some(_) => Ok(()),
+        None => Err(no_queue(queue)),
+    }
 }

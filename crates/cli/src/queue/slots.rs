@@ -8,7 +8,7 @@ use holdfast_domain::admission::{Pruned, PrunedWhy};
 use holdfast_domain::{Heartbeat, QueueName, RequestId};
 use serde::Serialize;
 
-use super::show;
+use super::{ensure_queue, no_queue, show};
 use crate::output::{self, Rendered, Report};
 use crate::{CliError, Context};
 use holdfast::admission::{Admission, SetLimitError};
@@ -126,22 +126,6 @@ impl Report for ReconcileView {
             text.push_str(&format!("  {}\n", p.describe()));
         }
         text
-    }
-}
-
-fn no_queue(queue: &QueueName) -> CliError {
-    CliError::NotFound {
-        what: "queue",
-        id: queue.to_string(),
-        hint: "a queue exists once a revision is ingested into it",
-    }
-}
-
-/// A missing queue is bad input, not an empty answer.
-async fn ensure_queue(ctx: &Context, queue: &QueueName) -> Result<(), CliError> {
-    match ctx.backend.stores().queues.load_queue(queue).await? {
-        Some(_) => Ok(()),
-        None => Err(no_queue(queue)),
     }
 }
 

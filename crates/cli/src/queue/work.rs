@@ -125,6 +125,9 @@ pub async fn work(
             expected: format!("expected 1 to {MAX_WORKERS}"),
         });
     }
+    for queue in &queues {
+        super::ensure_queue(ctx, queue).await?;
+    }
     let stores = ctx.backend.stores();
     let admission = Arc::new(admission.with_wakeups(Arc::clone(&stores.wake)));
     let source = Arc::new(

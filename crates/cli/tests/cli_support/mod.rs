@@ -736,4 +736,6 @@ pub fn queue_work(h: &Holdfast) {
     assert_eq!(next["published"][0]["request"], "request/work/4", "{next}");
     let bad = h.fails(&["queue", "work", "--queue", "work", "--workers", "0"], 2);
     assert!(bad.contains("expected 1 to 64"), "{bad}");
+    let missing = h.fails(&["queue", "work", "--queue", "nope"], 2);
+    assert!(missing.contains("no queue \"nope\""), "{missing}");
 }

@@ -1,10 +1,11 @@
-//! The build outcome and dead-letter steps: release the slot by id, then write the
-//! terminal state; a build outcome then records a succeeded request as the queue's
-//! last green.
+//! The build outcome and dead-letter steps. A build outcome releases the slot by
+//! id, then writes the terminal state, then records a succeeded request as the
+//! queue's last green; a dead letter writes `failed` first (its fence), then
+//! releases.
 //!
-//! Releasing first matters: once a request is terminal, nothing but reconcile looks
-//! at it again, so a crash between a terminal write and a later release would leak
-//! the slot until the next reconcile. A crash between the release and the terminal
+//! For an outcome, releasing first matters: once a request is terminal, nothing but
+//! reconcile looks at it again, so a crash between a terminal write and a later
+//! release would hold the slot until the next reconcile. A crash between the release and the terminal
 //! write instead leaves a processing request without a slot; the redelivered
 //! message finds its id absent (a no-op release) and writes the terminal state.
 //!
@@ -20,8 +21,7 @@
 use std::cmp::Ordering;
 
 use super::{
-    Decision, ProcessMemo, QueueWrite, Reply, RequestWrite, Write, check_pair, release, reply,
-    write_request,
+    Decision, QueueWrite, Reply, RequestWrite, Write, check_pair, release, reply, write_request,
 };
 use crate::request::{LastGreen, Queue, Request, RequestState};
 
@@ -123,38 +123,31 @@ fn record_green(request: &Request, queue: &Queue) -> Decision {
 }
 
 /// Decides the dead-letter step for a request, given the request and its queue as
-/// loaded now (request first), and this delivery's memo (record every applied
-/// write in it, as for the process step).
+/// loaded now (request first).
 ///
 /// - request missing: [`Reply::Ack`];
-/// - terminal (including superseded): release its id if it still owns a slot
-///   (normally absent), else ack;
-/// - accepted and owning a slot: fence it ([`RequestWrite::Fence`]), then release
-///   by id, exactly as a supersede does: a process delivery that read the request
-///   before the fence can no longer mark it processing once the slot is gone;
-/// - processing and owning a slot: release by id;
-/// - accepted or processing without a slot: write `failed`
-///   ([`crate::request::FailReason::DeadLettered`]).
-pub fn decide_dead_letter(
-    request: Option<&Request>,
-    queue: Option<&Queue>,
-    memo: &ProcessMemo,
-) -> Decision {
+/// - accepted or processing: write `failed`
+///   ([`crate::request::FailReason::DeadLettered`]) first, whether or not it owns a
+///   slot. That compare-and-set is the fence: a process delivery that read the
+///   request before it cannot mark it processing any more, and one that reads it
+///   after finds it terminal (and releases a slot it claimed meanwhile);
+/// - terminal (including superseded): release its id if it still owns a slot (the
+///   second write of a dead letter, or a missed release), else ack.
+///
+/// A crash between the two writes leaves a failed request owning its slot: the
+/// redelivered dead letter releases it, and so does any reconcile.
+pub fn decide_dead_letter(request: Option<&Request>, queue: Option<&Queue>) -> Decision {
     let Some(request) = request else {
         return reply(Reply::Ack);
     };
     if let Some(Err(decision)) = queue.map(|q| check_pair(request, q)) {
         return decision;
     }
-    let owned = queue.filter(|q| q.owners.contains_key(&request.id));
-    match (request.state, owned) {
-        (RequestState::Accepted, Some(_)) if !memo.fenced(request) => {
-            write_request(request, RequestWrite::Fence, RequestState::Accepted)
-        }
-        (_, Some(queue)) => release(queue, &request.id),
-        (RequestState::Accepted | RequestState::Processing, None) => {
-            write_request(request, RequestWrite::Fail, RequestState::Failed)
-        }
-        (_, None) => reply(Reply::Ack),
+    if !request.state.is_terminal() {
+        return write_request(request, RequestWrite::Fail, RequestState::Failed);
+    }
+    match queue.filter(|q| q.owners.contains_key(&request.id)) {
+        Some(queue) => release(queue, &request.id),
+        None => reply(Reply::Ack),
     }
 }

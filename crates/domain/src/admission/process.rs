@@ -56,7 +56,7 @@ impl ProcessMemo {
     /// fence (a supersede or fail would end the accepted state; a mark from a read
     /// before our fence fails its compare-and-set). So no delivery can mark it
     /// processing any more, and releasing its slot is safe.
-    pub(super) fn fenced(&self, request: &Request) -> bool {
+    fn fenced(&self, request: &Request) -> bool {
         self.fenced
             .as_ref()
             .is_some_and(|(id, version)| *id == request.id && *version <= request.version)
@@ -100,7 +100,8 @@ pub struct ProcessInput<'a> {
 ///    release, then supersede (release before supersede); else supersede. This
 ///    happens even with the gate closed;
 /// 5. accepted head owning a slot (a crash between claim and mark): resume,
-///    without the gate: mark processing with the plan, then publish;
+///    without the gate: refresh its slot's heartbeat if its lease ran out, mark
+///    processing with the plan, then publish;
 /// 6. accepted head without a slot: gate on |owners| < the queue's limit
 ///    ([`Queue::limit`]; 0 pauses the queue: [`Reply::Hold`] with `paused`).
 ///    Closed -> reconcile first ([`super::decide_reconcile`]: expire owners whose
@@ -174,6 +175,29 @@ fn accepted(
         return write_request(request, RequestWrite::Fence, RequestState::Accepted);
     }
     if owned {
+        // A claim older than the slot lease (its worker crashed before the mark,
+        // and the message came back late): the lease runs again from now before
+        // the build is published, or the next reconcile would fail it at once.
+        if let Some(slot) = queue
+            .owners
+            .get(&request.id)
+            .filter(|slot| slot.expired(config.slot_lease, input.now))
+        {
+            let mut next = queue.clone();
+            next.owners.insert(
+                request.id.clone(),
+                Slot {
+                    heartbeat_at: input.now,
+                    ..*slot
+                },
+            );
+            next.version = queue.version.next();
+            return Decision::Write(Write::Queue {
+                kind: QueueWrite::Heartbeat,
+                expected: queue.version,
+                queue: next,
+            });
+        }
         return match plan(request, queue, input.ancestry) {
             Ok(plan) => {
                 let mut next = request.clone();

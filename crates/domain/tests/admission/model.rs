@@ -269,7 +269,6 @@ impl Design for OwnerKeyed {
             holdfast_domain::admission::decide_dead_letter(
                 view.request,
                 view.row.map(|r| &r.queue),
-                view.memo,
             ),
             view.row,
         )
@@ -1140,7 +1139,7 @@ impl<D: Design> World<D> {
     /// mark, then a resume racing an ingest); the request then keeps its slot and
     /// builds, as processing requests are never superseded. What the fence
     /// guarantees is that such a mark never lands after its slot was released for
-    /// supersession or by a dead letter (which fences the same way).
+    /// supersession, and never after a dead letter failed it (its fence).
     fn check_mark(&mut self, after: &Request) {
         let Some(row) = &self.store.queue else {
             return;
@@ -1251,9 +1250,12 @@ impl<D: Design> World<D> {
                 None => found.push(format!("owners are live: {id} owns a slot but is missing")),
                 Some(r) if r.state.is_terminal() => {
                     // An expired owner is failed first and pruned by the next write
-                    // of the same pass (or, after a crash, by the next reconcile).
+                    // of the same pass (or, after a crash, by the next reconcile);
+                    // a dead letter fails first and releases next.
                     let expired = r.reason == Some(FailReason::SlotLeaseExpired);
-                    if !expired && !self.pending_for(id, |m| matches!(m, Msg::Process(_))) {
+                    let releasing =
+                        self.pending_for(id, |m| matches!(m, Msg::Process(_) | Msg::DeadLetter(_)));
+                    if !expired && !releasing {
                         found.push(format!(
                             "terminal and superseded own no slot: {id} is {} and owns a slot",
                             r.state

@@ -571,14 +571,16 @@ fn s22_dead_letter_for_missing_request_missing_queue_or_terminal_request() {
 }
 
 #[test]
-fn s23_dead_letter_crash_after_release_redelivered() {
+fn s23_dead_letter_crash_between_its_writes_redelivered() {
     let mut w = world(1);
     let a = admit(&mut w, "a");
     w.builds.remove(&a);
     let d = w.start(Msg::DeadLetter(a.clone()));
-    w.run_until_applied(d, "release");
+    w.run_until_applied(d, "fail");
     w.crash(d);
-    assert_eq!(w.state(&a), RequestState::Processing);
+    // Failed first (the fence), the slot still owned until the redelivery.
+    assert_eq!(w.state(&a), RequestState::Failed);
+    assert_eq!(w.owners(), [a.seq()]);
     assert_eq!(
         w.deliver(Msg::DeadLetter(a.clone())),
         End::Reply(Reply::Ack)
@@ -1094,9 +1096,9 @@ fn a_paused_queue_holds_every_head_until_its_limit_is_raised() {
     drained(&mut w);
 }
 
-/// The dead letter of an accepted owner fences before it releases: a delivery
-/// that read the request (accepted, owning its slot) before the fence cannot mark
-/// it processing after the slot is gone.
+/// The dead letter of an accepted owner fails it before it releases: a delivery
+/// that read the request (accepted, owning its slot) before cannot mark it
+/// processing after the slot is gone.
 #[test]
 fn the_dead_letter_fences_a_stale_mark_before_it_releases() {
     let mut w = world(1);
@@ -1111,10 +1113,7 @@ fn the_dead_letter_fences_a_stale_mark_before_it_releases() {
         w.deliver(Msg::DeadLetter(a.clone())),
         End::Reply(Reply::Ack)
     );
-    assert_eq!(
-        applied_by(&w, "dead-letter 1"),
-        ["fence", "release", "fail"]
-    );
+    assert_eq!(applied_by(&w, "dead-letter 1"), ["fail", "release"]);
     assert_eq!(
         w.step(stale).unwrap(),
         crate::admission::model::StepResult::Wrote {
@@ -1125,6 +1124,56 @@ fn the_dead_letter_fences_a_stale_mark_before_it_releases() {
     assert_eq!(w.run(stale), End::Reply(Reply::Ack));
     assert_eq!(w.state(&a), RequestState::Failed);
     assert!(w.published.is_empty());
+    clean(&w);
+    drained(&mut w);
+}
+
+/// A dead letter and a duplicate process delivery of an accepted owner (its
+/// claim's worker crashed before the mark), one loop iteration each in turn, in
+/// both orders: the request ends failed and no slot is owned, with every
+/// invariant checked after each step. The dead letter writes `failed` before it
+/// releases because a fence-then-release order lets a duplicate re-claim the
+/// released slot and, if the dead letter then releases that claim between the
+/// duplicate's read and its mark, leave the request processing without a slot.
+#[test]
+fn a_dead_letter_racing_a_duplicate_process_leaves_no_processing_request_without_a_slot() {
+    for dead_letter_first in [true, false] {
+        let mut w = world(1);
+        let a = w.ingest("a");
+        let d = w.take(Msg::Process(a.clone()));
+        w.run_until_applied(d, "claim");
+        w.crash(d);
+        w.inbox.clear();
+        let dead = w.start(Msg::DeadLetter(a.clone()));
+        let process = w.start(Msg::Process(a.clone()));
+        if dead_letter_first {
+            w.lockstep(dead, process);
+        } else {
+            w.lockstep(process, dead);
+        }
+        assert_eq!(w.state(&a), RequestState::Failed, "{:#?}", w.trace);
+        assert_eq!(w.owners(), Vec::<u64>::new(), "{:#?}", w.trace);
+        clean(&w);
+        drained(&mut w);
+    }
+}
+
+/// A claim whose worker crashed before the mark, redelivered after the slot lease
+/// ran out: the resume refreshes the slot's heartbeat before it publishes, so the
+/// next reconcile does not fail the build it just started.
+#[test]
+fn a_late_resume_refreshes_its_lease_before_it_publishes() {
+    let mut w = leased(1, 60);
+    let a = w.ingest("a");
+    let d = w.take(Msg::Process(a.clone()));
+    w.run_until_applied(d, "claim");
+    w.crash(d);
+    w.now = at_secs(61);
+    assert!(is_publish(&w.process(&a)));
+    assert_eq!(applied_by(&w, "process 1"), ["claim", "heartbeat", "mark"]);
+    assert_eq!(w.deliver(Msg::Reconcile), End::Reply(Reply::Ack));
+    assert_eq!(w.state(&a), RequestState::Processing);
+    assert_eq!(w.owners(), [a.seq()]);
     clean(&w);
     drained(&mut w);
 }

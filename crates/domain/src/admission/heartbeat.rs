@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::{DeadLetterReason, Decision, QueueWrite, Reply, Write, check_pair, reply};
+use super::{DeadLetterReason, Decision, QueueWrite, Reply, check_pair, reply, write_queue};
 use crate::ids::QueueName;
-use crate::request::{Queue, Request, RequestState};
+use crate::request::{Queue, Request, RequestId, RequestState};
 use crate::timestamp::Timestamp;
 
 /// What a heartbeat found, read from the request and queue it last loaded.
@@ -55,19 +55,19 @@ pub fn decide_heartbeat(
                 && !slot.expired(lease, now)
                 && slot.heartbeat_at < now =>
         {
-            let mut next = queue.clone();
-            if let Some(slot) = next.owners.get_mut(&request.id) {
-                slot.heartbeat_at = now;
-            }
-            next.version = queue.version.next();
-            Decision::Write(Write::Queue {
-                kind: QueueWrite::Heartbeat,
-                expected: queue.version,
-                queue: next,
-            })
+            refresh(queue, &request.id, now)
         }
         _ => reply(Reply::Ack),
     }
+}
+
+/// The heartbeat write: the slot of `id` in `queue` runs its lease again from `now`.
+pub(super) fn refresh(queue: &Queue, id: &RequestId, now: Timestamp) -> Decision {
+    let mut next = queue.clone();
+    if let Some(slot) = next.owners.get_mut(id) {
+        slot.heartbeat_at = now;
+    }
+    write_queue(QueueWrite::Heartbeat, queue, next)
 }
 
 /// What the heartbeat of `request` (the records [`decide_heartbeat`] answered on)
@@ -110,19 +110,15 @@ pub fn decide_set_limit(name: &QueueName, queue: Option<&Queue>, max: u32) -> De
     }
     let mut next = queue.clone();
     next.max_concurrent = Some(max);
-    next.version = queue.version.next();
-    Decision::Write(Write::Queue {
-        kind: QueueWrite::SetLimit,
-        expected: queue.version,
-        queue: next,
-    })
+    write_queue(QueueWrite::SetLimit, queue, next)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::Write;
     use super::*;
     use crate::ids::RevisionUri;
-    use crate::request::{RequestId, Slot, Version};
+    use crate::request::{Slot, Version};
 
     const LEASE: Duration = Duration::from_secs(10);
 

@@ -2,7 +2,7 @@
 //! queue's latest head if it is newer.
 
 use super::{
-    AdmissionConfig, DeadLetterReason, Decision, QueueWrite, Reply, Write, check_pair, reply,
+    AdmissionConfig, DeadLetterReason, Decision, QueueWrite, Reply, check_pair, reply, write_queue,
 };
 use crate::request::{Queue, Request};
 
@@ -41,10 +41,5 @@ pub fn decide_ingest(
     let mut next = queue.clone();
     next.latest_request_id = Some(request.id.clone());
     next.max_concurrent = Some(queue.limit(config.max_concurrent));
-    next.version = queue.version.next();
-    Decision::Write(Write::Queue {
-        kind: QueueWrite::StampLatest,
-        expected: queue.version,
-        queue: next,
-    })
+    write_queue(QueueWrite::StampLatest, queue, next)
 }

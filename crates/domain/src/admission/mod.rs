@@ -362,16 +362,22 @@ fn is_head(id: &RequestId, queue: &Queue) -> Result<bool, Decision> {
     }
 }
 
+/// The write of `kind` that replaces `read` (the queue as loaded) with `next` (a
+/// changed copy of it), on the version that was read.
+fn write_queue(kind: QueueWrite, read: &Queue, mut next: Queue) -> Decision {
+    next.version = read.version.next();
+    Decision::Write(Write::Queue {
+        kind,
+        expected: read.version,
+        queue: next,
+    })
+}
+
 /// The queue with `id` removed from the owners, as a release write.
 fn release(queue: &Queue, id: &RequestId) -> Decision {
     let mut next = queue.clone();
     next.owners.remove(id);
-    next.version = queue.version.next();
-    Decision::Write(Write::Queue {
-        kind: QueueWrite::Release,
-        expected: queue.version,
-        queue: next,
-    })
+    write_queue(QueueWrite::Release, queue, next)
 }
 
 /// The request moved to `state` by a write of `kind`, on the version that was read.

@@ -21,7 +21,8 @@
 use std::cmp::Ordering;
 
 use super::{
-    Decision, QueueWrite, Reply, RequestWrite, Write, check_pair, release, reply, write_request,
+    Decision, QueueWrite, Reply, RequestWrite, check_pair, release, reply, write_queue,
+    write_request,
 };
 use crate::request::{LastGreen, Queue, Request, RequestState};
 
@@ -114,12 +115,7 @@ fn record_green(request: &Request, queue: &Queue) -> Decision {
         uri: request.uri.clone(),
         request_id: request.id.clone(),
     });
-    next.version = queue.version.next();
-    Decision::Write(Write::Queue {
-        kind: QueueWrite::RecordGreen,
-        expected: queue.version,
-        queue: next,
-    })
+    write_queue(QueueWrite::RecordGreen, queue, next)
 }
 
 /// Decides the dead-letter step for a request, given the request and its queue as

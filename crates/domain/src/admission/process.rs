@@ -5,11 +5,12 @@
 // and never stored, so boxing it would only add allocations.
 #![allow(clippy::result_large_err)]
 
+use super::heartbeat::refresh;
 use super::reconcile::prune_decision;
 use super::{
     AdmissionConfig, AncestryAnswer, AncestryFact, DeadLetterReason, Decision, LoadedRequests,
     Need, QueueWrite, Reply, RequestWrite, RetryReason, Write, check_pair, inconsistent, is_head,
-    release, reply, write_request,
+    release, reply, write_queue, write_request,
 };
 use crate::request::{
     BuildPlan, BuildStrategy, Queue, Request, RequestId, RequestState, Slot, Version,
@@ -178,25 +179,12 @@ fn accepted(
         // A claim older than the slot lease (its worker crashed before the mark,
         // and the message came back late): the lease runs again from now before
         // the build is published, or the next reconcile would fail it at once.
-        if let Some(slot) = queue
+        if queue
             .owners
             .get(&request.id)
-            .filter(|slot| slot.expired(config.slot_lease, input.now))
+            .is_some_and(|slot| slot.expired(config.slot_lease, input.now))
         {
-            let mut next = queue.clone();
-            next.owners.insert(
-                request.id.clone(),
-                Slot {
-                    heartbeat_at: input.now,
-                    ..*slot
-                },
-            );
-            next.version = queue.version.next();
-            return Decision::Write(Write::Queue {
-                kind: QueueWrite::Heartbeat,
-                expected: queue.version,
-                queue: next,
-            });
+            return refresh(queue, &request.id, input.now);
         }
         return match plan(request, queue, input.ancestry) {
             Ok(plan) => {
@@ -236,12 +224,7 @@ fn accepted(
     let mut next = queue.clone();
     next.owners
         .insert(request.id.clone(), Slot::claimed(input.now));
-    next.version = queue.version.next();
-    Decision::Write(Write::Queue {
-        kind: QueueWrite::Claim,
-        expected: queue.version,
-        queue: next,
-    })
+    write_queue(QueueWrite::Claim, queue, next)
 }
 
 /// The build plan: full without a last green or when it is not an ancestor,

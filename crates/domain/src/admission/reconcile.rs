@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use super::{
-    Decision, LoadedRequests, Need, QueueWrite, Reply, RequestWrite, Write, inconsistent, reply,
-    write_request,
+    Decision, LoadedRequests, Need, QueueWrite, Reply, RequestWrite, inconsistent, reply,
+    write_queue, write_request,
 };
 use crate::request::{FailReason, Queue, Request, RequestId, RequestState, Slot};
 use crate::timestamp::Timestamp;
@@ -113,12 +113,7 @@ pub(super) fn prune_decision(
     for p in &pruned {
         next.owners.remove(&p.id);
     }
-    next.version = queue.version.next();
-    Ok(Some(Decision::Write(Write::Queue {
-        kind: QueueWrite::Prune { pruned },
-        expected: queue.version,
-        queue: next,
-    })))
+    Ok(Some(write_queue(QueueWrite::Prune { pruned }, queue, next)))
 }
 
 /// Decides a reconcile pass over `queue` at `now` with slot lease `lease`: asks
@@ -165,18 +160,14 @@ pub fn decide_backfill(queue: &Queue, requests: &[Request], now: Timestamp) -> D
     // Their claim time is unknown: their slot lease starts now.
     next.owners
         .extend(added.iter().map(|id| (id.clone(), Slot::claimed(now))));
-    next.version = queue.version.next();
-    Decision::Write(Write::Queue {
-        kind: QueueWrite::Backfill { added },
-        expected: queue.version,
-        queue: next,
-    })
+    write_queue(QueueWrite::Backfill { added }, queue, next)
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
+    use super::super::Write;
     use super::*;
     use crate::ids::{QueueName, RevisionUri};
     use crate::request::Version;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use holdfast_domain::{
     BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, QueueName, Request, RequestId,
-    RequestState, RevisionUri, Slot, Timestamp, Version,
+    RequestState, RevisionUri, Slot, Version,
 };
 use holdfast_ports::{
     CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault, WakeKey, WakeUps,
@@ -160,18 +160,13 @@ fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault>
             })
         })
         .transpose()?;
-    let ingested: i64 = get(row, 7)?;
     Ok(Request {
         id: RequestId::new(queue.clone(), seq),
         uri: codec::id("requests.uri", get(row, 1)?, RevisionUri::new)?,
         state,
         plan,
         reason,
-        ingested_at: u64::try_from(ingested)
-            .map(Timestamp::from_millis)
-            .map_err(|_| {
-                StoreFault::Corrupt(format!("requests.ingested_at {ingested} is before 1970"))
-            })?,
+        ingested_at: codec::timestamp(get(row, 7)?)?,
         version: version("requests.version", get(row, 5)?)?,
     })
 }
@@ -205,18 +200,13 @@ impl QueueStore for PgBackend {
                 heartbeats.len()
             ))));
         }
-        let millis = |column: &str, ms: i64| {
-            u64::try_from(ms)
-                .map(Timestamp::from_millis)
-                .map_err(|_| StoreFault::Corrupt(format!("{column} {ms} is negative")))
-        };
         let mut slots = BTreeMap::new();
         for ((id, claimed), heartbeat) in owners.into_iter().zip(claimed).zip(heartbeats) {
             slots.insert(
                 request_id("queues.owners", id)?,
                 Slot {
-                    claimed_at: millis("queues.owner_claimed_ms", claimed)?,
-                    heartbeat_at: millis("queues.owner_heartbeat_ms", heartbeat)?,
+                    claimed_at: codec::timestamp(claimed)?,
+                    heartbeat_at: codec::timestamp(heartbeat)?,
                 },
             );
         }
@@ -305,9 +295,16 @@ impl QueueStore for PgBackend {
             return Ok(CasOutcome::Conflict);
         };
         let owners: Vec<String> = queue.owners.keys().map(ToString::to_string).collect();
-        let ms = |t: Timestamp| i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
-        let claimed: Vec<i64> = queue.owners.values().map(|s| ms(s.claimed_at)).collect();
-        let heartbeats: Vec<i64> = queue.owners.values().map(|s| ms(s.heartbeat_at)).collect();
+        let claimed = queue
+            .owners
+            .values()
+            .map(|s| codec::millis(s.claimed_at))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let heartbeats = queue
+            .owners
+            .values()
+            .map(|s| codec::millis(s.heartbeat_at))
+            .collect::<Result<Vec<i64>, _>>()?;
         let max = queue
             .max_concurrent
             .map(|m| i32::try_from(m).unwrap_or(i32::MAX));

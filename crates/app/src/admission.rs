@@ -363,11 +363,7 @@ impl Admission {
             failpoint::hit("ingest", "create_request", failpoint::When::Before);
             let ingested = self.queues.create_request(queue, uri).await;
             failpoint::hit("ingest", "create_request", failpoint::When::After);
-            let ingested = ingested.map_err(|source| AdmitError::Store {
-                step: "ingest",
-                subject: queue.to_string(),
-                source,
-            })?;
+            let ingested = ingested.map_err(store_error("ingest", queue))?;
             tracing::Span::current()
                 .record("request", tracing::field::display(&ingested.request.id));
             let id = ingested.request.id.clone();
@@ -534,11 +530,7 @@ impl Admission {
         self.queues
             .lead_reconcile(tick)
             .await
-            .map_err(|source| AdmitError::Store {
-                step: "reconcile",
-                subject: format!("tick {tick}"),
-                source,
-            })
+            .map_err(store_error("reconcile", format_args!("tick {tick}")))
     }
 
     /// Reconciles every queue of the store, in name order: what a periodic
@@ -555,11 +547,7 @@ impl Admission {
             .queues
             .list_queues()
             .await
-            .map_err(|source| AdmitError::Store {
-                step: "reconcile",
-                subject: "every queue".to_owned(),
-                source,
-            })?;
+            .map_err(store_error("reconcile", "every queue"))?;
         let mut out = Vec::new();
         for queue in queues {
             let done = self.reconcile(&queue).await;
@@ -576,11 +564,7 @@ impl Admission {
         self.queues
             .prune_requests(queue, older_than)
             .await
-            .map_err(|source| AdmitError::Store {
-                step: "prune",
-                subject: queue.to_string(),
-                source,
-            })
+            .map_err(store_error("prune", queue))
     }
 
     /// Migrates `queue` from an anonymous in-flight count to owner ids: every
@@ -662,14 +646,11 @@ impl Admission {
         loaded: &mut Loaded,
         decide: impl Fn(&Loaded) -> Decision,
     ) -> Result<Reply, AdmitError> {
-        let store = |source| AdmitError::Store {
-            step,
-            subject: subject.to_owned(),
-            source,
-        };
+        let store = |source| store_error(step, subject)(source);
         let mut conflicts = 0u32;
         let mut rounds = 0u32;
-        let mut max = max_rounds(self.policy.max_conflicts);
+        let base = max_rounds(self.policy.max_conflicts);
+        let mut max = base;
         loop {
             match load {
                 Load::Request(id) => {
@@ -694,10 +675,7 @@ impl Admission {
                     .set(f64::from(owners));
                 // A reconcile fails each expired owner with a write of its own:
                 // the bound allows one more round per owner (and its reload).
-                max = max.max(
-                    max_rounds(self.policy.max_conflicts)
-                        .saturating_add(owners.saturating_mul(ROUNDS_PER_CONFLICT)),
-                );
+                max = max.max(base.saturating_add(owners.saturating_mul(ROUNDS_PER_CONFLICT)));
             }
             let write = loop {
                 rounds = rounds.saturating_add(1);
@@ -805,6 +783,18 @@ impl Admission {
             }
         }
         Ok(())
+    }
+}
+
+/// Turns a queue store error of `step` on `subject` into an [`AdmitError`].
+fn store_error(
+    step: &'static str,
+    subject: impl std::fmt::Display,
+) -> impl FnOnce(QueueStoreError) -> AdmitError {
+    move |source| AdmitError::Store {
+        step,
+        subject: subject.to_string(),
+        source,
     }
 }
 

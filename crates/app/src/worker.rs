@@ -236,13 +236,14 @@ struct Inner {
 }
 
 impl Inner {
-    fn deliver(&mut self, message: Message, attempts: u32) -> Delivery {
+    /// Queues a new delivery of `message`, ready now.
+    fn enqueue(&mut self, message: Message) {
         self.next_id += 1;
-        Delivery {
+        self.ready.push_back(Delivery {
             id: self.next_id,
             message,
-            attempts,
-        }
+            attempts: 0,
+        });
     }
 
     /// Requests with a process message anywhere in this source.
@@ -308,12 +309,6 @@ impl StoreDeliveries {
     pub fn close(&self) {
         self.lock().closed = true;
         self.notify.notify_waiters();
-    }
-
-    /// Deliveries handed out and not answered, ready, held or backing off.
-    pub fn pending(&self) -> usize {
-        let state = self.lock();
-        state.ready.len() + state.waiting.len() + state.out.len()
     }
 
     /// Whether a delivery is ready or handed out and not answered yet (held and
@@ -416,8 +411,7 @@ impl DeliverySource for StoreDeliveries {
                 state.scanning -= 1;
                 let carried = state.processing();
                 for id in accepted.into_iter().filter(|id| !carried.contains(id)) {
-                    let d = state.deliver(Message::Process(id), 0);
-                    state.ready.push_back(d);
+                    state.enqueue(Message::Process(id));
                 }
                 if !state.ready.is_empty() {
                     continue;
@@ -459,8 +453,7 @@ impl DeliverySource for StoreDeliveries {
         match &delivery.message {
             Message::Process(id) | Message::Outcome(id, _) => {
                 tracing::warn!(request = %id, reason, "message dead-lettered");
-                let d = state.deliver(Message::DeadLetter(id.clone()), 0);
-                state.ready.push_back(d);
+                state.enqueue(Message::DeadLetter(id.clone()));
             }
             Message::Ingest { queue, uri } => {
                 tracing::warn!(%queue, %uri, reason, "ingest dead-lettered: dropped");
@@ -475,11 +468,7 @@ impl DeliverySource for StoreDeliveries {
     }
 
     async fn send(&self, message: Message) -> Result<(), DeliveryError> {
-        {
-            let mut state = self.lock();
-            let d = state.deliver(message, 0);
-            state.ready.push_back(d);
-        }
+        self.lock().enqueue(message);
         self.notify.notify_one();
         Ok(())
     }

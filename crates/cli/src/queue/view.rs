@@ -125,6 +125,14 @@ impl From<&Reply> for ReplyView {
     }
 }
 
+/// The line for people that says a build is to be published.
+pub fn publish_line(request: &str, strategy: &str, base: Option<&str>) -> String {
+    match base {
+        Some(base) => format!("publish the {strategy} build of {request} (base {base})"),
+        None => format!("publish the {strategy} build of {request}"),
+    }
+}
+
 impl ReplyView {
     /// One line for people.
     pub fn describe(&self) -> String {
@@ -133,10 +141,7 @@ impl ReplyView {
                 request,
                 strategy,
                 base,
-            } => match base {
-                Some(base) => format!("publish the {strategy} build of {request} (base {base})"),
-                None => format!("publish the {strategy} build of {request}"),
-            },
+            } => publish_line(request, strategy, base.as_deref()),
             ReplyView::Hold {
                 delay_ms,
                 paused: false,

@@ -10,6 +10,7 @@ use holdfast_domain::{BuildPlan, QueueName, Request};
 use holdfast_ports::{BuildPublisher, DeliveryError};
 use serde::Serialize;
 
+use super::view::publish_line;
 use crate::output::{Rendered, Report};
 use crate::{CliError, Context};
 use holdfast::admission::Admission;
@@ -70,16 +71,8 @@ impl Report for WorkView {
     fn human(&self) -> String {
         let mut text = String::new();
         for p in &self.published {
-            match &p.base {
-                Some(base) => text.push_str(&format!(
-                    "publish the {} build of {} (base {base})\n",
-                    p.strategy, p.request
-                )),
-                None => text.push_str(&format!(
-                    "publish the {} build of {}\n",
-                    p.strategy, p.request
-                )),
-            }
+            text.push_str(&publish_line(&p.request, p.strategy, p.base.as_deref()));
+            text.push('\n');
         }
         let counts: Vec<String> = self
             .deliveries

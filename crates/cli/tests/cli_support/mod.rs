@@ -276,28 +276,7 @@ pub fn token_happy_path(h: &Holdfast, backend: &str) -> Steps {
 
 /// Runs `args` with `--json`, expects exit code `code`, and parses stderr.
 pub fn json_error(h: &Holdfast, args: &[&str], code: i32) -> serde_json::Value {
-    let output = h
-        .cmd()
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("run holdfast");
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "holdfast {args:?}: expected exit code {code}\nstderr: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.stdout.is_empty(),
-        "a failed command prints nothing on stdout"
-    );
-    serde_json::from_slice(&output.stderr).unwrap_or_else(|e| {
-        panic!(
-            "holdfast {args:?}: stderr is not JSON ({e}): {}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
+    json_with(h, &[], args, code)
 }
 
 /// Every queue command on one fresh database: ingest (and its dedup), process
@@ -531,7 +510,7 @@ pub fn nothing_lost_after_the_sweep(h: &Holdfast) {
 }
 
 /// Runs `args` with `--json` and `env`, expects exit code `code`, and parses stdout
-/// (on success) or stderr (on failure).
+/// (on success) or stderr (on failure, when stdout must be empty).
 pub fn json_with(
     h: &Holdfast,
     env: &[(&str, &str)],
@@ -553,6 +532,10 @@ pub fn json_with(
     let text = if code == 0 {
         &output.stdout
     } else {
+        assert!(
+            output.stdout.is_empty(),
+            "a failed command prints nothing on stdout"
+        );
         &output.stderr
     };
     serde_json::from_slice(text).unwrap_or_else(|e| {

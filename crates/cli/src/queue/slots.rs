@@ -8,7 +8,7 @@ use holdfast_domain::admission::{Pruned, PrunedWhy};
 use holdfast_domain::{Heartbeat, QueueName, RequestId};
 use serde::Serialize;
 
-use super::{ensure_queue, no_queue, show};
+use super::{ensure_queue, no_queue};
 use crate::output::{self, Rendered, Report};
 use crate::{CliError, Context};
 use holdfast::admission::{Admission, SetLimitError};
@@ -195,12 +195,16 @@ pub async fn set_limit(
         Err(SetLimitError::QueueMissing(_)) => return Err(no_queue(queue)),
         Err(SetLimitError::Admit(e)) => return Err(e.into()),
     }
-    let view = show(ctx, queue).await?;
+    // The queue record alone says it (`queue show` would also list its requests).
+    let Some(stored) = ctx.backend.stores().queues.load_queue(queue).await? else {
+        return Err(no_queue(queue));
+    };
+    let limit = stored.limit(ctx.config.admission_for(queue).max_concurrent);
     Ok(Rendered::of(&LimitView {
-        queue: view.queue,
-        max_concurrent: view.max_concurrent,
-        paused: view.paused,
-        owners: view.owners.len(),
+        queue: queue.to_string(),
+        max_concurrent: limit,
+        paused: limit == 0,
+        owners: stored.owners.len(),
     }))
 }
 

@@ -34,6 +34,17 @@ fn admit<D: Design>(w: &mut World<D>, name: &str) -> RequestId {
     id
 }
 
+/// Ingests `name` and delivers its process message until the claim is applied,
+/// then crashes: the request is accepted and owns a slot, unmarked, and its
+/// message is back in the inbox.
+fn claimed_then_crashed<D: Design>(w: &mut World<D>, name: &str) -> RequestId {
+    let id = w.ingest(name);
+    let d = w.take(Msg::Process(id.clone()));
+    w.run_until_applied(d, "claim");
+    w.crash(d);
+    id
+}
+
 fn clean(w: &World<OwnerKeyed>) {
     assert_eq!(w.violations, Vec::<String>::new(), "{:#?}", w.trace);
 }
@@ -45,10 +56,7 @@ fn drained(w: &mut World<OwnerKeyed>) {
 
 /// Scenario 2: claim, crash before the mark, redeliver.
 pub fn s02_script<D: Design>(w: &mut World<D>) -> (RequestId, End) {
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(w, "a");
     let end = w.process(&a);
     (a, end)
 }
@@ -147,10 +155,7 @@ fn s02_crash_after_claim_before_mark_resumes() {
 #[test]
 fn s03_crash_after_claim_newer_head_releases_then_supersedes() {
     let mut w = world(1);
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(&mut w, "a");
     let b = w.ingest("b");
     assert_eq!(w.process(&a), End::Reply(Reply::Ack));
     assert_eq!(w.state(&a), RequestState::Superseded);
@@ -175,10 +180,7 @@ fn s03_crash_after_claim_newer_head_releases_then_supersedes() {
 #[test]
 fn s04_crash_between_release_and_supersede() {
     let mut w = world(1);
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(&mut w, "a");
     let b = w.ingest("b");
     let d = w.take(Msg::Process(a.clone()));
     w.run_until_applied(d, "release");
@@ -724,10 +726,7 @@ fn s28_reconcile_prunes_a_terminal_owner_and_the_head_is_admitted() {
 #[test]
 fn fence_stops_a_stale_mark_after_a_release_for_supersede() {
     let mut w = world(1);
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(&mut w, "a");
     let stale = w.start(Msg::Process(a.clone()));
     w.step(stale);
     w.step(stale);
@@ -957,10 +956,7 @@ fn green_a_newer_descendant_builds_incrementally_since_the_green() {
 #[test]
 fn two_deliveries_in_lockstep_fence_once_each_then_release_and_supersede() {
     let mut w = world(1);
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(&mut w, "a");
     let b = w.ingest("b");
     let d1 = w.take(Msg::Process(a.clone()));
     let d2 = w.start(Msg::Process(a.clone()));
@@ -1102,10 +1098,7 @@ fn a_paused_queue_holds_every_head_until_its_limit_is_raised() {
 #[test]
 fn the_dead_letter_fences_a_stale_mark_before_it_releases() {
     let mut w = world(1);
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(&mut w, "a");
     let stale = w.start(Msg::Process(a.clone()));
     w.step(stale);
     w.step(stale);
@@ -1139,10 +1132,7 @@ fn the_dead_letter_fences_a_stale_mark_before_it_releases() {
 fn a_dead_letter_racing_a_duplicate_process_leaves_no_processing_request_without_a_slot() {
     for dead_letter_first in [true, false] {
         let mut w = world(1);
-        let a = w.ingest("a");
-        let d = w.take(Msg::Process(a.clone()));
-        w.run_until_applied(d, "claim");
-        w.crash(d);
+        let a = claimed_then_crashed(&mut w, "a");
         w.inbox.clear();
         let dead = w.start(Msg::DeadLetter(a.clone()));
         let process = w.start(Msg::Process(a.clone()));
@@ -1164,10 +1154,7 @@ fn a_dead_letter_racing_a_duplicate_process_leaves_no_processing_request_without
 #[test]
 fn a_late_resume_refreshes_its_lease_before_it_publishes() {
     let mut w = leased(1, 60);
-    let a = w.ingest("a");
-    let d = w.take(Msg::Process(a.clone()));
-    w.run_until_applied(d, "claim");
-    w.crash(d);
+    let a = claimed_then_crashed(&mut w, "a");
     w.now = at_secs(61);
     assert!(is_publish(&w.process(&a)));
     assert_eq!(applied_by(&w, "process 1"), ["claim", "heartbeat", "mark"]);

@@ -301,9 +301,16 @@ pub fn run(data: &[u8]) {
                         "waits {delay:?} after a wake-up with {rest:?} left"
                     );
                 }
-                // A wake-up on 1 (of 0..3): input used up reads as 0, a timer, so
-                // every run ends.
-                if input.byte() % 3 == 1 {
+                // A wake-up on 1 (of 0..4), a timer while passed over on 2:
+                // input used up reads as 0, a timer, so every run ends.
+                let choice = input.byte() % 4;
+                if choice == 2 {
+                    woken_rest = None;
+                    let legs = selection.stats().legs;
+                    let next = selection.on_backoff_passed_over(&mut rng);
+                    assert_eq!(selection.stats().legs, legs + 1, "a timer spends a leg");
+                    next
+                } else if choice == 1 {
                     let waited = delay.mul_f64(f64::from(input.byte()) / 255.0);
                     woken_rest = Some((selection.leg(), delay.saturating_sub(waited)));
                     let legs = selection.stats().legs;

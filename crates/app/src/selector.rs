@@ -12,7 +12,10 @@
 //!   read, on behalf of the consumer (its own releases do not wake it). A woken
 //!   call reads again after a jitter that shrinks with how long it has waited
 //!   (at most 2 ms); if that attempt read free tokens it does not keep, it hands
-//!   the wake on to the next waiter ([`Subscription::looked`]). A read that no
+//!   the wake on to the next waiter ([`Subscription::looked`]); tokens it lost to
+//!   other callers are not among them. A wait that ended on its timer while
+//!   signals woke waiters ahead of it goes to
+//!   [`Selection::on_backoff_passed_over`] (it keeps its place in line). A read that no
 //!   wake-up started first lets a woken waiter of the same wallet and type look
 //!   (at most 5 ms), so a newcomer does not take what a release offered to the
 //!   one that waited longest. A timer-only subscription when `wakeups` is off.
@@ -43,7 +46,7 @@ use std::time::Duration;
 
 use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, needs_renewal};
 use holdfast_domain::{
-    Action, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
+    Action, Candidate, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
     SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
     Timestamp, TokenId, TokenType, TxId, WalletId,
 };
@@ -369,7 +372,7 @@ impl TokenSelector {
         let mut selection = Selection::new(request.clone(), self.config.clone())?;
         let rng = &mut *rng;
         // In an attempt a wake-up started: the free candidates it read.
-        let mut woken: Option<BTreeSet<TokenId>> = None;
+        let mut woken: Option<Offered> = None;
         // The deadline of the current leg's wait, kept across its woken attempts.
         let mut leg_deadline: Option<tokio::time::Instant> = None;
         let mut action = selection.start(rng);
@@ -411,8 +414,8 @@ impl TokenSelector {
                     let page = guard
                         .perform(async move { read.await.map_err(failure) })
                         .await;
-                    if let (Some(seen), Ok(page)) = (&mut woken, &page) {
-                        seen.extend(page.iter().map(|c| c.id.clone()));
+                    if let (Some(offered), Ok(page)) = (&mut woken, &page) {
+                        offered.read(page);
                     }
                     selection.on_candidates(page, rng)
                 }
@@ -424,6 +427,9 @@ impl TokenSelector {
                         self.clock.now(),
                     );
                     let verdicts = guard.perform(call).await;
+                    if let (Some(offered), Ok(verdicts)) = (&mut woken, &verdicts) {
+                        offered.claimed(verdicts);
+                    }
                     selection.on_claim(verdicts, rng)
                 }
                 Action::CheckBalance => {
@@ -465,6 +471,10 @@ impl TokenSelector {
                     leg_deadline = Some(deadline);
                     tracing::debug!(leg = selection.leg(), ?delay, "funds locked; waiting");
                     match waiter.wait_until(deadline).await {
+                        WaitEnd::Timer if waiter.passed_over() => {
+                            leg_deadline = None;
+                            selection.on_backoff_passed_over(rng)
+                        }
                         WaitEnd::Timer => {
                             leg_deadline = None;
                             selection.on_backoff_elapsed(rng)
@@ -474,7 +484,7 @@ impl TokenSelector {
                             let rest =
                                 deadline.saturating_duration_since(tokio::time::Instant::now());
                             tracing::debug!(?rest, "woken; trying again");
-                            woken = Some(BTreeSet::new());
+                            woken = Some(Offered::default());
                             selection.on_woken(delay.saturating_sub(rest), rng)
                         }
                     }
@@ -530,12 +540,37 @@ impl TokenSelector {
 /// same wallet and type to finish looking at what was freed.
 const DEFER_TO_WOKEN: Duration = Duration::from_millis(5);
 
-/// At the end of an attempt a wake-up started (`woken`: the candidates it read):
-/// if it read free tokens it does not keep, hands the wake on to the next waiter,
-/// for whom they may do. A read that found nothing free hands nothing on.
-fn hand_on(waiter: &Subscription, woken: Option<BTreeSet<TokenId>>, kept: &[TokenId]) {
-    if let Some(seen) = woken {
-        waiter.looked(seen.iter().any(|t| !kept.contains(t)));
+/// What an attempt a wake-up started found free: the tokens it read, less those
+/// it then lost to other callers (contended or stale: taken already).
+#[derive(Debug, Default)]
+struct Offered(BTreeSet<TokenId>);
+
+impl Offered {
+    fn read(&mut self, page: &[Candidate]) {
+        self.0.extend(page.iter().map(|c| c.id.clone()));
+    }
+
+    fn claimed(&mut self, verdicts: &[(TokenId, ClaimVerdict)]) {
+        for (token, verdict) in verdicts {
+            if *verdict != ClaimVerdict::Won {
+                self.0.remove(token);
+            }
+        }
+    }
+
+    /// Whether free tokens are left that the attempt did not keep (too small for
+    /// it, or more than it needed): then the next waiter should look at them.
+    fn left_over(&self, kept: &[TokenId]) -> bool {
+        self.0.iter().any(|t| !kept.contains(t))
+    }
+}
+
+/// At the end of an attempt a wake-up started: if it leaves free tokens it does
+/// not keep, hands the wake on to the next waiter, for whom they may do. A read
+/// that found nothing free, or only tokens others took first, hands nothing on.
+fn hand_on(waiter: &Subscription, woken: Option<Offered>, kept: &[TokenId]) {
+    if let Some(offered) = woken {
+        waiter.looked(offered.left_over(kept));
     }
 }
 
@@ -705,5 +740,56 @@ impl Drop for HeldGuard {
                 "select dropped outside a tokio runtime; its locks are left to the lease sweep"
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_domain::{Candidate, ClaimVerdict, Precision, Quantity, TokenId, TxId};
+
+    use super::Offered;
+
+    fn token(n: u32) -> TokenId {
+        TokenId::new(TxId::new("funding").expect("tx"), n)
+    }
+
+    fn read(tokens: &[u32]) -> Offered {
+        let mut offered = Offered::default();
+        let page: Vec<Candidate> = tokens
+            .iter()
+            .map(|&n| Candidate {
+                id: token(n),
+                quantity: Quantity::new(10, Precision::MAX).expect("amount"),
+            })
+            .collect();
+        offered.read(&page);
+        offered
+    }
+
+    #[test]
+    fn free_tokens_not_kept_are_handed_on() {
+        // Read two, kept one: the other may do for the next waiter.
+        assert!(read(&[1, 2]).left_over(&[token(1)]));
+        // Kept everything, or read nothing: nothing to hand on.
+        assert!(!read(&[1, 2]).left_over(&[token(1), token(2)]));
+        assert!(!read(&[]).left_over(&[]));
+    }
+
+    #[test]
+    fn tokens_lost_to_others_are_not_handed_on() {
+        // The one token read was taken by another caller before the claim (the
+        // serial lineage): waking the next waiter for it would start a race for
+        // a token that is gone.
+        let mut offered = read(&[1]);
+        offered.claimed(&[(token(1), ClaimVerdict::Contended)]);
+        assert!(!offered.left_over(&[]));
+        let mut offered = read(&[1, 2, 3]);
+        offered.claimed(&[
+            (token(1), ClaimVerdict::Won),
+            (token(2), ClaimVerdict::Stale),
+        ]);
+        assert!(offered.left_over(&[token(1)]), "token 3 is still free");
+        offered.claimed(&[(token(3), ClaimVerdict::Contended)]);
+        assert!(!offered.left_over(&[token(1)]));
     }
 }

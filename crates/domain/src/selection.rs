@@ -29,7 +29,9 @@
 //!   names that minimal covering prefix, at most `batch_window` tokens.
 //! - **Verdicts.** Won: kept, and the leg's immediate-retry count resets. Stale:
 //!   blacklisted, not contention, and the next fetch asks for a refresh. Contended:
-//!   blacklisted and counted as contention. A store error blacklists nothing,
+//!   blacklisted and counted as contention. The next pick comes from what was
+//!   read, unless the read is used up: a stale verdict, or claims from it that
+//!   lost most of what they proposed (two tokens or more), start a new scan. A store error blacklists nothing,
 //!   costs one immediate retry, and the window's tokens count as possibly held.
 //! - **End of a scan.** When candidates run out, the balance available to the
 //!   consumer (other transactions' locks ignored; tokens the consumer selected in
@@ -45,7 +47,10 @@
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
 //!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. A wake-up
 //!   during the wait ([`Selection::on_woken`]) starts an attempt within the same
-//!   leg; a failed attempt goes back to the rest of the same wait. Funds locked by
+//!   leg; a failed attempt goes back to the rest of the same wait. A wait that
+//!   ended on its timer while others ahead in line were woken
+//!   ([`Selection::on_backoff_passed_over`]) starts the next leg with a wait, in
+//!   the first half of the legs. Funds locked by
 //!   other consumers are invisible (the anti-join hides them): they show as a scan
 //!   that runs out while the balance says enough, which costs a retry like any
 //!   rescan and so leads to backoff, never to a store failure.
@@ -221,8 +226,10 @@ pub enum Action {
     /// consumer's other locks), then call [`Selection::on_released`].
     Release(Vec<TokenId>),
     /// Wait this long (or be cancelled: then release [`Selection::held`]), then call
-    /// [`Selection::on_backoff_elapsed`]; or, woken earlier by a signal that
-    /// tokens may be free, call [`Selection::on_woken`] with the time waited.
+    /// [`Selection::on_backoff_elapsed`] (or [`Selection::on_backoff_passed_over`]
+    /// if signals woke callers ahead of this one meanwhile); or, woken earlier by
+    /// a signal that tokens may be free, call [`Selection::on_woken`] with the
+    /// time waited.
     Backoff(Duration),
     /// The call is over. Further calls return this again.
     Done(Result<Selected, SelectionFailure>),
@@ -315,6 +322,10 @@ pub struct SelectionStats {
     /// Waits a wake-up signal ended before their deadline
     /// ([`Selection::on_woken`]); the others ended on their timers.
     pub wakeups: u64,
+    /// Legs that began with a wait instead of a read: the previous wait ended on
+    /// its timer while signals woke callers ahead of this one
+    /// ([`Selection::on_backoff_passed_over`]).
+    pub passed_over: u64,
 }
 
 impl SelectionStats {
@@ -339,6 +350,7 @@ impl SelectionStats {
             locks_lost,
             waits,
             wakeups,
+            passed_over,
         } = later;
         self.immediate_retries += immediate_retries;
         self.lock_attempts += lock_attempts;
@@ -357,6 +369,7 @@ impl SelectionStats {
         self.locks_lost += locks_lost;
         self.waits += waits;
         self.wakeups += wakeups;
+        self.passed_over += passed_over;
     }
 
     /// Store round trips requested: fetches, claims, balance reads, releases and
@@ -584,15 +597,19 @@ impl Selection {
         };
         let answers = collate(&window, verdicts);
         let mut unanswered = 0usize;
+        let (mut lost, mut stale) = (0usize, 0usize);
         for candidate in window.iter() {
             match answers.get(&candidate.id).copied().flatten() {
                 Some(ClaimVerdict::Won) => self.win(candidate),
                 Some(ClaimVerdict::Stale) => {
+                    stale += 1;
+                    lost += 1;
                     self.stats.stale += 1;
                     self.refresh_pending = true;
                     self.blacklist_token(&candidate.id, BlacklistReason::Stale);
                 }
                 Some(ClaimVerdict::Contended) => {
+                    lost += 1;
                     self.stats.conflicts += 1;
                     self.scan.contention = true;
                     self.blacklist_token(&candidate.id, BlacklistReason::Contended);
@@ -612,6 +629,17 @@ impl Selection {
             if !self.charge_retry() {
                 return self.end_leg(rng);
             }
+        }
+        // After losses the next pick comes from what was read, until the read is
+        // used up: a stale token (spent or withdrawn since the read) says it is
+        // out of date, and so do claims that lost most of what they proposed
+        // from it (two or more tokens). What is left of such a read is likely
+        // taken too: read afresh instead of picking from it.
+        self.scan.proposed += window.len();
+        self.scan.lost += lost;
+        let used_up = stale > 0 || (self.scan.lost >= 2 && self.scan.lost * 2 > self.scan.proposed);
+        if used_up && self.remaining() > Quantity::ZERO {
+            return self.rescan(rng);
         }
         self.advance(rng)
     }
@@ -714,6 +742,34 @@ impl Selection {
             Phase::NotStarted => self.start(rng),
             _ => self.pending(),
         }
+    }
+
+    /// Feeds the end of [`Action::Backoff`] by its timer while, with wake-ups, the
+    /// wait was passed over: signals of the wallet and type woke callers waiting
+    /// ahead of this one, so what was freed went to them, and one that does not
+    /// keep it hands it on in order. In the first half of its legs the call keeps
+    /// its place in line: the leg is spent and the next one starts with its wait
+    /// instead of a read that would race those callers for their tokens. Later
+    /// legs read as after any timer: a caller of another instance is not in this
+    /// instance's line, and one that has waited half its budget must not be
+    /// starved by a line that another instance serves first.
+    pub fn on_backoff_passed_over(&mut self, rng: &mut impl Rng) -> Action {
+        match &self.phase {
+            Phase::BackingOff(_) => {}
+            Phase::NotStarted => return self.start(rng),
+            _ => return self.pending(),
+        }
+        let next = self.leg.number.saturating_add(1);
+        if !self.config.wakeups || next > self.config.max_retries / 2 {
+            return self.begin_leg(true);
+        }
+        self.leg = Leg {
+            number: self.leg.number.saturating_add(1),
+            ..Leg::default()
+        };
+        self.stats.legs += 1;
+        self.stats.passed_over += 1;
+        self.backoff(rng)
     }
 
     /// The action the call waits on, asked again.

@@ -832,3 +832,48 @@ fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
     // rescans as before.
     assert_eq!(reads, BTreeMap::from([(1, 1), (2, 1), (3, 3)]));
 }
+
+#[test]
+fn a_wait_passed_over_keeps_its_place_in_line_for_the_first_half_of_the_legs() {
+    let config = SelectionConfig {
+        wakeups: true,
+        max_retries: 6,
+        ..tight()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut s = Selection::new(request(10), config).unwrap();
+    // Enough money, none of it free; every wait ends on its timer while others
+    // ahead in line were woken.
+    let mut reads = BTreeMap::<u32, u32>::new();
+    let mut action = s.start(&mut rng);
+    let outcome = loop {
+        action = match action {
+            Action::Fetch(_) => {
+                *reads.entry(s.leg()).or_default() += 1;
+                s.on_candidates(Ok(Vec::new()), &mut rng)
+            }
+            Action::CheckBalance => s.on_balance(Ok(q(10)), &mut rng),
+            Action::Backoff(_) => s.on_backoff_passed_over(&mut rng),
+            Action::Done(outcome) => break outcome,
+            other => panic!("unexpected {other:?}"),
+        };
+    };
+    assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
+    // Legs 2 and 3 start with a wait (no read that would race those ahead);
+    // from the second half on, a leg reads again, and the last rescans.
+    assert_eq!(reads, BTreeMap::from([(1, 1), (4, 1), (5, 1), (6, 3)]));
+    assert_eq!((s.stats().legs, s.stats().passed_over), (6, 2));
+    // The budget is the same: one wait per leg but the last.
+    assert_eq!(s.stats().waits, 5);
+}
+
+#[test]
+fn without_wakeups_a_passed_over_wait_reads_like_any_timer() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (mut s, _) = waiting_on_a_held_token(&mut rng);
+    assert!(matches!(
+        s.on_backoff_passed_over(&mut rng),
+        Action::Fetch(_)
+    ));
+    assert_eq!((s.leg(), s.stats().passed_over), (2, 0));
+}

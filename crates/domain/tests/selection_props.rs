@@ -220,6 +220,7 @@ enum Input {
     Balance(Result<u128, ()>),
     Released(bool),
     Backoff,
+    PassedOver,
 }
 
 fn input() -> impl Strategy<Value = Input> {
@@ -232,6 +233,7 @@ fn input() -> impl Strategy<Value = Input> {
         2 => prop_oneof![4 => (0u128..=60).prop_map(Ok), 1 => Just(Err(()))].prop_map(Input::Balance),
         2 => any::<bool>().prop_map(Input::Released),
         1 => Just(Input::Backoff),
+        1 => Just(Input::PassedOver),
     ]
 }
 
@@ -316,6 +318,7 @@ proptest! {
                     &mut rng,
                 ),
                 Input::Backoff => s.on_backoff_elapsed(&mut rng),
+                Input::PassedOver => s.on_backoff_passed_over(&mut rng),
             };
             let held = s.held();
             let distinct: HashSet<&TokenId> = held.iter().collect();

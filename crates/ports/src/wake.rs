@@ -101,6 +101,9 @@ struct Waiter {
     /// ([`Subscription::looked`]). A waiter woken between its waits is reading
     /// anyway and holds nobody back.
     looking: AtomicBool,
+    /// In its current (or last) wait, a signal of the key woke a waiter
+    /// subscribed before this one ([`Subscription::passed_over`]).
+    passed_over: AtomicBool,
 }
 
 /// A waiter's registration with a [`Registry`]; dropping it deregisters (and
@@ -132,6 +135,7 @@ impl Subscription {
     /// signalled wait) or `deadline` passes, whichever is first. While it waits,
     /// the registry counts it in [`Registry::waiting`].
     pub async fn wait_until(&mut self, deadline: Instant) -> WaitEnd {
+        self.waiter.passed_over.store(false, Ordering::SeqCst);
         let _waiting = self
             .registration
             .as_ref()
@@ -144,6 +148,14 @@ impl Subscription {
             }
             () = tokio::time::sleep_until(deadline) => WaitEnd::Timer,
         }
+    }
+
+    /// Whether, during its last wait, a signal of the key woke a waiter that
+    /// subscribed before this one: what was freed went to those ahead of it in
+    /// line (a waiter that does not keep it hands it on, in order). A wait that
+    /// ended on its timer while this holds was passed over, not forgotten.
+    pub fn passed_over(&self) -> bool {
+        self.waiter.passed_over.load(Ordering::SeqCst)
     }
 
     /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
@@ -318,6 +330,16 @@ impl Registry {
             .or_else(|| eligible().next());
         match next {
             Some(entry) => {
+                // Those waiting behind it are passed over by this wake.
+                state
+                    .waiters
+                    .get(key)
+                    .into_iter()
+                    .flatten()
+                    .skip_while(|e| e.id != entry.id)
+                    .skip(1)
+                    .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
+                    .for_each(|e| e.waiter.passed_over.store(true, Ordering::SeqCst));
                 entry.waiter.pending.store(true, Ordering::SeqCst);
                 if entry.waiter.waiting.load(Ordering::SeqCst) {
                     entry.waiter.looking.store(true, Ordering::SeqCst);
@@ -559,6 +581,37 @@ mod tests {
         assert_eq!(a1.wait_until(soon()).await, WaitEnd::Signalled);
         assert_eq!(b.wait_until(soon()).await, WaitEnd::Signalled);
         assert_eq!(a2.wait_until(soon()).await, WaitEnd::Timer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_is_passed_over_when_a_waiter_ahead_of_it_is_woken() {
+        let registry = Registry::new();
+        let mut first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        let mut other_key = registry.subscribe(key("b"), None);
+        let signaller = registry.clone();
+        let ends = tokio::join!(
+            first.wait_until(soon()),
+            second.wait_until(soon()),
+            other_key.wait_until(soon()),
+            async {
+                // Once all three wait: one signal of "a".
+                tokio::task::yield_now().await;
+                signaller.signal(&[key("a")], None)
+            },
+        );
+        assert_eq!(
+            ends,
+            (WaitEnd::Signalled, WaitEnd::Timer, WaitEnd::Timer, 1)
+        );
+        // The first subscribed was woken; the second was passed over; another
+        // key's waiter is not in this line.
+        assert!(!first.passed_over());
+        assert!(second.passed_over());
+        assert!(!other_key.passed_over());
+        // The next wait starts afresh: nobody was woken meanwhile.
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Timer);
+        assert!(!second.passed_over());
     }
 
     #[tokio::test(start_paused = true)]

@@ -47,6 +47,10 @@ pub(crate) struct Scan {
     /// A store error happened during this scan (a failed page, claim or balance
     /// read, or an unclear claim answer): running out proves nothing about locks.
     pub(crate) store_error: bool,
+    /// Tokens claims of this read proposed, and how many of them were lost
+    /// (contended or stale): how out of date the read has become.
+    pub(crate) proposed: usize,
+    pub(crate) lost: usize,
 }
 
 impl Scan {

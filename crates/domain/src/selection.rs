@@ -50,7 +50,7 @@
 //!   leg; a failed attempt goes back to the rest of the same wait. A wait that
 //!   ended on its timer while others ahead in line were woken
 //!   ([`Selection::on_backoff_passed_over`]) starts the next leg with a wait, in
-//!   the first half of the legs. Funds locked by
+//!   the first third of the legs. Funds locked by
 //!   other consumers are invisible (the anti-join hides them): they show as a scan
 //!   that runs out while the balance says enough, which costs a retry like any
 //!   rescan and so leads to backoff, never to a store failure.
@@ -747,12 +747,13 @@ impl Selection {
     /// Feeds the end of [`Action::Backoff`] by its timer while, with wake-ups, the
     /// wait was passed over: signals of the wallet and type woke callers waiting
     /// ahead of this one, so what was freed went to them, and one that does not
-    /// keep it hands it on in order. In the first half of its legs the call keeps
+    /// keep it hands it on in order. In the first third of its legs the call keeps
     /// its place in line: the leg is spent and the next one starts with its wait
     /// instead of a read that would race those callers for their tokens. Later
     /// legs read as after any timer: a caller of another instance is not in this
-    /// instance's line, and one that has waited half its budget must not be
-    /// starved by a line that another instance serves first.
+    /// instance's line, and one that has waited a third of its budget must not be
+    /// starved by a line that another instance serves first (deferring for half
+    /// the legs gave more spurious failures under a short budget).
     pub fn on_backoff_passed_over(&mut self, rng: &mut impl Rng) -> Action {
         match &self.phase {
             Phase::BackingOff(_) => {}
@@ -760,7 +761,7 @@ impl Selection {
             _ => return self.pending(),
         }
         let next = self.leg.number.saturating_add(1);
-        if !self.config.wakeups || next > self.config.max_retries / 2 {
+        if !self.config.wakeups || next > self.config.max_retries / 3 {
             return self.begin_leg(true);
         }
         self.leg = Leg {

@@ -834,10 +834,10 @@ fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
 }
 
 #[test]
-fn a_wait_passed_over_keeps_its_place_in_line_for_the_first_half_of_the_legs() {
+fn a_wait_passed_over_keeps_its_place_in_line_for_the_first_third_of_the_legs() {
     let config = SelectionConfig {
         wakeups: true,
-        max_retries: 6,
+        max_retries: 9,
         ..tight()
     };
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -860,11 +860,13 @@ fn a_wait_passed_over_keeps_its_place_in_line_for_the_first_half_of_the_legs() {
     };
     assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
     // Legs 2 and 3 start with a wait (no read that would race those ahead);
-    // from the second half on, a leg reads again, and the last rescans.
-    assert_eq!(reads, BTreeMap::from([(1, 1), (4, 1), (5, 1), (6, 3)]));
-    assert_eq!((s.stats().legs, s.stats().passed_over), (6, 2));
+    // after the first third, a leg reads again, and the last rescans.
+    let expected: BTreeMap<u32, u32> =
+        [(1, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 3)].into();
+    assert_eq!(reads, expected);
+    assert_eq!((s.stats().legs, s.stats().passed_over), (9, 2));
     // The budget is the same: one wait per leg but the last.
-    assert_eq!(s.stats().waits, 5);
+    assert_eq!(s.stats().waits, 8);
 }
 
 #[test]

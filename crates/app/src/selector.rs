@@ -15,8 +15,8 @@
 //!   the wake on to the next waiter ([`Subscription::looked`]); tokens it lost to
 //!   other callers are not among them. A wait that ended on its timer while
 //!   signals woke waiters ahead of it goes to
-//!   [`Selection::on_backoff_passed_over`] (it keeps its place in line). A read that no
-//!   wake-up started first lets a woken waiter of the same wallet and type look
+//!   [`Selection::on_backoff_passed_over`] (it keeps its place in line). A read
+//!   that no wake-up started first lets a woken waiter of the same wallet and type look
 //!   (at most 5 ms), so a newcomer does not take what a release offered to the
 //!   one that waited longest. A timer-only subscription when `wakeups` is off.
 //! - Stubborn legs, random backoff, the blacklist and the fast fail come from the

@@ -31,8 +31,9 @@
 //!   blacklisted, not contention, and the next fetch asks for a refresh. Contended:
 //!   blacklisted and counted as contention. The next pick comes from what was
 //!   read, unless the read is used up: a stale verdict, or claims from it that
-//!   lost most of what they proposed (two tokens or more), start a new scan. A store error blacklists nothing,
-//!   costs one immediate retry, and the window's tokens count as possibly held.
+//!   lost most of what they proposed (two tokens or more), start a new scan. A
+//!   store error blacklists nothing, costs one immediate retry, and the window's
+//!   tokens count as possibly held.
 //! - **End of a scan.** When candidates run out, the balance available to the
 //!   consumer (other transactions' locks ignored; tokens the consumer selected in
 //!   earlier selects left out, this call's wins counted) is compared with the
@@ -50,10 +51,10 @@
 //!   leg; a failed attempt goes back to the rest of the same wait. A wait that
 //!   ended on its timer while others ahead in line were woken
 //!   ([`Selection::on_backoff_passed_over`]) starts the next leg with a wait, in
-//!   the first third of the legs. Funds locked by
-//!   other consumers are invisible (the anti-join hides them): they show as a scan
-//!   that runs out while the balance says enough, which costs a retry like any
-//!   rescan and so leads to backoff, never to a store failure.
+//!   the first third of the legs. Funds locked by other consumers are invisible
+//!   (the anti-join hides them): they show as a scan that runs out while the
+//!   balance says enough, which costs a retry like any rescan and so leads to
+//!   backoff, never to a store failure.
 //! - **Store-bound legs.** A leg whose retry budget was spent on store errors ends
 //!   the call with [`SelectionFailure::Store`] instead of backing off, so an outage
 //!   is never reported as locked funds. The rule: the event that found the budget

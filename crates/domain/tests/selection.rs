@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionError, SelectionFailure,
-    SelectionPolicy, StoreFailure, TokenId,
+    Action, Candidate, ClaimVerdict, Selected, Selection, SelectionConfig, SelectionError,
+    SelectionFailure, SelectionPolicy, StoreFailure, TokenId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -804,15 +804,25 @@ fn a_woken_attempt_that_wins_part_releases_it_before_waiting_again() {
     assert!(s.held().is_empty());
 }
 
-#[test]
-fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
+/// Runs a call with wake-ups on a wallet with enough money, none of it free,
+/// through every leg, each wait ending through `waited`; returns the call, its
+/// outcome and its reads per leg.
+fn locked_through_every_leg(
+    max_retries: u32,
+    seed: u64,
+    waited: fn(&mut Selection, &mut ChaCha8Rng) -> Action,
+) -> (
+    Selection,
+    Result<Selected, SelectionFailure>,
+    BTreeMap<u32, u32>,
+) {
     let config = SelectionConfig {
         wakeups: true,
+        max_retries,
         ..tight()
     };
-    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut s = Selection::new(request(10), config).unwrap();
-    // Enough money, none of it free, through every leg: reads per leg.
     let mut reads = BTreeMap::<u32, u32>::new();
     let mut action = s.start(&mut rng);
     let outcome = loop {
@@ -822,11 +832,18 @@ fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
                 s.on_candidates(Ok(Vec::new()), &mut rng)
             }
             Action::CheckBalance => s.on_balance(Ok(q(10)), &mut rng),
-            Action::Backoff(_) => s.on_backoff_elapsed(&mut rng),
+            Action::Backoff(_) => waited(&mut s, &mut rng),
             Action::Done(outcome) => break outcome,
             other => panic!("unexpected {other:?}"),
         };
     };
+    (s, outcome, reads)
+}
+
+#[test]
+fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
+    let (_, outcome, reads) =
+        locked_through_every_leg(tight().max_retries, 6, |s, rng| s.on_backoff_elapsed(rng));
     assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
     // One read then a wait per leg; the last leg, with no wait to go to,
     // rescans as before.
@@ -835,29 +852,9 @@ fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
 
 #[test]
 fn a_wait_passed_over_keeps_its_place_in_line_for_the_first_third_of_the_legs() {
-    let config = SelectionConfig {
-        wakeups: true,
-        max_retries: 9,
-        ..tight()
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut s = Selection::new(request(10), config).unwrap();
-    // Enough money, none of it free; every wait ends on its timer while others
-    // ahead in line were woken.
-    let mut reads = BTreeMap::<u32, u32>::new();
-    let mut action = s.start(&mut rng);
-    let outcome = loop {
-        action = match action {
-            Action::Fetch(_) => {
-                *reads.entry(s.leg()).or_default() += 1;
-                s.on_candidates(Ok(Vec::new()), &mut rng)
-            }
-            Action::CheckBalance => s.on_balance(Ok(q(10)), &mut rng),
-            Action::Backoff(_) => s.on_backoff_passed_over(&mut rng),
-            Action::Done(outcome) => break outcome,
-            other => panic!("unexpected {other:?}"),
-        };
-    };
+    // Every wait ends on its timer while others ahead in line were woken.
+    let (s, outcome, reads) =
+        locked_through_every_leg(9, 7, |s, rng| s.on_backoff_passed_over(rng));
     assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
     // Legs 2 and 3 start with a wait (no read that would race those ahead);
     // after the first third, a leg reads again, and the last rescans.

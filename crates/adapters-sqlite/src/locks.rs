@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{
-    LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, WakeUps, check_window,
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, StoreFault,
+    SweepReport, WakeUps, check_window,
 };
 use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, Transaction, params};
@@ -16,6 +17,7 @@ use crate::codec::{
 };
 use crate::pool::Db;
 use crate::statuses::record_in;
+use crate::tokens::read_page;
 use crate::wake::{consumer_keys, token_keys};
 
 /// Claims each token in order inside the caller's IMMEDIATE transaction: stale when
@@ -237,6 +239,28 @@ impl LockStore for SqliteBackend {
         let (consumer, tokens) = (consumer.clone(), tokens.to_vec());
         self.pool
             .write(move |tx| Ok(claim_in(tx, &consumer, &tokens, &created_at)?))
+            .await
+    }
+
+    async fn read_and_claim(
+        &self,
+        consumer: &TxId,
+        read: &CandidateRead,
+        at: Timestamp,
+        choose: Chooser,
+    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+        let created_at = time_to_sql(at)?;
+        let (consumer, read) = (consumer.clone(), read.clone());
+        // The read runs inside the IMMEDIATE transaction of the claim: no other
+        // connection can lock a token between them.
+        self.pool
+            .write(move |tx| {
+                let page = read_page(tx, &read)?;
+                let tokens = choose(&page);
+                check_window(&tokens)?;
+                let verdicts = claim_in(tx, &consumer, &tokens, &created_at)?;
+                Ok(Some(ReadAndClaim { page, verdicts }))
+            })
             .await
     }
 

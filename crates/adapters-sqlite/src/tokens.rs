@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{
-    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError, WakeKey, WakeUps,
+    BandQuery, CandidateQuery, CandidateRead, NewToken, StoreFault, TokenStore, TokenStoreError,
+    WakeKey, WakeUps,
 };
 use rusqlite::{OptionalExtension, params};
 
@@ -88,6 +89,73 @@ fn read_candidates(
         });
     }
     Ok(())
+}
+
+/// Reads the candidates `read` asks for inside the caller's transaction: a
+/// candidate page, or a band read (cover band on a first read, then the fill
+/// band or its next page).
+pub(crate) fn read_page(
+    tx: &rusqlite::Transaction<'_>,
+    read: &CandidateRead,
+) -> Result<Vec<Candidate>, StoreFault> {
+    let mut out = Vec::new();
+    match read {
+        CandidateRead::Page(query) => {
+            let limit = limit_to_sql(query.limit);
+            let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
+            match &query.after {
+                _ if limit == 0 => {}
+                None => read_candidates(
+                    tx,
+                    CANDIDATES_FIRST,
+                    params![wallet, token_type, limit],
+                    &mut out,
+                )?,
+                Some(after) => read_candidates(
+                    tx,
+                    CANDIDATES_AFTER,
+                    params![
+                        wallet,
+                        token_type,
+                        limit,
+                        after.quantity.to_storage(),
+                        after.id.tx.as_str(),
+                        after.id.index
+                    ],
+                    &mut out,
+                )?,
+            }
+        }
+        CandidateRead::Bands(query) => {
+            let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
+            let threshold = query.threshold.to_storage();
+            let (cover, fill) = (limit_to_sql(query.cover), limit_to_sql(query.fill));
+            if cover > 0 && query.fill_before.is_none() {
+                let params = params![wallet, token_type, threshold, cover];
+                read_candidates(tx, COVER_BAND, params, &mut out)?;
+            }
+            match (&query.fill_before, fill) {
+                (_, 0) => {}
+                (None, _) => {
+                    let params = params![wallet, token_type, threshold, fill];
+                    read_candidates(tx, FILL_BAND, params, &mut out)?;
+                }
+                (Some(cursor), _) => {
+                    let params = params![
+                        wallet,
+                        token_type,
+                        threshold,
+                        fill,
+                        cursor.quantity.to_storage(),
+                        cursor.id.tx.as_str(),
+                        cursor.id.index
+                    ];
+                    read_candidates(tx, FILL_BAND_BEFORE, params, &mut out)?;
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn token_row(r: &rusqlite::Row<'_>) -> Result<Token, StoreFault> {
@@ -275,72 +343,13 @@ impl TokenStore for SqliteBackend {
         if query.limit == 0 {
             return Ok(Vec::new());
         }
-        let query = query.clone();
-        self.pool
-            .read(move |tx| {
-                let limit = limit_to_sql(query.limit);
-                let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
-                let mut out = Vec::new();
-                match &query.after {
-                    None => read_candidates(
-                        tx,
-                        CANDIDATES_FIRST,
-                        params![wallet, token_type, limit],
-                        &mut out,
-                    )?,
-                    Some(after) => read_candidates(
-                        tx,
-                        CANDIDATES_AFTER,
-                        params![
-                            wallet,
-                            token_type,
-                            limit,
-                            after.quantity.to_storage(),
-                            after.id.tx.as_str(),
-                            after.id.index
-                        ],
-                        &mut out,
-                    )?,
-                }
-                Ok(out)
-            })
-            .await
+        let read = CandidateRead::Page(query.clone());
+        self.pool.read(move |tx| Ok(read_page(tx, &read)?)).await
     }
 
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
-        let query = query.clone();
-        self.pool
-            .read(move |tx| {
-                let (wallet, token_type) = (query.wallet.as_str(), query.token_type.as_str());
-                let threshold = query.threshold.to_storage();
-                let (cover, fill) = (limit_to_sql(query.cover), limit_to_sql(query.fill));
-                let mut out = Vec::new();
-                if cover > 0 && query.fill_before.is_none() {
-                    let params = params![wallet, token_type, threshold, cover];
-                    read_candidates(tx, COVER_BAND, params, &mut out)?;
-                }
-                match (&query.fill_before, fill) {
-                    (_, 0) => {}
-                    (None, _) => {
-                        let params = params![wallet, token_type, threshold, fill];
-                        read_candidates(tx, FILL_BAND, params, &mut out)?;
-                    }
-                    (Some(cursor), _) => {
-                        let params = params![
-                            wallet,
-                            token_type,
-                            threshold,
-                            fill,
-                            cursor.quantity.to_storage(),
-                            cursor.id.tx.as_str(),
-                            cursor.id.index
-                        ];
-                        read_candidates(tx, FILL_BAND_BEFORE, params, &mut out)?;
-                    }
-                }
-                Ok(out)
-            })
-            .await
+        let read = CandidateRead::Bands(query.clone());
+        self.pool.read(move |tx| Ok(read_page(tx, &read)?)).await
     }
 
     async fn balance(

@@ -4,6 +4,7 @@
 mod common;
 
 mod conformance;
+mod read_and_claim;
 mod schema;
 mod sqlite;
 mod stress;

@@ -39,20 +39,21 @@
 //!   The seed is in the call's span and in [`SelectReport::seed`];
 //!   [`TokenSelector::select_seeded`] replays a call.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, needs_renewal};
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
-    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, StoreFailure,
-    Timestamp, TokenId, TokenType, TxId, WalletId,
+    Action, Candidate, ClaimVerdict, FetchRequest, Quantity, SelectRequest, Selected, Selection,
+    SelectionConfig, SelectionConfigError, SelectionError, SelectionFailure, SelectionStats,
+    StoreFailure, Timestamp, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
-    BandQuery, CandidateQuery, Clock, LockStore, Stores, Subscription, TokenStore, WaitEnd,
-    WakeKey, WakeUps,
+    BandQuery, CandidateQuery, CandidateRead, Chooser, Clock, LockStore, ReadAndClaim, Stores,
+    Subscription, TokenStore, WaitEnd, WakeKey, WakeUps,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -137,6 +138,19 @@ pub struct TokenSelector {
     config: SelectionConfig,
     lease: Duration,
     seeds: Mutex<StdRng>,
+    /// Whether the lock store reads and claims in one round trip (until it
+    /// says it cannot).
+    reads_with_claims: AtomicBool,
+    /// Per wallet and type: when a claim of this selector last lost a race, and
+    /// how many candidates its last read returned.
+    contention: Mutex<HashMap<(WalletId, TokenType), Contention>>,
+}
+
+/// What a selector last saw of one wallet and type.
+#[derive(Debug, Clone, Copy, Default)]
+struct Contention {
+    lost_at: Option<tokio::time::Instant>,
+    last_read: Option<usize>,
 }
 
 impl std::fmt::Debug for TokenSelector {
@@ -169,6 +183,8 @@ impl TokenSelector {
             config,
             lease: DEFAULT_LEASE_EXPIRY,
             seeds: Mutex::new(seeds),
+            reads_with_claims: AtomicBool::new(true),
+            contention: Mutex::new(HashMap::new()),
         })
     }
 
@@ -385,39 +401,55 @@ impl TokenSelector {
                         let bound = tokio::time::Instant::now() + DEFER_TO_WOKEN;
                         waiter.defer_to_woken(bound).await;
                     }
-                    let tokens = self.tokens.clone();
-                    let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
-                    let read = async move {
-                        match fetch.bands {
-                            Some(bands) => {
-                                let query = BandQuery {
-                                    wallet,
-                                    token_type,
-                                    threshold: bands.threshold,
-                                    cover: bands.cover,
-                                    fill: fetch.limit,
-                                    fill_before: fetch.after,
-                                };
-                                tokens.candidate_bands(&query).await
-                            }
-                            None => {
-                                let query = CandidateQuery {
-                                    wallet,
-                                    token_type,
-                                    after: fetch.after,
-                                    limit: fetch.limit,
-                                };
-                                tokens.candidates(&query).await
-                            }
-                        }
+                    let read = candidate_read(request, fetch);
+                    // Contention is likely: others of this instance wait for the
+                    // same wallet and type, or this call has waited or lost a race.
+                    let stats = selection.stats();
+                    let contended = woken.is_some()
+                        || waiter.others_waiting()
+                        || stats.waits + stats.conflicts + stats.stale > 0
+                        || self.contended(request, waiter.others_subscribed());
+                    let combined = if contended {
+                        self.read_and_claim(&selection, rng, guard, request, &read)
+                            .await
+                    } else {
+                        None
                     };
-                    let page = guard
-                        .perform(async move { read.await.map_err(failure) })
-                        .await;
-                    if let (Some(offered), Ok(page)) = (&mut woken, &page) {
-                        offered.read(page);
+                    match combined {
+                        Some(Ok(done)) => {
+                            self.note(request, Some(done.page.len()), false);
+                            if let Some(offered) = &mut woken {
+                                offered.read(&done.page);
+                                offered.claimed(&done.verdicts);
+                            }
+                            self.took_with_read(&mut selection, rng, guard, request, done)
+                                .await
+                        }
+                        Some(Err(failure)) => selection.on_candidates(Err(failure), rng),
+                        None => {
+                            let tokens = self.tokens.clone();
+                            let page = guard
+                                .perform(async move {
+                                    match &read {
+                                        CandidateRead::Bands(query) => {
+                                            tokens.candidate_bands(query).await
+                                        }
+                                        CandidateRead::Page(query) => {
+                                            tokens.candidates(query).await
+                                        }
+                                    }
+                                    .map_err(failure)
+                                })
+                                .await;
+                            if let Ok(page) = &page {
+                                self.note(request, Some(page.len()), false);
+                            }
+                            if let (Some(offered), Ok(page)) = (&mut woken, &page) {
+                                offered.read(page);
+                            }
+                            selection.on_candidates(page, rng)
+                        }
                     }
-                    selection.on_candidates(page, rng)
                 }
                 Action::Claim(tokens) => {
                     let call = claim(
@@ -429,6 +461,11 @@ impl TokenSelector {
                     let verdicts = guard.perform(call).await;
                     if let (Some(offered), Ok(verdicts)) = (&mut woken, &verdicts) {
                         offered.claimed(verdicts);
+                    }
+                    if let Ok(verdicts) = &verdicts
+                        && verdicts.iter().any(|(_, v)| *v != ClaimVerdict::Won)
+                    {
+                        self.note(request, None, true);
                     }
                     selection.on_claim(verdicts, rng)
                 }
@@ -535,6 +572,183 @@ impl TokenSelector {
         Ok((outcome, selection.stats().clone()))
     }
 }
+
+impl TokenSelector {
+    /// Reads and claims in one round trip where the lock store can
+    /// ([`LockStore::read_and_claim`]): the engine's choice runs on the page
+    /// inside the store's transaction (a copy of the engine with a copy of the
+    /// call's RNG, so the real engine, fed the same page afterwards, names the
+    /// same tokens). `None` when the store cannot: the caller reads and claims
+    /// in two calls, and this selector does not ask again.
+    async fn read_and_claim(
+        &self,
+        selection: &Selection,
+        rng: &StdRng,
+        guard: &mut HeldGuard,
+        request: &SelectRequest,
+        read: &CandidateRead,
+    ) -> Option<Result<ReadAndClaim, StoreFailure>> {
+        if !self.reads_with_claims.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (mut probe, mut probe_rng) = (selection.clone(), rng.clone());
+        let choose: Chooser = Box::new(move |page: &[Candidate]| {
+            match probe.on_candidates(Ok(page.to_vec()), &mut probe_rng) {
+                Action::Claim(tokens) => tokens,
+                _ => Vec::new(),
+            }
+        });
+        let (locks, consumer, read, at) = (
+            self.locks.clone(),
+            request.consumer.clone(),
+            read.clone(),
+            self.clock.now(),
+        );
+        let call = async move {
+            locks
+                .read_and_claim(&consumer, &read, at, choose)
+                .await
+                .map_err(failure)
+        };
+        // Dropped while the call runs, the select never learns what it won:
+        // the call's task gives it back.
+        let (locks, consumer) = (self.locks.clone(), request.consumer.clone());
+        let answer = guard
+            .perform_with(call, move |undelivered| {
+                if let Ok(Some(done)) = undelivered {
+                    let won = won(&done.verdicts);
+                    if !won.is_empty() {
+                        tokio::spawn(give_back(locks, consumer, won, "cancelled"));
+                    }
+                }
+            })
+            .await;
+        match answer {
+            Ok(None) => {
+                self.reads_with_claims.store(false, Ordering::Relaxed);
+                None
+            }
+            Ok(Some(done)) => Some(Ok(done)),
+            Err(failure) => Some(Err(failure)),
+        }
+    }
+
+    fn contention(&self) -> std::sync::MutexGuard<'_, HashMap<(WalletId, TokenType), Contention>> {
+        self.contention
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes what a read of `request`'s wallet and type returned, or that a
+    /// claim of it lost a race.
+    fn note(&self, request: &SelectRequest, read: Option<usize>, lost: bool) {
+        let key = (request.wallet.clone(), request.token_type.clone());
+        let mut seen = self.contention();
+        let entry = seen.entry(key).or_default();
+        if lost {
+            entry.lost_at = Some(tokio::time::Instant::now());
+        }
+        if read.is_some() {
+            entry.last_read = read;
+        }
+    }
+
+    /// Whether reads of `request`'s wallet and type are likely to race other
+    /// callers of this selector: one of its claims lost a race within
+    /// [`CONTENTION_MEMORY`], or its last read returned fewer than two
+    /// candidates for each of the `others` callers after them now.
+    fn contended(&self, request: &SelectRequest, others: usize) -> bool {
+        let key = (request.wallet.clone(), request.token_type.clone());
+        let seen = self.contention();
+        let Some(entry) = seen.get(&key) else {
+            return false;
+        };
+        let lost = entry
+            .lost_at
+            .is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
+        let thin = others > 0 && entry.last_read.is_some_and(|n| n < 2 * others);
+        lost || thin
+    }
+
+    /// Feeds a read-and-claim to the engine: the page, then (if a claim was
+    /// made) its verdicts, as if read and claimed in two calls.
+    async fn took_with_read(
+        &self,
+        selection: &mut Selection,
+        rng: &mut StdRng,
+        guard: &mut HeldGuard,
+        request: &SelectRequest,
+        done: ReadAndClaim,
+    ) -> Action {
+        let next = selection.on_candidates(Ok(done.page), rng);
+        if done.verdicts.is_empty() {
+            return next;
+        }
+        let claimed: Vec<TokenId> = done.verdicts.iter().map(|(t, _)| t.clone()).collect();
+        match next {
+            Action::Claim(tokens) if tokens == claimed => {
+                selection.note_claim_with_read();
+                selection.on_claim(Ok(done.verdicts), rng)
+            }
+            other => {
+                // The engine chose otherwise than its copy did (it cannot, fed
+                // the same page and RNG): give back what the store claimed.
+                tracing::error!(
+                    ?claimed,
+                    ?other,
+                    "read-and-claim chose other tokens than the engine"
+                );
+                let won = won(&done.verdicts);
+                let call = release(self.locks.clone(), request.consumer.clone(), won.clone());
+                if guard.perform(call).await.is_err() {
+                    tokio::spawn(give_back(
+                        self.locks.clone(),
+                        request.consumer.clone(),
+                        won,
+                        "leftover",
+                    ));
+                }
+                other
+            }
+        }
+    }
+}
+
+/// The tokens of `verdicts` that were won.
+fn won(verdicts: &[(TokenId, ClaimVerdict)]) -> Vec<TokenId> {
+    verdicts
+        .iter()
+        .filter(|(_, v)| *v == ClaimVerdict::Won)
+        .map(|(t, _)| t.clone())
+        .collect()
+}
+
+/// What a fetch of the engine reads.
+fn candidate_read(request: &SelectRequest, fetch: FetchRequest) -> CandidateRead {
+    let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
+    match fetch.bands {
+        Some(bands) => CandidateRead::Bands(BandQuery {
+            wallet,
+            token_type,
+            threshold: bands.threshold,
+            cover: bands.cover,
+            fill: fetch.limit,
+            fill_before: fetch.after,
+        }),
+        None => CandidateRead::Page(CandidateQuery {
+            wallet,
+            token_type,
+            after: fetch.after,
+            limit: fetch.limit,
+        }),
+    }
+}
+
+/// How long a lost race marks a wallet and type as contended for this selector's
+/// next reads (they then read and claim in one round trip where the store can).
+/// Long enough for the callers that met it, short enough that a big wallet
+/// with a rare lost race keeps reading outside the write lock.
+const CONTENTION_MEMORY: Duration = Duration::from_millis(10);
 
 /// The longest a read that no wake-up started waits for a woken waiter of the
 /// same wallet and type to finish looking at what was freed.
@@ -695,11 +909,23 @@ impl HeldGuard {
         &mut self,
         call: impl Future<Output = Result<T, StoreFailure>> + Send + 'static,
     ) -> Result<T, StoreFailure> {
+        self.perform_with(call, drop).await
+    }
+
+    /// As [`HeldGuard::perform`]; an answer the dropped select cannot take goes
+    /// to `undelivered` (in the call's task).
+    async fn perform_with<T: Send + 'static>(
+        &mut self,
+        call: impl Future<Output = Result<T, StoreFailure>> + Send + 'static,
+        undelivered: impl FnOnce(Result<T, StoreFailure>) + Send + 'static,
+    ) -> Result<T, StoreFailure> {
         let (answer_tx, answer_rx) = oneshot::channel();
         let task = async move {
             // The receiver is gone only when the select was dropped; the cleanup
             // then waits for this task instead.
-            let _ = answer_tx.send(call.await);
+            if let Err(answer) = answer_tx.send(call.await) {
+                undelivered(answer);
+            }
         };
         self.in_flight = Some(tokio::spawn(task.in_current_span()));
         let answer = answer_rx.await.unwrap_or_else(|_| {

@@ -132,6 +132,13 @@ async fn sqlite_a_release_in_another_instance_wakes_a_waiting_select() {
     release(&b.stores(), "holder", &tokens).await;
     let report = answered(waiting).await;
     woken(&report);
+    // The woken attempt read and claimed in one transaction: no race to lose.
+    assert_eq!(
+        (report.stats.claims_with_read, report.stats.conflicts),
+        (1, 0),
+        "{:?}",
+        report.stats
+    );
 }
 
 #[tokio::test]

@@ -327,6 +327,13 @@ pub struct SelectionStats {
     /// its timer while signals woke callers ahead of this one
     /// ([`Selection::on_backoff_passed_over`]).
     pub passed_over: u64,
+    /// Claims made in the round trip of the read they chose from (a store that
+    /// reads and claims in one transaction): each counts in [`fetches`] and
+    /// [`claims`] but is one round trip.
+    ///
+    /// [`fetches`]: SelectionStats::fetches
+    /// [`claims`]: SelectionStats::claims
+    pub claims_with_read: u64,
 }
 
 impl SelectionStats {
@@ -352,6 +359,7 @@ impl SelectionStats {
             waits,
             wakeups,
             passed_over,
+            claims_with_read,
         } = later;
         self.immediate_retries += immediate_retries;
         self.lock_attempts += lock_attempts;
@@ -371,12 +379,14 @@ impl SelectionStats {
         self.waits += waits;
         self.wakeups += wakeups;
         self.passed_over += passed_over;
+        self.claims_with_read += claims_with_read;
     }
 
     /// Store round trips requested: fetches, claims, balance reads, releases and
-    /// renewals.
+    /// renewals, less the claims made with their read.
     pub fn round_trips(&self) -> u64 {
-        self.fetches + self.claims + self.balance_checks + self.releases + self.renewals
+        (self.fetches + self.claims + self.balance_checks + self.releases + self.renewals)
+            .saturating_sub(self.claims_with_read)
     }
 }
 
@@ -772,6 +782,12 @@ impl Selection {
         self.stats.legs += 1;
         self.stats.passed_over += 1;
         self.backoff(rng)
+    }
+
+    /// Notes that the claim just answered ([`Selection::on_claim`]) was made in
+    /// the round trip of the read it chose from.
+    pub fn note_claim_with_read(&mut self) {
+        self.stats.claims_with_read += 1;
     }
 
     /// The action the call waits on, asked again.

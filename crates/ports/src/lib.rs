@@ -31,7 +31,10 @@ pub use delivery::{
     MockDeliverySource,
 };
 pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError};
-pub use locks::{LockInfo, LockStore, MAX_WINDOW, MockLockStore, SweepReport, check_window};
+pub use locks::{
+    CandidateRead, Chooser, LockInfo, LockStore, MAX_WINDOW, MockLockStore, ReadAndClaim,
+    SweepReport, check_window,
+};
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};
 pub use strategy::{LockStrategy, UnknownStrategy};

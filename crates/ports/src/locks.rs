@@ -1,9 +1,10 @@
 //! The lock store port: claims on tokens, their release, the lease sweep.
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{Candidate, ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 
 use crate::error::LockStoreError;
+use crate::tokens::{BandQuery, CandidateQuery};
 
 /// The most tokens one window claim may name.
 pub const MAX_WINDOW: usize = 256;
@@ -46,6 +47,30 @@ pub struct SweepReport {
     pub released_by_status: u64,
 }
 
+/// Which candidates a [`LockStore::read_and_claim`] reads: a `cover_first` band
+/// read or a candidate page, as [`crate::TokenStore`] answers them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CandidateRead {
+    /// [`crate::TokenStore::candidate_bands`].
+    Bands(BandQuery),
+    /// [`crate::TokenStore::candidates`].
+    Page(CandidateQuery),
+}
+
+/// Names, from a page of candidates just read, the tokens to claim (in claim
+/// order; at most [`MAX_WINDOW`]); empty to claim nothing.
+pub type Chooser = Box<dyn FnOnce(&[Candidate]) -> Vec<TokenId> + Send>;
+
+/// What a [`LockStore::read_and_claim`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadAndClaim {
+    /// The candidates read.
+    pub page: Vec<Candidate>,
+    /// A verdict per token the chooser named, in its order (empty if it named
+    /// none).
+    pub verdicts: Vec<(TokenId, ClaimVerdict)>,
+}
+
 /// Token locks: one row per locked token (the primary key is the mutual exclusion),
 /// with the consumer transaction and the claim time; and, apart from the locks, the
 /// *selections*: which tokens each consumer won, kept until it settles whatever the
@@ -76,6 +101,26 @@ pub trait LockStore: Send + Sync {
         tokens: &[TokenId],
         at: Timestamp,
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError>;
+
+    /// Reads candidates as `read` says and claims for `consumer` at `at` what
+    /// `choose` names from that page, in one transaction that no other claim can
+    /// enter between the read and the claim (SQLite: under the database's write
+    /// lock), so the claim loses no race: one round trip. Won tokens are recorded
+    /// as selected, as [`LockStore::claim_window`] does, and the same errors
+    /// apply; on an error nothing is claimed unless it is an ambiguous commit, in
+    /// which case tokens of the page may be held until the lease sweep (the
+    /// caller never learnt which). `None` when this store cannot (the caller then
+    /// reads and claims in two calls); that is the default.
+    async fn read_and_claim(
+        &self,
+        consumer: &TxId,
+        read: &CandidateRead,
+        at: Timestamp,
+        choose: Chooser,
+    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+        let _ = (consumer, read, at, choose);
+        Ok(None)
+    }
 
     /// Re-stamps the locks `consumer` still holds among `tokens` with `at` (their
     /// lease starts again) and returns those tokens; a token missing from the answer

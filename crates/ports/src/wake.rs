@@ -158,6 +158,26 @@ impl Subscription {
         self.waiter.passed_over.load(Ordering::SeqCst)
     }
 
+    /// Whether another subscription of the key waits now: what the key offers is
+    /// contended in this instance.
+    pub fn others_waiting(&self) -> bool {
+        self.registration
+            .as_ref()
+            .is_some_and(|(registry, key, id)| registry.others_waiting(key, *id))
+    }
+
+    /// How many other subscriptions of the key this instance has (callers after
+    /// the same wallet and type now, waiting or not).
+    pub fn others_subscribed(&self) -> usize {
+        self.registration.as_ref().map_or(0, |(registry, key, _)| {
+            registry
+                .lock()
+                .waiters
+                .get(key)
+                .map_or(0, |entries| entries.len().saturating_sub(1))
+        })
+    }
+
     /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
     /// wake on: wakes the longest-subscribed other waiter of the key that has no
     /// wake pending. A woken waiter passes when what it read holds free tokens it
@@ -349,6 +369,16 @@ impl Registry {
             }
             None => false,
         }
+    }
+
+    /// Whether a subscription of `key` other than `except` is in a wait now.
+    fn others_waiting(&self, key: &WakeKey, except: u64) -> bool {
+        self.lock()
+            .waiters
+            .get(key)
+            .into_iter()
+            .flatten()
+            .any(|e| e.id != except && e.waiter.waiting.load(Ordering::SeqCst))
     }
 
     /// Whether a waiter of `key` other than `except` was woken and is not done

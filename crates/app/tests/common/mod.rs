@@ -59,7 +59,16 @@ pub fn admission(stores: &Stores) -> holdfast::Admission {
     )
 }
 
-pub fn stores(tokens: MockTokenStore, locks: MockLockStore, statuses: MockTxStatusStore) -> Stores {
+/// Mock stores; the mock lock store reads and claims in two calls, as a store
+/// without [`holdfast_ports::LockStore::read_and_claim`] does.
+pub fn stores(
+    tokens: MockTokenStore,
+    mut locks: MockLockStore,
+    statuses: MockTxStatusStore,
+) -> Stores {
+    locks
+        .expect_read_and_claim()
+        .returning(|_, _, _, _| Ok(None));
     Stores {
         tokens: Arc::new(tokens),
         locks: Arc::new(locks),

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
-use holdfast_ports::{LockInfo, LockStore, LockStoreError, SweepReport};
+use holdfast_ports::{
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, SweepReport,
+};
 
 /// Claims and conflicts of one token.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -86,6 +88,23 @@ impl LockStore for CountingLockStore {
         let verdicts = self.inner.claim_window(consumer, tokens, at).await?;
         self.ledger.record(&verdicts);
         Ok(verdicts)
+    }
+
+    async fn read_and_claim(
+        &self,
+        consumer: &TxId,
+        read: &CandidateRead,
+        at: Timestamp,
+        choose: Chooser,
+    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+        let answer = self
+            .inner
+            .read_and_claim(consumer, read, at, choose)
+            .await?;
+        if let Some(done) = &answer {
+            self.ledger.record(&done.verdicts);
+        }
+        Ok(answer)
     }
 
     async fn release_consumer(

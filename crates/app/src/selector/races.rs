@@ -1,0 +1,201 @@
+//! Lost races: reading and claiming in one round trip where races are likely and
+//! the lock store can (`docs/selection.md`, "Reading under the write lock"), and
+//! what a selector remembers of the wallets it saw contended.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use holdfast_domain::{
+    Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFailure, TokenId,
+    TokenType, WalletId,
+};
+use holdfast_ports::{BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim};
+use rand::rngs::StdRng;
+
+use super::TokenSelector;
+use super::calls::{HeldGuard, failure, give_back, release};
+
+/// How long a lost race marks a wallet and type as contended for this selector's
+/// next reads (they then read and claim in one round trip where the store can).
+/// Long enough for the callers that met it, short enough that a big wallet
+/// with a rare lost race keeps reading outside the write lock.
+const CONTENTION_MEMORY: Duration = Duration::from_millis(10);
+
+/// What a selector last saw of one wallet and type.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Contention {
+    lost_at: Option<tokio::time::Instant>,
+    last_read: Option<usize>,
+}
+
+impl TokenSelector {
+    /// Reads and claims in one round trip where the lock store can
+    /// ([`LockStore::read_and_claim`]): the engine's choice runs on the page
+    /// inside the store's transaction (a copy of the engine with a copy of the
+    /// call's RNG, so the real engine, fed the same page afterwards, names the
+    /// same tokens). `None` when the store cannot: the caller reads and claims
+    /// in two calls, and this selector does not ask again.
+    pub(super) async fn read_and_claim(
+        &self,
+        selection: &Selection,
+        rng: &StdRng,
+        guard: &mut HeldGuard,
+        request: &SelectRequest,
+        read: &CandidateRead,
+    ) -> Option<Result<ReadAndClaim, StoreFailure>> {
+        if !self.reads_with_claims.load(Ordering::Relaxed) {
+            return None;
+        }
+        let (mut probe, mut probe_rng) = (selection.clone(), rng.clone());
+        let choose: Chooser = Box::new(move |page: &[Candidate]| {
+            match probe.on_candidates(Ok(page.to_vec()), &mut probe_rng) {
+                Action::Claim(tokens) => tokens,
+                _ => Vec::new(),
+            }
+        });
+        let (locks, consumer, read, at) = (
+            self.locks.clone(),
+            request.consumer.clone(),
+            read.clone(),
+            self.clock.now(),
+        );
+        let call = async move {
+            locks
+                .read_and_claim(&consumer, &read, at, choose)
+                .await
+                .map_err(failure)
+        };
+        // Dropped while the call runs, the select never learns what it won:
+        // the call's task gives it back.
+        let (locks, consumer) = (self.locks.clone(), request.consumer.clone());
+        let answer = guard
+            .perform_with(call, move |undelivered| {
+                if let Ok(Some(done)) = undelivered {
+                    let won = won(&done.verdicts);
+                    if !won.is_empty() {
+                        tokio::spawn(give_back(locks, consumer, won, "cancelled"));
+                    }
+                }
+            })
+            .await;
+        match answer {
+            Ok(None) => {
+                self.reads_with_claims.store(false, Ordering::Relaxed);
+                None
+            }
+            Ok(Some(done)) => Some(Ok(done)),
+            Err(failure) => Some(Err(failure)),
+        }
+    }
+
+    fn contention(&self) -> std::sync::MutexGuard<'_, HashMap<(WalletId, TokenType), Contention>> {
+        self.contention
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes what a read of `request`'s wallet and type returned, or that a
+    /// claim of it lost a race.
+    pub(super) fn note(&self, request: &SelectRequest, read: Option<usize>, lost: bool) {
+        let key = (request.wallet.clone(), request.token_type.clone());
+        let mut seen = self.contention();
+        let entry = seen.entry(key).or_default();
+        if lost {
+            entry.lost_at = Some(tokio::time::Instant::now());
+        }
+        if read.is_some() {
+            entry.last_read = read;
+        }
+    }
+
+    /// Whether reads of `request`'s wallet and type are likely to race other
+    /// callers of this selector: one of its claims lost a race within
+    /// [`CONTENTION_MEMORY`], or its last read returned fewer than two
+    /// candidates for each of the `others` callers after them now.
+    pub(super) fn contended(&self, request: &SelectRequest, others: usize) -> bool {
+        let key = (request.wallet.clone(), request.token_type.clone());
+        let seen = self.contention();
+        let Some(entry) = seen.get(&key) else {
+            return false;
+        };
+        let lost = entry
+            .lost_at
+            .is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
+        let thin = others > 0 && entry.last_read.is_some_and(|n| n < 2 * others);
+        lost || thin
+    }
+
+    /// Feeds a read-and-claim to the engine: the page, then (if a claim was
+    /// made) its verdicts, as if read and claimed in two calls.
+    pub(super) async fn took_with_read(
+        &self,
+        selection: &mut Selection,
+        rng: &mut StdRng,
+        guard: &mut HeldGuard,
+        request: &SelectRequest,
+        done: ReadAndClaim,
+    ) -> Action {
+        let next = selection.on_candidates(Ok(done.page), rng);
+        if done.verdicts.is_empty() {
+            return next;
+        }
+        let claimed: Vec<TokenId> = done.verdicts.iter().map(|(t, _)| t.clone()).collect();
+        match next {
+            Action::Claim(tokens) if tokens == claimed => {
+                selection.note_claim_with_read();
+                selection.on_claim(Ok(done.verdicts), rng)
+            }
+            other => {
+                // The engine chose otherwise than its copy did (it cannot, fed
+                // the same page and RNG): give back what the store claimed.
+                tracing::error!(
+                    ?claimed,
+                    ?other,
+                    "read-and-claim chose other tokens than the engine"
+                );
+                let won = won(&done.verdicts);
+                let call = release(self.locks.clone(), request.consumer.clone(), won.clone());
+                if guard.perform(call).await.is_err() {
+                    tokio::spawn(give_back(
+                        self.locks.clone(),
+                        request.consumer.clone(),
+                        won,
+                        "leftover",
+                    ));
+                }
+                other
+            }
+        }
+    }
+}
+
+/// The tokens of `verdicts` that were won.
+fn won(verdicts: &[(TokenId, ClaimVerdict)]) -> Vec<TokenId> {
+    verdicts
+        .iter()
+        .filter(|(_, v)| *v == ClaimVerdict::Won)
+        .map(|(t, _)| t.clone())
+        .collect()
+}
+
+/// What a fetch of the engine reads.
+pub(super) fn candidate_read(request: &SelectRequest, fetch: FetchRequest) -> CandidateRead {
+    let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
+    match fetch.bands {
+        Some(bands) => CandidateRead::Bands(BandQuery {
+            wallet,
+            token_type,
+            threshold: bands.threshold,
+            cover: bands.cover,
+            fill: fetch.limit,
+            fill_before: fetch.after,
+        }),
+        None => CandidateRead::Page(CandidateQuery {
+            wallet,
+            token_type,
+            after: fetch.after,
+            limit: fetch.limit,
+        }),
+    }
+}

@@ -18,8 +18,8 @@ use holdfast_domain::{
     TxStatus, WalletId,
 };
 use holdfast_ports::{
-    LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore, MockTxStatusStore,
-    StoreFault, SweepReport,
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore,
+    MockTxStatusStore, ReadAndClaim, StoreFault, SweepReport,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::sync::{Notify, mpsc};
@@ -56,6 +56,8 @@ fn config(legs: u32, immediate: u32) -> SelectionConfig {
 enum Event {
     /// A claim of this token reached its gate and waits there.
     ClaimGated(TokenId),
+    /// A read-and-claim reached its gate and waits there.
+    ReadAndClaimGated,
     /// A release of these tokens reached its gate and waits there.
     ReleaseGated(Vec<TokenId>),
     /// A release ended (applied, or failed without effect).
@@ -70,7 +72,9 @@ enum Event {
 /// `claim_gate`'s token, or the release numbered `release_gate` (from 0), waits
 /// for its `Notify` before it takes effect (a store answer that arrives after the
 /// caller gave up); the first `commit_then_fail` claims lock and then report an
-/// error; the first `fail_releases` releases fail without effect.
+/// error; the first `fail_releases` releases fail without effect. With
+/// `read_and_claim`, it reads and claims in one call: the unlocked ones of those
+/// candidates, once the `Notify` is given (without it, it cannot).
 #[derive(Default)]
 struct FakeLocks {
     table: Arc<StdMutex<BTreeMap<TokenId, TxId>>>,
@@ -79,6 +83,7 @@ struct FakeLocks {
     commit_then_fail: AtomicUsize,
     fail_releases: AtomicUsize,
     releases: AtomicUsize,
+    read_and_claim: Option<(Vec<holdfast_domain::Candidate>, Arc<Notify>)>,
     events: Option<mpsc::UnboundedSender<Event>>,
 }
 
@@ -176,6 +181,38 @@ impl LockStore for FakeLocks {
             out.push((token.clone(), self.claim(consumer, token, at).await?));
         }
         Ok(out)
+    }
+    async fn read_and_claim(
+        &self,
+        consumer: &TxId,
+        _read: &CandidateRead,
+        _at: Timestamp,
+        choose: Chooser,
+    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+        let Some((candidates, notify)) = &self.read_and_claim else {
+            return Ok(None);
+        };
+        // Like a blocking database call, it commits even if the caller stops
+        // waiting for it.
+        self.emit(Event::ReadAndClaimGated);
+        let (table, notify) = (self.table.clone(), notify.clone());
+        let (candidates, consumer) = (candidates.clone(), consumer.clone());
+        let commit = tokio::spawn(async move {
+            notify.notified().await;
+            let page: Vec<_> = {
+                let locked = table.lock().expect("table");
+                candidates
+                    .into_iter()
+                    .filter(|c| !locked.contains_key(&c.id))
+                    .collect()
+            };
+            let verdicts = choose(&page)
+                .iter()
+                .map(|t| (t.clone(), claim_in(&table, &consumer, t)))
+                .collect();
+            ReadAndClaim { page, verdicts }
+        });
+        Ok(Some(commit.await.map_err(|_| fault())?))
     }
     async fn release_consumer(
         &self,
@@ -287,7 +324,7 @@ async fn next_release(events: &mut mpsc::UnboundedReceiver<Event>) -> (TxId, Vec
                 tokens.sort();
                 return (consumer, tokens, ok);
             }
-            Event::ClaimGated(_) | Event::ReleaseGated(_) => {}
+            Event::ClaimGated(_) | Event::ReleaseGated(_) | Event::ReadAndClaimGated => {}
         }
     }
 }
@@ -328,6 +365,49 @@ async fn a_claim_that_commits_after_the_select_was_dropped_is_released_once_it_e
     assert_eq!(released, (consumer, vec![tok("a"), tok("b")], true));
     assert!(locks.table().is_empty(), "{:?}", locks.table());
     assert!(events.try_recv().is_err(), "exactly one release");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_and_claim_that_commits_after_the_select_was_dropped_is_given_back() {
+    // amount 10 from [a=4, b=8], b held by another transaction: a is won, b
+    // lost, so the rescan reads and claims in one call (a race was lost); that
+    // call waits at its gate. The select is dropped; then the call commits its
+    // claim of c. The select never learnt of c: c is given back, and so is a.
+    let mut tokens = MockTokenStore::new();
+    tokens
+        .expect_candidates()
+        .returning(|_| Ok(vec![cand("a", 4), cand("b", 8)]));
+    tokens.expect_balance_for().returning(|_, _, _| Ok(q(20)));
+    let gate = Arc::new(Notify::new());
+    let (locks, mut events) = FakeLocks::with_events();
+    let locks = Arc::new(FakeLocks {
+        read_and_claim: Some((vec![cand("c", 8)], gate.clone())),
+        ..locks
+    });
+    locks.hold(tok("b"), tx("other"));
+    let selector = selector_on(tokens, locks.clone(), config(3, 5));
+    let consumer = tx("t1");
+    let call = spawn_select(&selector, &consumer);
+    assert_eq!(
+        next_event(&mut events).await,
+        Some(Event::ReadAndClaimGated)
+    );
+    call.abort();
+    assert!(call.await.expect_err("aborted").is_cancelled());
+    gate.notify_one();
+    let mut released = vec![
+        next_release(&mut events).await,
+        next_release(&mut events).await,
+    ];
+    released.sort();
+    assert_eq!(
+        released,
+        [
+            (consumer.clone(), vec![tok("a")], true),
+            (consumer, vec![tok("c")], true)
+        ]
+    );
+    assert_eq!(locks.table(), BTreeMap::from([(tok("b"), tx("other"))]));
 }
 
 #[tokio::test(start_paused = true)]

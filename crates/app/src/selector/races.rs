@@ -31,7 +31,7 @@ pub(super) struct Contention {
 
 impl TokenSelector {
     /// Reads and claims in one round trip where the lock store can
-    /// ([`LockStore::read_and_claim`]): the engine's choice runs on the page
+    /// ([`holdfast_ports::LockStore::read_and_claim`]): the engine's choice runs on the page
     /// inside the store's transaction (a copy of the engine with a copy of the
     /// call's RNG, so the real engine, fed the same page afterwards, names the
     /// same tokens). `None` when the store cannot: the caller reads and claims

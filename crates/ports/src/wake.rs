@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use holdfast_domain::{QueueName, TokenType, TxId, WalletId};
 use tokio::sync::Notify;
@@ -158,24 +159,50 @@ impl Subscription {
         self.waiter.passed_over.load(Ordering::SeqCst)
     }
 
-    /// Whether another subscription of the key waits now: what the key offers is
-    /// contended in this instance.
-    pub fn others_waiting(&self) -> bool {
-        self.registration
-            .as_ref()
-            .is_some_and(|(registry, key, id)| registry.others_waiting(key, *id))
+    /// Notes what a read of the key returned (how many candidates) and whether a
+    /// claim of the key lost a race, for [`Subscription::race_likely`] of every
+    /// subscription of the key in this instance. Forgotten with the key's last
+    /// subscription.
+    pub fn note(&self, candidates_read: Option<usize>, lost_race: bool) {
+        if let Some((registry, key, _)) = &self.registration {
+            let mut state = registry.lock();
+            let Some(seen) = state.seen.get_mut(key) else {
+                return;
+            };
+            if candidates_read.is_some() {
+                seen.candidates_read = candidates_read;
+            }
+            if lost_race {
+                seen.lost_race_at = Some(Instant::now());
+            }
+        }
     }
 
-    /// How many other subscriptions of the key this instance has (callers after
-    /// the same wallet and type now, waiting or not).
-    pub fn others_subscribed(&self) -> usize {
-        self.registration.as_ref().map_or(0, |(registry, key, _)| {
-            registry
-                .lock()
-                .waiters
-                .get(key)
-                .map_or(0, |entries| entries.len().saturating_sub(1))
-        })
+    /// Whether a read of the key now is likely to race another caller of this
+    /// instance: another subscription of the key waits, a claim of the key lost
+    /// a race within `memory` ([`Subscription::note`]), or the last read of it
+    /// returned fewer than two candidates for each other subscription. A
+    /// timer-only subscription knows of nobody: false.
+    pub fn race_likely(&self, memory: Duration) -> bool {
+        let Some((registry, key, id)) = &self.registration else {
+            return false;
+        };
+        let state = registry.lock();
+        let entries = state.waiters.get(key).map_or(&[][..], Vec::as_slice);
+        let others = entries.iter().filter(|e| e.id != *id);
+        if others
+            .clone()
+            .any(|e| e.waiter.waiting.load(Ordering::SeqCst))
+        {
+            return true;
+        }
+        let Some(seen) = state.seen.get(key) else {
+            return false;
+        };
+        let lost = seen.lost_race_at.is_some_and(|at| at.elapsed() < memory);
+        let others = others.count();
+        let thin = others > 0 && seen.candidates_read.is_some_and(|n| n < 2 * others);
+        lost || thin
     }
 
     /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
@@ -245,7 +272,17 @@ struct Entry {
 struct State {
     next_id: u64,
     waiters: HashMap<WakeKey, Vec<Entry>>,
+    /// What the subscriptions of each key saw of it ([`Subscription::note`]),
+    /// kept while the key has subscriptions.
+    seen: HashMap<WakeKey, Seen>,
     count: usize,
+}
+
+/// What the subscriptions of one key last saw of it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    candidates_read: Option<usize>,
+    lost_race_at: Option<Instant>,
 }
 
 /// The in-process wake-up registry: waiters by key, woken by signals of this
@@ -307,6 +344,7 @@ impl Registry {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
+        state.seen.entry(key.clone()).or_default();
         state.waiters.entry(key.clone()).or_default().push(Entry {
             id,
             origin,
@@ -328,6 +366,7 @@ impl Registry {
             let removed = before - entries.len();
             if entries.is_empty() {
                 state.waiters.remove(key);
+                state.seen.remove(key);
             }
             state.count -= removed;
         }
@@ -369,16 +408,6 @@ impl Registry {
             }
             None => false,
         }
-    }
-
-    /// Whether a subscription of `key` other than `except` is in a wait now.
-    fn others_waiting(&self, key: &WakeKey, except: u64) -> bool {
-        self.lock()
-            .waiters
-            .get(key)
-            .into_iter()
-            .flatten()
-            .any(|e| e.id != except && e.waiter.waiting.load(Ordering::SeqCst))
     }
 
     /// Whether a waiter of `key` other than `except` was woken and is not done
@@ -642,6 +671,47 @@ mod tests {
         // The next wait starts afresh: nobody was woken meanwhile.
         assert_eq!(second.wait_until(soon()).await, WaitEnd::Timer);
         assert!(!second.passed_over());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_race_is_likely_when_others_wait_lost_one_lately_or_read_it_thin() {
+        let memory = Duration::from_millis(10);
+        let registry = Registry::new();
+        let me = registry.subscribe(key("a"), None);
+        assert!(!me.race_likely(memory), "alone, nothing noted");
+        // A loss is remembered for `memory`, by every subscription of the key.
+        let mut other = registry.subscribe(key("a"), None);
+        other.note(None, true);
+        assert!(me.race_likely(memory));
+        tokio::time::advance(memory).await;
+        assert!(!me.race_likely(memory));
+        // A read of fewer than two candidates per other caller is thin.
+        me.note(Some(1), false);
+        assert!(me.race_likely(memory));
+        me.note(Some(2), false);
+        assert!(!me.race_likely(memory));
+        // Another caller waiting now.
+        let signaller = registry.clone();
+        let (end, likely) = tokio::join!(other.wait_until(soon()), async {
+            tokio::task::yield_now().await;
+            let likely = me.race_likely(memory);
+            signaller.signal(&[key("a")], None);
+            likely
+        });
+        assert_eq!((end, likely), (WaitEnd::Signalled, true));
+        // Another key's notes are its own, and a key's notes go with its last
+        // subscription.
+        let b = registry.subscribe(key("b"), None);
+        assert!(!b.race_likely(memory));
+        me.note(Some(0), false);
+        drop((me, other));
+        let again = registry.subscribe(key("a"), None);
+        let second = registry.subscribe(key("a"), None);
+        assert!(
+            !again.race_likely(memory),
+            "nothing of the old callers is left"
+        );
+        drop(second);
     }
 
     #[tokio::test(start_paused = true)]

@@ -43,7 +43,6 @@ mod calls;
 mod races;
 mod waking;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,7 +62,7 @@ use tracing::Instrument;
 
 use crate::metrics::{self as m, SelectOutcomeLabel};
 use calls::{HeldGuard, claim, failure, give_back, release, renew};
-use races::{Contention, candidate_read};
+use races::{CONTENTION_MEMORY, candidate_read};
 use waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 
 /// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
@@ -144,9 +143,6 @@ pub struct TokenSelector {
     /// Whether the lock store reads and claims in one round trip (until it
     /// says it cannot).
     reads_with_claims: AtomicBool,
-    /// Per wallet and type: when a claim of this selector last lost a race, and
-    /// how many candidates its last read returned.
-    contention: Mutex<HashMap<(WalletId, TokenType), Contention>>,
 }
 
 impl std::fmt::Debug for TokenSelector {
@@ -180,7 +176,6 @@ impl TokenSelector {
             lease: DEFAULT_LEASE_EXPIRY,
             seeds: Mutex::new(seeds),
             reads_with_claims: AtomicBool::new(true),
-            contention: Mutex::new(HashMap::new()),
         })
     }
 
@@ -398,13 +393,13 @@ impl TokenSelector {
                         waiter.defer_to_woken(bound).await;
                     }
                     let read = candidate_read(request, fetch);
-                    // Contention is likely: others of this instance wait for the
-                    // same wallet and type, or this call has waited or lost a race.
+                    // A race is likely: this call was woken, has waited or lost
+                    // one, or its instance's callers of the same wallet and type
+                    // wait, lost one lately or read it thin.
                     let stats = selection.stats();
                     let contended = woken.is_some()
-                        || waiter.others_waiting()
                         || stats.waits + stats.conflicts + stats.stale > 0
-                        || self.contended(request, waiter.others_subscribed());
+                        || waiter.race_likely(CONTENTION_MEMORY);
                     let combined = if contended {
                         self.read_and_claim(&selection, rng, guard, request, &read)
                             .await
@@ -413,7 +408,7 @@ impl TokenSelector {
                     };
                     match combined {
                         Some(Ok(done)) => {
-                            self.note(request, Some(done.page.len()), false);
+                            waiter.note(Some(done.page.len()), false);
                             if let Some(offered) = &mut woken {
                                 offered.read(&done.page);
                                 offered.claimed(&done.verdicts);
@@ -438,7 +433,7 @@ impl TokenSelector {
                                 })
                                 .await;
                             if let Ok(page) = &page {
-                                self.note(request, Some(page.len()), false);
+                                waiter.note(Some(page.len()), false);
                             }
                             if let (Some(offered), Ok(page)) = (&mut woken, &page) {
                                 offered.read(page);
@@ -461,7 +456,7 @@ impl TokenSelector {
                     if let Ok(verdicts) = &verdicts
                         && verdicts.iter().any(|(_, v)| *v != ClaimVerdict::Won)
                     {
-                        self.note(request, None, true);
+                        waiter.note(None, true);
                     }
                     selection.on_claim(verdicts, rng)
                 }

@@ -1,14 +1,11 @@
 //! Lost races: reading and claiming in one round trip where races are likely and
-//! the lock store can (`docs/selection.md`, "Reading under the write lock"), and
-//! what a selector remembers of the wallets it saw contended.
+//! the lock store can (`docs/selection.md`, "Reading under the write lock").
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFailure, TokenId,
-    TokenType, WalletId,
 };
 use holdfast_ports::{BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim};
 use rand::rngs::StdRng;
@@ -16,18 +13,11 @@ use rand::rngs::StdRng;
 use super::TokenSelector;
 use super::calls::{HeldGuard, failure, give_back, release};
 
-/// How long a lost race marks a wallet and type as contended for this selector's
-/// next reads (they then read and claim in one round trip where the store can).
-/// Long enough for the callers that met it, short enough that a big wallet
-/// with a rare lost race keeps reading outside the write lock.
-const CONTENTION_MEMORY: Duration = Duration::from_millis(10);
-
-/// What a selector last saw of one wallet and type.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Contention {
-    lost_at: Option<tokio::time::Instant>,
-    last_read: Option<usize>,
-}
+/// How long a lost race marks a wallet and type as contended for the next reads
+/// of its callers in this instance (they then read and claim in one round trip
+/// where the store can). Long enough for the callers that met it, short enough
+/// that a big wallet with a rare lost race keeps reading outside the write lock.
+pub(super) const CONTENTION_MEMORY: Duration = Duration::from_millis(10);
 
 impl TokenSelector {
     /// Reads and claims in one round trip where the lock store can
@@ -87,43 +77,6 @@ impl TokenSelector {
             Ok(Some(done)) => Some(Ok(done)),
             Err(failure) => Some(Err(failure)),
         }
-    }
-
-    fn contention(&self) -> std::sync::MutexGuard<'_, HashMap<(WalletId, TokenType), Contention>> {
-        self.contention
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Notes what a read of `request`'s wallet and type returned, or that a
-    /// claim of it lost a race.
-    pub(super) fn note(&self, request: &SelectRequest, read: Option<usize>, lost: bool) {
-        let key = (request.wallet.clone(), request.token_type.clone());
-        let mut seen = self.contention();
-        let entry = seen.entry(key).or_default();
-        if lost {
-            entry.lost_at = Some(tokio::time::Instant::now());
-        }
-        if read.is_some() {
-            entry.last_read = read;
-        }
-    }
-
-    /// Whether reads of `request`'s wallet and type are likely to race other
-    /// callers of this selector: one of its claims lost a race within
-    /// [`CONTENTION_MEMORY`], or its last read returned fewer than two
-    /// candidates for each of the `others` callers after them now.
-    pub(super) fn contended(&self, request: &SelectRequest, others: usize) -> bool {
-        let key = (request.wallet.clone(), request.token_type.clone());
-        let seen = self.contention();
-        let Some(entry) = seen.get(&key) else {
-            return false;
-        };
-        let lost = entry
-            .lost_at
-            .is_some_and(|at| at.elapsed() < CONTENTION_MEMORY);
-        let thin = others > 0 && entry.last_read.is_some_and(|n| n < 2 * others);
-        lost || thin
     }
 
     /// Feeds a read-and-claim to the engine: the page, then (if a claim was

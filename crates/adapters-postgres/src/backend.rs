@@ -10,6 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
 use crate::error::{ConnectError, redact_url, scrub};
+use crate::locks::CLAIM_LINE_STRIPES;
 use crate::options::{LockStrategy, PgOptions};
 use crate::schema;
 use crate::wake::Wake;
@@ -28,6 +29,8 @@ pub(crate) struct Inner {
     pub(crate) pool: PgPool,
     pub(crate) strategy: LockStrategy,
     pub(crate) wake: Wake,
+    /// In-process turns of read-and-claims, by line (`locks::claim_line`).
+    pub(crate) claim_lines: Box<[tokio::sync::Mutex<()>]>,
     round_trips: AtomicU64,
     server_errors: AtomicU64,
 }
@@ -130,6 +133,9 @@ impl PgBackend {
                 pool,
                 strategy: options.strategy,
                 wake,
+                claim_lines: (0..CLAIM_LINE_STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
                 round_trips: AtomicU64::new(0),
                 server_errors: AtomicU64::new(0),
             }),

@@ -23,6 +23,10 @@
 //!   ascending index scan, no sort, keyset pages.
 //! - Claims follow the configured [`LockStrategy`]; a window claim of up to 256
 //!   tokens is one statement reporting won / stale / contended per token.
+//! - A read-and-claim (where the selector expects races) reads and claims in one
+//!   transaction under the advisory lock `(`[`CLAIM_LINE_SPACE`]`, hash of wallet
+//!   and type)`: four statements (`BEGIN` with the lock, read, claim, `COMMIT`),
+//!   and no race lost to another read-and-claim of the same wallet and type.
 //! - The lease sweep takes `pg_try_advisory_xact_lock(`[`SWEEP_LOCK_KEY`]`)`; only
 //!   the replica that gets it deletes.
 //! - Every operation holds at most one pooled connection, never two.
@@ -42,7 +46,9 @@ mod wake;
 
 pub use backend::PgBackend;
 pub use error::{ConnectError, redact_url};
-pub use locks::{RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED};
+pub use locks::{
+    CLAIM_LINE_SPACE, RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED,
+};
 pub use options::{LockStrategy, OptionsError, PgOptions, UnknownStrategy};
 pub use schema::{MIGRATIONS, migrator_up_to};
 pub use wake::{CHANNEL, COALESCE};

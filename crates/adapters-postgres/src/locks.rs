@@ -46,6 +46,13 @@
 //!   order first, and never touch `tokens`; so they never wait for a claimer, and
 //!   ordered L locking keeps them from deadlocking with each other or with a
 //!   settlement of an overlapping consumer.
+//! - A read-and-claim ([`LockStore::read_and_claim`]) first takes the advisory
+//!   lock of its wallet and type's line (`BEGIN; SELECT
+//!   pg_advisory_xact_lock(`[`CLAIM_LINE_SPACE`]`, line)`, one round trip), then
+//!   reads and claims as a window claimer does, and commits. Only read-and-claims
+//!   of the same line wait for that lock, and they hold nothing while they wait
+//!   (it is their transaction's first lock; their in-process turn is taken before
+//!   a pooled connection), so it closes no wait cycle.
 //! - `set_spendable` updates one token row and holds nothing else while waiting.
 //!   `add_tokens` inserts new token rows in key order; claimers cannot see them
 //!   until committed and `ON CONFLICT DO NOTHING` on an existing row takes no
@@ -59,10 +66,14 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use holdfast_domain::lease::SWEPT_STATUSES;
-use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
-use holdfast_ports::{
-    LockInfo, LockStore, LockStoreError, StoreFault, SweepReport, WakeUps, check_window,
+use holdfast_domain::{
+    ClaimVerdict, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
+use holdfast_ports::{
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, StoreFault,
+    SweepReport, WakeUps, check_window,
+};
+use sqlx::AssertSqlSafe;
 
 use crate::backend::PgBackend;
 use crate::codec::{self, get};
@@ -73,6 +84,42 @@ use crate::wake::token_keys;
 
 /// The advisory lock key of sweep leadership: the bytes of `"holdfast"`.
 pub const SWEEP_LOCK_KEY: i64 = 0x686f_6c64_6661_7374;
+
+/// The first key of the two-key advisory locks that serialize read-and-claims
+/// of one wallet and type (the bytes of `"hold"`; two-key advisory locks never
+/// meet the one-key [`SWEEP_LOCK_KEY`]).
+pub const CLAIM_LINE_SPACE: i32 = 0x686f_6c64;
+
+/// How many in-process turns the read-and-claims of a backend take by line.
+pub(crate) const CLAIM_LINE_STRIPES: usize = 64;
+
+/// Where the read-and-claims of one wallet and type queue.
+struct ClaimLine {
+    /// The in-process turn ([`crate::backend::Inner::claim_lines`]).
+    stripe: usize,
+    /// The second key of the line's advisory lock.
+    key: i32,
+}
+
+/// The line of `wallet` and `token_type`: FNV-1a of `wallet<TAB>type`, the same
+/// on every replica. Two keys on one line only serialize each other's
+/// read-and-claims.
+fn claim_line(wallet: &WalletId, token_type: &TokenType) -> ClaimLine {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = wallet
+        .as_str()
+        .bytes()
+        .chain([b'\t'])
+        .chain(token_type.as_str().bytes());
+    for byte in bytes {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let [a, b, c, d, .., low] = hash.to_be_bytes();
+    ClaimLine {
+        stripe: usize::from(low) % CLAIM_LINE_STRIPES,
+        key: i32::from_be_bytes([a, b, c, d]),
+    }
+}
 
 macro_rules! window_sql {
     ($spendable_lock:literal, $eligible:literal, $source:literal) => {
@@ -286,9 +333,11 @@ fn count(n: i64) -> u64 {
 }
 
 impl PgBackend {
-    /// The one-statement window claim over distinct tokens: their verdicts by id.
-    async fn claim_distinct(
+    /// The one-statement window claim over distinct tokens on `executor` (the
+    /// pool, or a read-and-claim's transaction): their verdicts by id.
+    async fn claim_distinct<'e, E: sqlx::PgExecutor<'e>>(
         &self,
+        executor: E,
         consumer: &TxId,
         tokens: &[&TokenId],
         at: Timestamp,
@@ -305,7 +354,7 @@ impl PgBackend {
                     .bind(&idxs)
                     .bind(consumer.as_str())
                     .bind(millis(at)?)
-                    .fetch_all(self.pool())
+                    .fetch_all(executor)
                     .await,
             )
             .map_err(|e| fault(&e))?;
@@ -321,6 +370,40 @@ impl PgBackend {
             verdicts.insert(id, verdict);
         }
         Ok(verdicts)
+    }
+
+    /// [`LockStore::claim_window`] on `executor`.
+    async fn claim_window_on<'e, E: sqlx::PgExecutor<'e>>(
+        &self,
+        executor: E,
+        consumer: &TxId,
+        tokens: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
+        check_window(tokens)?;
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut distinct: Vec<&TokenId> = tokens.iter().collect();
+        distinct.sort();
+        distinct.dedup();
+        let verdicts = self
+            .claim_distinct(executor, consumer, &distinct, at)
+            .await?;
+        // A token named twice: the first mention gets the verdict; a repeat of a won
+        // token is contended (this consumer already holds it).
+        let mut seen: BTreeMap<&TokenId, ()> = BTreeMap::new();
+        Ok(tokens
+            .iter()
+            .map(|token| {
+                let verdict = verdicts.get(token).copied().unwrap_or(ClaimVerdict::Stale);
+                let verdict = match (seen.insert(token, ()), verdict) {
+                    (Some(()), ClaimVerdict::Won) => ClaimVerdict::Contended,
+                    (_, verdict) => verdict,
+                };
+                (token.clone(), verdict)
+            })
+            .collect())
     }
 
     async fn claim_by_insert(
@@ -364,7 +447,9 @@ impl LockStore for PgBackend {
         match self.strategy() {
             LockStrategy::Insert => self.claim_by_insert(consumer, token, at).await,
             LockStrategy::OnConflict | LockStrategy::SkipLocked => {
-                let verdicts = self.claim_distinct(consumer, &[token], at).await?;
+                let verdicts = self
+                    .claim_distinct(self.pool(), consumer, &[token], at)
+                    .await?;
                 Ok(verdicts.get(token).copied().unwrap_or(ClaimVerdict::Stale))
             }
         }
@@ -376,28 +461,43 @@ impl LockStore for PgBackend {
         tokens: &[TokenId],
         at: Timestamp,
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        check_window(tokens)?;
-        if tokens.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut distinct: Vec<&TokenId> = tokens.iter().collect();
-        distinct.sort();
-        distinct.dedup();
-        let verdicts = self.claim_distinct(consumer, &distinct, at).await?;
-        // A token named twice: the first mention gets the verdict; a repeat of a won
-        // token is contended (this consumer already holds it).
-        let mut seen: BTreeMap<&TokenId, ()> = BTreeMap::new();
-        Ok(tokens
-            .iter()
-            .map(|token| {
-                let verdict = verdicts.get(token).copied().unwrap_or(ClaimVerdict::Stale);
-                let verdict = match (seen.insert(token, ()), verdict) {
-                    (Some(()), ClaimVerdict::Won) => ClaimVerdict::Contended,
-                    (_, verdict) => verdict,
-                };
-                (token.clone(), verdict)
-            })
-            .collect())
+        self.claim_window_on(self.pool(), consumer, tokens, at)
+            .await
+    }
+
+    async fn read_and_claim(
+        &self,
+        consumer: &TxId,
+        read: &CandidateRead,
+        at: Timestamp,
+        choose: Chooser,
+    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+        let (wallet, token_type) = match read {
+            CandidateRead::Bands(q) => (&q.wallet, &q.token_type),
+            CandidateRead::Page(q) => (&q.wallet, &q.token_type),
+        };
+        let line = claim_line(wallet, token_type);
+        // One caller of this instance per line at a time waits for the line's
+        // advisory lock: the others wait here, without a pooled connection.
+        let _turn = self.inner.claim_lines[line.stripe].lock().await;
+        // BEGIN and the line's lock in one round trip; the read after it is a
+        // new statement, so its snapshot shows every claim committed under the
+        // line before (READ COMMITTED).
+        let begin = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({CLAIM_LINE_SPACE}, {})",
+            line.key
+        );
+        let mut tx = self
+            .note(self.pool().begin_with(AssertSqlSafe(begin)).await)
+            .map_err(|e| fault(&e))?;
+        let page = self.read_on(&mut *tx, read).await?;
+        let tokens = choose(&page);
+        let verdicts = self
+            .claim_window_on(&mut *tx, consumer, &tokens, at)
+            .await?;
+        // A failed COMMIT may have committed: the caller treats it as ambiguous.
+        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        Ok(Some(ReadAndClaim { page, verdicts }))
     }
 
     async fn release_consumer(

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{
-    BandQuery, CandidateQuery, NewToken, StoreFault, TokenStore, TokenStoreError, WakeKey, WakeUps,
+    BandQuery, CandidateQuery, CandidateRead, NewToken, StoreFault, TokenStore, TokenStoreError,
+    WakeKey, WakeUps,
 };
 
 use crate::backend::PgBackend;
@@ -217,16 +218,72 @@ async fn explain(
     Ok(lines.join("\n"))
 }
 
+/// A statement of the candidate read (columns tx_id, idx, amount as text).
+type Statement<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The statement of a candidate page: the first, or the next after its cursor.
+fn page_statement(query: &CandidateQuery) -> Statement<'_> {
+    match &query.after {
+        None => sqlx::query(candidates_sql!(first))
+            .bind(query.wallet.as_str())
+            .bind(query.token_type.as_str())
+            .bind(limit(query.limit)),
+        Some(cursor) => sqlx::query(candidates_sql!(after))
+            .bind(query.wallet.as_str())
+            .bind(query.token_type.as_str())
+            .bind(limit(query.limit))
+            .bind(cursor.quantity.to_string())
+            .bind(cursor.id.tx.as_str())
+            .bind(i64::from(cursor.id.index)),
+    }
+}
+
+/// The statement of a band read: both bands, the cover band alone, or a further
+/// fill page.
+fn band_statement(query: &BandQuery) -> Statement<'_> {
+    let threshold = query.threshold.to_string();
+    match &query.fill_before {
+        // The cover band alone when no fill band is asked for (an amount of 1).
+        None if query.fill == 0 => sqlx::query(band_sql!(cover))
+            .bind(query.wallet.as_str())
+            .bind(query.token_type.as_str())
+            .bind(threshold)
+            .bind(limit(query.cover)),
+        None => sqlx::query(band_sql!(both))
+            .bind(query.wallet.as_str())
+            .bind(query.token_type.as_str())
+            .bind(threshold)
+            .bind(limit(query.cover))
+            .bind(limit(query.fill)),
+        Some(cursor) => sqlx::query(FILL_BAND_BEFORE)
+            .bind(query.wallet.as_str())
+            .bind(query.token_type.as_str())
+            .bind(threshold)
+            .bind(limit(query.fill))
+            .bind(cursor.quantity.to_string())
+            .bind(cursor.id.tx.as_str())
+            .bind(i64::from(cursor.id.index)),
+    }
+}
+
 impl PgBackend {
-    /// Runs a candidate read (columns tx_id, idx, amount as text).
-    async fn read_candidates(
+    /// Reads the candidates `read` asks for on `executor` (the pool, or the
+    /// transaction of a read-and-claim), in the order the port's contract gives:
+    /// a page ascending; bands cover first (ascending), then fill (descending).
+    pub(crate) async fn read_on<'e, E: sqlx::PgExecutor<'e>>(
         &self,
-        statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> Result<Vec<Candidate>, TokenStoreError> {
-        let found = self
-            .note(statement.fetch_all(self.pool()).await)
-            .map_err(|e| fault(&e))?;
-        found
+        executor: E,
+        read: &CandidateRead,
+    ) -> Result<Vec<Candidate>, StoreFault> {
+        let statement = match read {
+            CandidateRead::Page(query) if query.limit == 0 => return Ok(Vec::new()),
+            CandidateRead::Page(query) => page_statement(query),
+            CandidateRead::Bands(query) => band_statement(query),
+        };
+        let rows = self
+            .note(statement.fetch_all(executor).await)
+            .map_err(|e| to_fault(&e))?;
+        let mut found = rows
             .iter()
             .map(|row| {
                 Ok(Candidate {
@@ -234,8 +291,20 @@ impl PgBackend {
                     quantity: codec::quantity(&get::<String>(row, 2)?)?,
                 })
             })
-            .collect::<Result<Vec<_>, StoreFault>>()
-            .map_err(TokenStoreError::Fault)
+            .collect::<Result<Vec<_>, StoreFault>>()?;
+        if let CandidateRead::Bands(query) = read {
+            // The contract's order, whatever order the server appends the bands in.
+            let key = |c: &Candidate| (c.quantity, c.id.clone());
+            found.sort_by(|a, b| {
+                match (a.quantity >= query.threshold, b.quantity >= query.threshold) {
+                    (true, true) => key(a).cmp(&key(b)),
+                    (false, false) => key(b).cmp(&key(a)),
+                    // Cover before fill.
+                    (a_cover, b_cover) => b_cover.cmp(&a_cover),
+                }
+            });
+        }
+        Ok(found)
     }
 
     /// The spendable, unspent sum of the wallet and type, locks ignored, less the
@@ -409,61 +478,13 @@ impl TokenStore for PgBackend {
     }
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError> {
-        if query.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let statement = match &query.after {
-            None => sqlx::query(candidates_sql!(first))
-                .bind(query.wallet.as_str())
-                .bind(query.token_type.as_str())
-                .bind(limit(query.limit)),
-            Some(cursor) => sqlx::query(candidates_sql!(after))
-                .bind(query.wallet.as_str())
-                .bind(query.token_type.as_str())
-                .bind(limit(query.limit))
-                .bind(cursor.quantity.to_string())
-                .bind(cursor.id.tx.as_str())
-                .bind(i64::from(cursor.id.index)),
-        };
-        self.read_candidates(statement).await
+        let read = CandidateRead::Page(query.clone());
+        Ok(self.read_on(self.pool(), &read).await?)
     }
 
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
-        let threshold = query.threshold.to_string();
-        let statement = match &query.fill_before {
-            // The cover band alone when no fill band is asked for (an amount of 1).
-            None if query.fill == 0 => sqlx::query(band_sql!(cover))
-                .bind(query.wallet.as_str())
-                .bind(query.token_type.as_str())
-                .bind(threshold)
-                .bind(limit(query.cover)),
-            None => sqlx::query(band_sql!(both))
-                .bind(query.wallet.as_str())
-                .bind(query.token_type.as_str())
-                .bind(threshold)
-                .bind(limit(query.cover))
-                .bind(limit(query.fill)),
-            Some(cursor) => sqlx::query(FILL_BAND_BEFORE)
-                .bind(query.wallet.as_str())
-                .bind(query.token_type.as_str())
-                .bind(threshold)
-                .bind(limit(query.fill))
-                .bind(cursor.quantity.to_string())
-                .bind(cursor.id.tx.as_str())
-                .bind(i64::from(cursor.id.index)),
-        };
-        let mut found = self.read_candidates(statement).await?;
-        // The contract's order, whatever order the server appends the bands in.
-        let key = |c: &Candidate| (c.quantity, c.id.clone());
-        found.sort_by(|a, b| {
-            match (a.quantity >= query.threshold, b.quantity >= query.threshold) {
-                (true, true) => key(a).cmp(&key(b)),
-                (false, false) => key(b).cmp(&key(a)),
-                // Cover before fill.
-                (a_cover, b_cover) => b_cover.cmp(&a_cover),
-            }
-        });
-        Ok(found)
+        let read = CandidateRead::Bands(query.clone());
+        Ok(self.read_on(self.pool(), &read).await?)
     }
 
     async fn balance(

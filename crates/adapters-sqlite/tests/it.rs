@@ -4,7 +4,6 @@
 mod common;
 
 mod conformance;
-mod read_and_claim;
 mod schema;
 mod sqlite;
 mod stress;

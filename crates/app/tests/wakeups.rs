@@ -254,6 +254,14 @@ async fn postgres_three_replicas_wake_each_other() {
         let report = answered(waiting).await;
         latencies.push(committed.elapsed());
         woken(&report);
+        // The woken attempt read and claimed in one transaction, under the
+        // wallet's advisory lock.
+        assert_eq!(
+            (report.stats.claims_with_read, report.stats.conflicts),
+            (1, 0),
+            "{:?}",
+            report.stats
+        );
         // Give the token back for the next round.
         waiter
             .locks

@@ -103,9 +103,11 @@ pub trait LockStore: Send + Sync {
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError>;
 
     /// Reads candidates as `read` says and claims for `consumer` at `at` what
-    /// `choose` names from that page, in one transaction that no other claim can
-    /// enter between the read and the claim (SQLite: under the database's write
-    /// lock), so the claim loses no race: one round trip. Won tokens are recorded
+    /// `choose` names from that page, in one transaction that no other
+    /// read-and-claim of the same wallet and type can enter between the read and
+    /// the claim (SQLite: under the database's write lock, which no other claim
+    /// enters either; PostgreSQL: under an advisory lock of the wallet and type),
+    /// so the claim loses no race to such a caller: one call. Won tokens are recorded
     /// as selected, as [`LockStore::claim_window`] does, and the same errors
     /// apply; on an error nothing is claimed unless it is an ambiguous commit, in
     /// which case tokens of the page may be held until the lease sweep (the

@@ -19,7 +19,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use holdfast_domain::{QueueName, TokenType, TxId, WalletId};
 use tokio::sync::Notify;
@@ -159,31 +158,23 @@ impl Subscription {
         self.waiter.passed_over.load(Ordering::SeqCst)
     }
 
-    /// Notes what a read of the key returned (how many candidates) and whether a
-    /// claim of the key lost a race, for [`Subscription::race_likely`] of every
-    /// subscription of the key in this instance. Forgotten with the key's last
-    /// subscription.
-    pub fn note(&self, candidates_read: Option<usize>, lost_race: bool) {
+    /// Notes how many candidates a read of the key returned, for
+    /// [`Subscription::race_likely`] of every subscription of the key in this
+    /// instance. Forgotten with the key's last subscription.
+    pub fn note(&self, candidates_read: usize) {
         if let Some((registry, key, _)) = &self.registration {
             let mut state = registry.lock();
-            let Some(seen) = state.seen.get_mut(key) else {
-                return;
-            };
-            if candidates_read.is_some() {
-                seen.candidates_read = candidates_read;
-            }
-            if lost_race {
-                seen.lost_race_at = Some(Instant::now());
+            if let Some(seen) = state.seen.get_mut(key) {
+                *seen = Some(candidates_read);
             }
         }
     }
 
     /// Whether a read of the key now is likely to race another caller of this
-    /// instance: another subscription of the key waits, a claim of the key lost
-    /// a race within `memory` ([`Subscription::note`]), or the last read of it
-    /// returned fewer than two candidates for each other subscription. A
-    /// timer-only subscription knows of nobody: false.
-    pub fn race_likely(&self, memory: Duration) -> bool {
+    /// instance: another subscription of the key waits, or the last read of it
+    /// ([`Subscription::note`]) returned fewer than two candidates for each other
+    /// subscription. A timer-only subscription knows of nobody: false.
+    pub fn race_likely(&self) -> bool {
         let Some((registry, key, id)) = &self.registration else {
             return false;
         };
@@ -196,13 +187,9 @@ impl Subscription {
         {
             return true;
         }
-        let Some(seen) = state.seen.get(key) else {
-            return false;
-        };
-        let lost = seen.lost_race_at.is_some_and(|at| at.elapsed() < memory);
         let others = others.count();
-        let thin = others > 0 && seen.candidates_read.is_some_and(|n| n < 2 * others);
-        lost || thin
+        let read = state.seen.get(key).copied().flatten();
+        others > 0 && read.is_some_and(|n| n < 2 * others)
     }
 
     /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
@@ -272,17 +259,10 @@ struct Entry {
 struct State {
     next_id: u64,
     waiters: HashMap<WakeKey, Vec<Entry>>,
-    /// What the subscriptions of each key saw of it ([`Subscription::note`]),
-    /// kept while the key has subscriptions.
-    seen: HashMap<WakeKey, Seen>,
+    /// How many candidates the last read of each key returned
+    /// ([`Subscription::note`]), kept while the key has subscriptions.
+    seen: HashMap<WakeKey, Option<usize>>,
     count: usize,
-}
-
-/// What the subscriptions of one key last saw of it.
-#[derive(Debug, Clone, Copy, Default)]
-struct Seen {
-    candidates_read: Option<usize>,
-    lost_race_at: Option<Instant>,
 }
 
 /// The in-process wake-up registry: waiters by key, woken by signals of this
@@ -674,27 +654,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_race_is_likely_when_others_wait_lost_one_lately_or_read_it_thin() {
-        let memory = Duration::from_millis(10);
+    async fn a_race_is_likely_when_others_wait_or_read_it_thin() {
         let registry = Registry::new();
         let me = registry.subscribe(key("a"), None);
-        assert!(!me.race_likely(memory), "alone, nothing noted");
-        // A loss is remembered for `memory`, by every subscription of the key.
+        me.note(0);
+        assert!(!me.race_likely(), "alone, nobody to race");
+        // A read of fewer than two candidates per other caller is thin, whoever
+        // of the key's callers read it.
         let mut other = registry.subscribe(key("a"), None);
-        other.note(None, true);
-        assert!(me.race_likely(memory));
-        tokio::time::advance(memory).await;
-        assert!(!me.race_likely(memory));
-        // A read of fewer than two candidates per other caller is thin.
-        me.note(Some(1), false);
-        assert!(me.race_likely(memory));
-        me.note(Some(2), false);
-        assert!(!me.race_likely(memory));
+        other.note(1);
+        assert!(me.race_likely());
+        me.note(2);
+        assert!(!me.race_likely());
         // Another caller waiting now.
         let signaller = registry.clone();
         let (end, likely) = tokio::join!(other.wait_until(soon()), async {
             tokio::task::yield_now().await;
-            let likely = me.race_likely(memory);
+            let likely = me.race_likely();
             signaller.signal(&[key("a")], None);
             likely
         });
@@ -702,15 +678,12 @@ mod tests {
         // Another key's notes are its own, and a key's notes go with its last
         // subscription.
         let b = registry.subscribe(key("b"), None);
-        assert!(!b.race_likely(memory));
-        me.note(Some(0), false);
+        assert!(!b.race_likely());
+        me.note(0);
         drop((me, other));
         let again = registry.subscribe(key("a"), None);
         let second = registry.subscribe(key("a"), None);
-        assert!(
-            !again.race_likely(memory),
-            "nothing of the old callers is left"
-        );
+        assert!(!again.race_likely(), "nothing of the old callers is left");
         drop(second);
     }
 

@@ -49,9 +49,8 @@ use std::time::Duration;
 
 use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, needs_renewal};
 use holdfast_domain::{
-    Action, ClaimVerdict, Quantity, SelectRequest, Selected, Selection, SelectionConfig,
-    SelectionConfigError, SelectionError, SelectionFailure, SelectionStats, TokenId, TokenType,
-    TxId, WalletId,
+    Action, Quantity, SelectRequest, Selected, Selection, SelectionConfig, SelectionConfigError,
+    SelectionError, SelectionFailure, SelectionStats, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
     CandidateRead, Clock, LockStore, Stores, Subscription, TokenStore, WaitEnd, WakeKey, WakeUps,
@@ -62,7 +61,7 @@ use tracing::Instrument;
 
 use crate::metrics::{self as m, SelectOutcomeLabel};
 use calls::{HeldGuard, claim, failure, give_back, release, renew};
-use races::{CONTENTION_MEMORY, candidate_read};
+use races::candidate_read;
 use waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 
 /// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
@@ -395,11 +394,11 @@ impl TokenSelector {
                     let read = candidate_read(request, fetch);
                     // A race is likely: this call was woken, has waited or lost
                     // one, or its instance's callers of the same wallet and type
-                    // wait, lost one lately or read it thin.
+                    // wait or read it thin.
                     let stats = selection.stats();
                     let contended = woken.is_some()
                         || stats.waits + stats.conflicts + stats.stale > 0
-                        || waiter.race_likely(CONTENTION_MEMORY);
+                        || waiter.race_likely();
                     let combined = if contended {
                         self.read_and_claim(&selection, rng, guard, request, &read)
                             .await
@@ -408,7 +407,7 @@ impl TokenSelector {
                     };
                     match combined {
                         Some(Ok(done)) => {
-                            waiter.note(Some(done.page.len()), false);
+                            waiter.note(done.page.len());
                             if let Some(offered) = &mut woken {
                                 offered.read(&done.page);
                                 offered.claimed(&done.verdicts);
@@ -433,7 +432,7 @@ impl TokenSelector {
                                 })
                                 .await;
                             if let Ok(page) = &page {
-                                waiter.note(Some(page.len()), false);
+                                waiter.note(page.len());
                             }
                             if let (Some(offered), Ok(page)) = (&mut woken, &page) {
                                 offered.read(page);
@@ -452,11 +451,6 @@ impl TokenSelector {
                     let verdicts = guard.perform(call).await;
                     if let (Some(offered), Ok(verdicts)) = (&mut woken, &verdicts) {
                         offered.claimed(verdicts);
-                    }
-                    if let Ok(verdicts) = &verdicts
-                        && verdicts.iter().any(|(_, v)| *v != ClaimVerdict::Won)
-                    {
-                        waiter.note(None, true);
                     }
                     selection.on_claim(verdicts, rng)
                 }

@@ -1,8 +1,8 @@
-//! Lost races: reading and claiming in one round trip where races are likely and
-//! the lock store can (`docs/selection.md`, "Reading under the write lock").
+//! Lost races: reading and claiming in one call where races are likely and
+//! the lock store can (`docs/selection.md`, "Reading and claiming in one
+//! transaction").
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFailure, TokenId,
@@ -12,12 +12,6 @@ use rand::rngs::StdRng;
 
 use super::TokenSelector;
 use super::calls::{HeldGuard, failure, give_back, release};
-
-/// How long a lost race marks a wallet and type as contended for the next reads
-/// of its callers in this instance (they then read and claim in one round trip
-/// where the store can). Long enough for the callers that met it, short enough
-/// that a big wallet with a rare lost race keeps reading outside the write lock.
-pub(super) const CONTENTION_MEMORY: Duration = Duration::from_millis(10);
 
 impl TokenSelector {
     /// Reads and claims in one round trip where the lock store can

@@ -28,6 +28,7 @@
 
 pub mod locks;
 pub mod queues;
+pub mod read_and_claim;
 pub mod security;
 pub mod settlement;
 pub mod statuses;
@@ -117,6 +118,9 @@ macro_rules! conformance_tests {
             locks::spend_consumer_marks_spent_and_releases,
             locks::sweep_removes_expired_and_dead_consumers_only,
             locks::list_locks_oldest_first_with_status,
+            read_and_claim::read_and_claim_wins_what_the_chooser_names,
+            read_and_claim::read_and_claim_refuses_a_window_too_large,
+            read_and_claim::read_and_claim_callers_never_lose_a_race,
             settlement::confirmed_spends_what_was_selected_even_after_the_sweep,
             settlement::a_second_confirmed_spender_is_a_double_spend_that_changes_nothing,
             settlement::renew_restamps_held_locks_and_reports_lost_ones,

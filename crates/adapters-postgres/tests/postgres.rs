@@ -116,6 +116,7 @@ async fn candidate_query_scans_the_partial_index_without_sorting_100k_tokens() {
             cover: 16,
             fill: 256,
             fill_before: None,
+            fill_unless_cover_at_most: None,
         })
         .await
         .expect("explain band read");

@@ -19,7 +19,10 @@
 //!   with [`StoreFault::Busy`](holdfast_ports::StoreFault::Busy) instead of panicking.
 //! - One writer connection and [`SqliteOptions::readers`] reader connections per
 //!   instance; every call runs on tokio's blocking threads, never on the executor.
-//!   Every transaction that may write is `BEGIN IMMEDIATE`.
+//!   Every transaction that may write is `BEGIN IMMEDIATE`. Writes that queue for
+//!   the writer while it is busy are committed together (group commit): each in
+//!   its own savepoint, one commit and one fsync for the batch, every write
+//!   answered only after that commit.
 //! - Several instances (replicas, processes) may open one file; SQLite's file lock
 //!   serializes their writers and the lock table's primary key gives exactly one
 //!   winner per token.

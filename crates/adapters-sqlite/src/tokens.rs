@@ -134,8 +134,14 @@ pub(crate) fn read_page(
                 let params = params![wallet, token_type, threshold, cover];
                 read_candidates(tx, COVER_BAND, params, &mut out)?;
             }
+            // The cover band alone when its smallest candidate will be the
+            // single cover chosen (see `BandQuery::fill_unless_cover_at_most`).
+            let single_cover = query
+                .fill_unless_cover_at_most
+                .is_some_and(|at_most| out.first().is_some_and(|c| c.quantity <= at_most));
             match (&query.fill_before, fill) {
                 (_, 0) => {}
+                _ if single_cover => {}
                 (None, _) => {
                     let params = params![wallet, token_type, threshold, fill];
                     read_candidates(tx, FILL_BAND, params, &mut out)?;

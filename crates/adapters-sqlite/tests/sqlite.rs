@@ -9,7 +9,9 @@ use holdfast_adapters_sqlite::{OpenError, SCHEMA_VERSION, SqliteBackend, SqliteO
 use holdfast_domain::{
     ClaimVerdict, Precision, Quantity, Timestamp, TokenId, TokenType, TxId, WalletId,
 };
-use holdfast_ports::{CandidateQuery, LockStoreError, NewToken, StoreFault, TokenStoreError};
+use holdfast_ports::{
+    BandQuery, CandidateQuery, LockStoreError, NewToken, StoreFault, TokenStore, TokenStoreError,
+};
 use rusqlite::Connection;
 
 use common::TempDb;
@@ -380,4 +382,39 @@ async fn a_write_waits_for_a_lock_released_within_the_timeout() {
         Ok(ClaimVerdict::Won)
     );
     holder.join().expect("holder");
+}
+
+#[tokio::test]
+async fn a_band_read_whose_smallest_cover_is_within_the_bound_skips_the_fill_band() {
+    let file = TempDb::new();
+    let backend = file.open().await;
+    backend
+        .add_tokens(&[token("a", 0, 5), token("a", 1, 20), token("a", 2, 60)])
+        .await
+        .expect("funded");
+    let read = |at_most: Option<u128>| BandQuery {
+        wallet: WalletId::new("w").expect("wallet"),
+        token_type: TokenType::new("CHF").expect("type"),
+        threshold: Quantity::new(10, Precision::MAX).expect("amount"),
+        cover: 16,
+        fill: 256,
+        fill_before: None,
+        fill_unless_cover_at_most: at_most
+            .map(|v| Quantity::new(v, Precision::MAX).expect("amount")),
+    };
+    let amounts = |got: Vec<holdfast_domain::Candidate>| -> Vec<u128> {
+        got.iter().map(|c| c.quantity.value()).collect()
+    };
+    let within = backend
+        .candidate_bands(&read(Some(50)))
+        .await
+        .expect("read");
+    assert_eq!(amounts(within), [20, 60], "the cover band alone");
+    let beyond = backend
+        .candidate_bands(&read(Some(19)))
+        .await
+        .expect("read");
+    assert_eq!(amounts(beyond), [20, 60, 5], "both bands");
+    let unbounded = backend.candidate_bands(&read(None)).await.expect("read");
+    assert_eq!(amounts(unbounded), [20, 60, 5], "both bands");
 }

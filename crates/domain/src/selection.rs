@@ -89,7 +89,7 @@ use rand::Rng;
 
 use crate::blacklist::{Blacklist, BlacklistReason};
 use crate::ids::{TokenId, TokenType, TxId, WalletId};
-use crate::quantity::Quantity;
+use crate::quantity::{Precision, Quantity};
 use crate::token::{Candidate, ClaimVerdict};
 use crate::window::{self, WindowLimits, WindowPlan};
 
@@ -100,7 +100,7 @@ pub use config::{
 };
 pub use pages::MAX_SHUFFLE_BUCKET;
 
-use cover::{CoverLimits, CoverPlan};
+use cover::{CoverLimits, CoverPlan, Fill};
 use pages::Scan;
 
 /// What to select: an amount of one token type from one wallet, for one consumer
@@ -174,6 +174,13 @@ pub struct Bands {
     pub threshold: Quantity,
     /// How many cover candidates to read (0 on a further fill page).
     pub cover: usize,
+    /// When set, the store may leave the fill band unread if the smallest
+    /// cover candidate is at most this amount: a single cover is then chosen
+    /// (`max_sufficiency_ratio` times the threshold; set only when neither
+    /// `prefer_exact` nor `consolidate_dust` looks at the fill band, and the
+    /// call has lost no race). If that single cover cannot be chosen after all,
+    /// the engine's next read asks for both bands.
+    pub fill_unless_cover_at_most: Option<Quantity>,
 }
 
 impl Bands {
@@ -196,6 +203,9 @@ impl Bands {
             .take(cover)
             .cloned()
             .collect();
+        if self.skips_fill(out.first()) {
+            return out;
+        }
         out.extend(
             ascending
                 .iter()
@@ -206,6 +216,16 @@ impl Bands {
                 .cloned(),
         );
         out
+    }
+
+    /// Whether a store may leave the fill band unread, the smallest cover
+    /// candidate it read being `smallest_cover`
+    /// ([`Bands::fill_unless_cover_at_most`]).
+    pub fn skips_fill(&self, smallest_cover: Option<&Candidate>) -> bool {
+        match (self.fill_unless_cover_at_most, smallest_cover) {
+            (Some(at_most), Some(cover)) => cover.quantity <= at_most,
+            _ => false,
+        }
     }
 }
 
@@ -561,14 +581,10 @@ impl Selection {
             }
             Ok(page) => {
                 match request.bands {
-                    Some(bands) => self.scan.ingest_bands(
-                        page,
-                        bands.threshold,
-                        bands.cover,
-                        request.limit,
-                        &self.leg.won_ids,
-                        rng,
-                    ),
+                    Some(bands) => {
+                        self.scan
+                            .ingest_bands(page, bands, request.limit, &self.leg.won_ids, rng);
+                    }
                     None => self.scan.ingest(
                         page,
                         request.limit,
@@ -819,15 +835,33 @@ impl Selection {
     fn bands(&self, after: Option<&Candidate>) -> Option<Bands> {
         match self.config.policy {
             SelectionPolicy::SmallestFirst => None,
-            SelectionPolicy::CoverFirst => Some(match (after, self.scan.threshold) {
-                (Some(_), Some(threshold)) => Bands {
+            SelectionPolicy::CoverFirst => Some(match self.scan.threshold {
+                // A further fill page.
+                Some(threshold) if after.is_some() => Bands {
                     threshold,
                     cover: 0,
+                    fill_unless_cover_at_most: None,
                 },
-                _ => Bands {
-                    threshold: self.remaining(),
-                    cover: self.config.cover_band,
-                },
+                _ => {
+                    let threshold = self.remaining();
+                    // Only the single cover looks at the first read (not
+                    // prefer_exact, not consolidate_dust), and no race has been
+                    // lost yet (a cover lost now would cost another read).
+                    let single_cover_only = !self.config.prefer_exact
+                        && self.config.consolidate_dust == 0
+                        && self.blacklist.is_empty()
+                        && !self.scan.read_fill;
+                    let bound = threshold
+                        .value()
+                        .saturating_mul(u128::from(self.config.max_sufficiency_ratio));
+                    Bands {
+                        threshold,
+                        cover: self.config.cover_band,
+                        fill_unless_cover_at_most: single_cover_only
+                            .then(|| Quantity::new(bound, Precision::MAX).ok())
+                            .flatten(),
+                    }
+                }
             }),
         }
     }
@@ -887,9 +921,22 @@ impl Selection {
             };
             // Further fill pages only while no more cover candidates may exist: a
             // full cover band that was all lost is read afresh instead.
-            let more_fill = !self.scan.exhausted && !self.scan.more_cover;
-            return match cover::plan(&quantities, remaining, headroom, more_fill, limits, rng) {
+            let fill = if self.scan.fill_unread {
+                Fill::Unread
+            } else if !self.scan.exhausted && !self.scan.more_cover {
+                Fill::MorePages
+            } else {
+                Fill::Exhausted
+            };
+            return match cover::plan(&quantities, remaining, headroom, fill, limits, rng) {
                 CoverPlan::Claim(chosen) => self.claim(&chosen),
+                // The first read left the fill band unread and its single cover
+                // could not be chosen: a new scan reads both bands in full.
+                CoverPlan::MoreFill if self.scan.fill_unread => {
+                    self.new_scan();
+                    self.scan.read_fill = true;
+                    self.fetch(None, false)
+                }
                 CoverPlan::MoreFill => {
                     let after = self.scan.cursor.clone();
                     self.fetch(after, false)

@@ -102,6 +102,43 @@ fn after_a_loss_the_next_pick_comes_from_what_was_read() {
 }
 
 #[test]
+fn a_single_cover_read_leaves_the_fill_band_unread() {
+    // 50 is within 5 x 10: the store may answer the cover band alone.
+    let wallet = Wallet::of(&[1, 2, 9, 50, 70]);
+    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    assert_eq!(r.picked().len(), 1, "{}", r.trace);
+    assert!(r.trace.contains("-> 2 rows [t03=50 t04=70]"), "{}", r.trace);
+    assert_eq!(r.stats.fetches, 1, "{}", r.trace);
+    // 70 is beyond 5 x 10: the fill band is read with it, and drawn from.
+    let wallet = Wallet::of(&[4, 5, 9, 70]);
+    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    assert!(r.trace.contains("-> 4 rows"), "{}", r.trace);
+    assert_eq!(r.picked().len(), 2, "{}", r.trace);
+    // prefer_exact looks at the fill band: it is read with the cover band.
+    let exact = SelectionConfig {
+        prefer_exact: true,
+        ..SelectionConfig::default()
+    };
+    let wallet = Wallet::of(&[1, 9, 50]);
+    let r = run(wallet.clone(), 10, exact, 1);
+    assert_eq!(amounts(&wallet, &r.picked()), [1, 9], "{}", r.trace);
+    assert_eq!(r.stats.fetches, 1, "{}", r.trace);
+}
+
+#[test]
+fn a_lost_single_cover_read_without_its_fill_band_reads_both_bands_again() {
+    // The only cover loses its race: the next read has both bands, and the
+    // fill tokens cover the amount.
+    let wallet = Wallet::of(&[4, 5, 6, 50]).hot(3, 1);
+    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    assert!(r.outcome.is_ok(), "{}", r.trace);
+    assert_eq!(r.stats.conflicts, 1, "{}", r.trace);
+    assert_eq!(r.stats.fetches, 2, "{}", r.trace);
+    assert!(r.trace.contains("-> 1 rows [t03=50]"), "{}", r.trace);
+    assert!(r.trace.contains("-> 4 rows"), "{}", r.trace);
+}
+
+#[test]
 fn a_read_that_lost_most_of_its_claims_or_a_stale_token_is_read_afresh() {
     // Three of four lose their first race: once two claims from the read have
     // lost (most of what it proposed), it is out of date and read again.

@@ -56,6 +56,12 @@ pub struct BandQuery {
     pub fill: usize,
     /// Keyset cursor of a further fill page: the smallest fill candidate so far.
     pub fill_before: Option<Candidate>,
+    /// When set, the store may answer the cover band alone if its smallest
+    /// candidate is at most this amount (the engine then chooses a single cover
+    /// and reads the fill band later if it needs it); `holdfast_domain::Bands`
+    /// says the same. SQLite skips the fill band then; PostgreSQL reads both
+    /// bands in its one statement anyway.
+    pub fill_unless_cover_at_most: Option<Quantity>,
 }
 
 /// Tokens, candidates and balances.

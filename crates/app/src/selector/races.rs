@@ -137,6 +137,7 @@ pub(super) fn candidate_read(request: &SelectRequest, fetch: FetchRequest) -> Ca
             cover: bands.cover,
             fill: fetch.limit,
             fill_before: fetch.after,
+            fill_unless_cover_at_most: bands.fill_unless_cover_at_most,
         }),
         None => CandidateRead::Page(CandidateQuery {
             wallet,

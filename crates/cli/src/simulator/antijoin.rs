@@ -100,6 +100,7 @@ impl TokenStore for LockBlindTokens {
         let bands = Bands {
             threshold: query.threshold,
             cover: query.cover,
+            fill_unless_cover_at_most: query.fill_unless_cover_at_most,
         };
         Ok(bands.answer(&all, query.fill_before.as_ref(), query.fill))
     }

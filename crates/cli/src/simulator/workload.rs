@@ -27,7 +27,7 @@ pub const MANY_WALLETS: u32 = 64;
 /// Tokens in each wallet of the `many-wallets` preset.
 pub const MANY_WALLETS_TOKENS: u64 = 400;
 /// Requests to each wallet of the `many-wallets` preset.
-pub const MANY_WALLETS_REQUESTS: u64 = 24;
+pub const MANY_WALLETS_REQUESTS: u64 = 96;
 
 /// The most replicas a workload may ask for.
 pub const MAX_REPLICAS: usize = 64;
@@ -709,7 +709,7 @@ mod tests {
     fn many_wallets_spreads_small_settled_requests_over_distinct_wallets() {
         let w = Workload::preset("many-wallets").expect("preset");
         assert_eq!(w.token_count(), 64 * 400);
-        assert_eq!(w.request_count(), 64 * 24);
+        assert_eq!(w.request_count(), 64 * 96);
         let wallets: std::collections::HashSet<_> =
             w.tokens.iter().map(|b| b.wallet.clone()).collect();
         assert_eq!(wallets.len(), 64);

@@ -54,15 +54,28 @@ pub(crate) enum CoverPlan {
     Nothing,
 }
 
+/// What of the fill band is still to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// Nothing: the fill candidates read are all there are (or worth reading).
+    Exhausted,
+    /// A further fill page may hold more.
+    MorePages,
+    /// The store left the fill band unread, a single cover being expected
+    /// ([`crate::Bands::fill_unless_cover_at_most`]).
+    Unread,
+}
+
 /// Chooses among `candidates` (any order, none blacklisted or already won) for
 /// `remaining` still to cover. `headroom` bounds the claim's total (as in
-/// [`crate::window::plan`]); `more_fill` says whether a further fill page may
-/// exist and is worth reading.
+/// [`crate::window::plan`]); `fill` says what of the fill band is still to read:
+/// when it was left unread and no single cover in the window can be chosen, the
+/// fill band is read before anything else is chosen.
 pub(crate) fn plan(
     candidates: &[Quantity],
     remaining: Quantity,
     headroom: u128,
-    more_fill: bool,
+    fill_left: Fill,
     limits: CoverLimits,
     rng: &mut (impl Rng + ?Sized),
 ) -> CoverPlan {
@@ -78,14 +91,17 @@ pub(crate) fn plan(
     fill.sort_by(|&a, &b| candidates[b].cmp(&candidates[a]));
 
     let chosen = exact(candidates, &cover, &fill, remaining, headroom, limits, rng)
-        .or_else(|| single_cover(candidates, &cover, remaining, limits, rng))
+        .or_else(|| single_cover(candidates, &cover, remaining, limits, rng));
+    if chosen.is_none() && fill_left == Fill::Unread {
+        return CoverPlan::MoreFill;
+    }
+    let chosen = chosen
         .or_else(|| draw_fill(candidates, &fill, remaining, headroom, limits, rng))
         .or_else(|| anchor_window(candidates, &cover, limits, rng));
     let Some(mut chosen) = chosen else {
-        return if more_fill {
-            CoverPlan::MoreFill
-        } else {
-            CoverPlan::Nothing
+        return match fill_left {
+            Fill::Exhausted => CoverPlan::Nothing,
+            Fill::MorePages | Fill::Unread => CoverPlan::MoreFill,
         };
     };
     add_dust(candidates, &fill, &mut chosen, headroom, limits);
@@ -387,13 +403,19 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let c = qs(&[1, 1, 1, 50]);
         assert_eq!(
-            claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(10), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
+            ),
             [50]
         );
         let mut c = qs(&[1; 300]);
         c.push(q(1000));
         assert_eq!(
-            claimed(&c, plan(&c, q(1000), u128::MAX, false, LIMITS, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(1000), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
+            ),
             [1000]
         );
     }
@@ -406,7 +428,7 @@ mod tests {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             seen.extend(claimed(
                 &c,
-                plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng),
+                plan(&c, q(10), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
             ));
         }
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), [10, 11, 12, 13]);
@@ -419,7 +441,8 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for seed in 0..64 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let CoverPlan::Claim(i) = plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng) else {
+            let CoverPlan::Claim(i) = plan(&c, q(10), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
+            else {
                 panic!("a claim");
             };
             seen.extend(i);
@@ -433,7 +456,10 @@ mod tests {
         let c = qs(&[1, 2, 3, 30, 31, 32, 1000]);
         for seed in 0..32 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let got = claimed(&c, plan(&c, q(60), u128::MAX, false, LIMITS, &mut rng));
+            let got = claimed(
+                &c,
+                plan(&c, q(60), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+            );
             assert_eq!(got.len(), 2, "{got:?}");
             assert!(got.iter().sum::<u128>() >= 60, "{got:?}");
         }
@@ -444,16 +470,19 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let c = qs(&[1, 2, 1000]);
         assert_eq!(
-            claimed(&c, plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(10), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
+            ),
             [1000]
         );
         let c = qs(&[1, 2]);
         assert_eq!(
-            plan(&c, q(10), u128::MAX, true, LIMITS, &mut rng),
+            plan(&c, q(10), u128::MAX, Fill::MorePages, LIMITS, &mut rng),
             CoverPlan::MoreFill
         );
         assert_eq!(
-            plan(&c, q(10), u128::MAX, false, LIMITS, &mut rng),
+            plan(&c, q(10), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
             CoverPlan::Nothing
         );
     }
@@ -467,7 +496,10 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for seed in 0..200 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let got = claimed(&c, plan(&c, q(60), u128::MAX, false, LIMITS, &mut rng));
+            let got = claimed(
+                &c,
+                plan(&c, q(60), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+            );
             assert_eq!(got.len(), 2, "{got:?}");
             seen.extend(got);
         }
@@ -484,7 +516,10 @@ mod tests {
         let c = qs(&[9, 8, 7, 6]);
         for seed in 0..32 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let got = claimed(&c, plan(&c, q(15), u128::MAX, false, LIMITS, &mut rng));
+            let got = claimed(
+                &c,
+                plan(&c, q(15), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+            );
             let total: u128 = got.iter().sum();
             assert!(total >= 15, "{got:?}");
             assert!(
@@ -503,21 +538,33 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let c = qs(&[5, 12, 20, 21]);
         assert_eq!(
-            claimed(&c, plan(&c, q(20), u128::MAX, false, exact, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(20), u128::MAX, Fill::Exhausted, exact, &mut rng)
+            ),
             [20]
         );
         let c = qs(&[3, 5, 9, 11, 40]);
         assert_eq!(
-            claimed(&c, plan(&c, q(16), u128::MAX, false, exact, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(16), u128::MAX, Fill::Exhausted, exact, &mut rng)
+            ),
             [5, 11]
         );
         assert_eq!(
-            claimed(&c, plan(&c, q(17), u128::MAX, false, exact, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(17), u128::MAX, Fill::Exhausted, exact, &mut rng)
+            ),
             [3, 5, 9]
         );
         // Without it, the near-sized cover token.
         assert_eq!(
-            claimed(&c, plan(&c, q(16), u128::MAX, false, LIMITS, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(16), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
+            ),
             [40]
         );
     }
@@ -531,7 +578,10 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let c = qs(&[1, 1, 2, 3, 50]);
         assert_eq!(
-            claimed(&c, plan(&c, q(40), u128::MAX, false, dust, &mut rng)),
+            claimed(
+                &c,
+                plan(&c, q(40), u128::MAX, Fill::Exhausted, dust, &mut rng)
+            ),
             [1, 1, 50]
         );
     }
@@ -540,11 +590,14 @@ mod tests {
     fn never_beyond_the_batch_window_or_the_headroom() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let c = qs(&[1; 300]);
-        let got = claimed(&c, plan(&c, q(290), u128::MAX, false, LIMITS, &mut rng));
+        let got = claimed(
+            &c,
+            plan(&c, q(290), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+        );
         assert_eq!(got.len(), 256);
         let c = qs(&[100]);
         assert_eq!(
-            plan(&c, q(10), 50, false, LIMITS, &mut rng),
+            plan(&c, q(10), 50, Fill::Exhausted, LIMITS, &mut rng),
             CoverPlan::Nothing
         );
     }

@@ -9,6 +9,7 @@ use rand::seq::SliceRandom;
 
 use crate::ids::TokenId;
 use crate::quantity::Quantity;
+use crate::selection::Bands;
 use crate::token::Candidate;
 
 /// The largest run of equal amounts held back across pages to be shuffled as one
@@ -44,6 +45,12 @@ pub(crate) struct Scan {
     /// `cover_first`: the threshold of this scan's first read (later fill pages
     /// continue below it).
     pub(crate) threshold: Option<Quantity>,
+    /// `cover_first`: the first read left the fill band unread
+    /// ([`crate::Bands::fill_unless_cover_at_most`]).
+    pub(crate) fill_unread: bool,
+    /// `cover_first`: this scan reads the fill band in any case (the previous
+    /// scan left it unread, and its single cover could not be chosen).
+    pub(crate) read_fill: bool,
     /// A store error happened during this scan (a failed page, claim or balance
     /// read, or an unclear claim answer): running out proves nothing about locks.
     pub(crate) store_error: bool,
@@ -131,33 +138,36 @@ impl Scan {
     }
 
     /// `cover_first`: takes one band read (`docs/selection.md`, "Read"): the
-    /// candidates at or above `threshold` are the cover band (at most
-    /// `cover_limit` were asked), those below it the fill band (at most
+    /// candidates at or above the threshold are the cover band (at most
+    /// `bands.cover` were asked), those below it the fill band (at most
     /// `fill_limit`, largest first). A fill band shorter than asked ends the scan,
-    /// as does a read with no id new to the scan; the cursor for the next fill page
+    /// as does a read with no id new to the scan, unless the store may have left
+    /// it unread ([`Bands::skips_fill`]); the cursor for the next fill page
     /// is the smallest fill candidate read. Equal amounts are shuffled among
     /// themselves; zero amounts, won tokens and ids seen before are dropped.
     pub(crate) fn ingest_bands(
         &mut self,
         page: Vec<Candidate>,
-        threshold: Quantity,
-        cover_limit: usize,
+        bands: Bands,
         fill_limit: usize,
         won: &HashSet<TokenId>,
         rng: &mut (impl Rng + ?Sized),
     ) {
-        let (cover, fill): (Vec<Candidate>, Vec<Candidate>) =
-            page.into_iter().partition(|c| c.quantity >= threshold);
-        if cover_limit > 0 {
-            self.more_cover = cover.len() >= cover_limit;
+        let (cover, fill): (Vec<Candidate>, Vec<Candidate>) = page
+            .into_iter()
+            .partition(|c| c.quantity >= bands.threshold);
+        if bands.cover > 0 {
+            self.more_cover = cover.len() >= bands.cover;
         }
+        // The store answers its bands in order: the smallest cover first.
+        self.fill_unread = fill_limit > 0 && fill.is_empty() && bands.skips_fill(cover.first());
         if let Some(smallest) = fill
             .iter()
             .min_by(|a, b| (a.quantity, &a.id).cmp(&(b.quantity, &b.id)))
         {
             self.cursor = Some(smallest.clone());
         }
-        let full = fill_limit > 0 && fill.len() >= fill_limit;
+        let full = self.fill_unread || (fill_limit > 0 && fill.len() >= fill_limit);
         let mut page = cover;
         page.extend(fill);
         let mut fresh = self.take_fresh(page, full, won);
@@ -264,8 +274,7 @@ mod tests {
         // Cover band (>= 10) of 2 asked 2: full; fill band (< 10) of 2 asked 2: full.
         scan.ingest_bands(
             vec![c("a", 10), c("b", 12), c("c", 9), c("d", 4)],
-            q(10),
-            2,
+            bands(10, 2, None),
             2,
             &won,
             &mut rng,
@@ -273,10 +282,36 @@ mod tests {
         assert!(scan.more_cover && !scan.exhausted);
         assert_eq!(scan.cursor, Some(c("d", 4)));
         // The next fill page (cover band not asked) is short: the scan ends.
-        scan.ingest_bands(vec![c("e", 3)], q(10), 0, 2, &won, &mut rng);
+        scan.ingest_bands(vec![c("e", 3)], bands(10, 0, None), 2, &won, &mut rng);
         assert!(scan.more_cover && scan.exhausted);
         let amounts: Vec<u128> = scan.buffer.iter().map(|c| c.quantity.value()).collect();
         assert_eq!(amounts, vec![4, 9, 10, 12, 3]);
+    }
+
+    fn bands(threshold: u128, cover: usize, skip_at_most: Option<u128>) -> Bands {
+        Bands {
+            threshold: q(threshold),
+            cover,
+            fill_unless_cover_at_most: skip_at_most.map(q),
+        }
+    }
+
+    #[test]
+    fn a_fill_band_left_unread_keeps_the_scan_open_until_it_is_read() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let won = HashSet::new();
+        // A cover within the bound and no fill: the store may have skipped it.
+        let mut scan = Scan::default();
+        scan.ingest_bands(vec![c("a", 30)], bands(10, 4, Some(50)), 8, &won, &mut rng);
+        assert!(scan.fill_unread && !scan.exhausted);
+        // A smallest cover beyond the bound: an empty fill band is empty.
+        let mut scan = Scan::default();
+        scan.ingest_bands(vec![c("a", 60)], bands(10, 4, Some(50)), 8, &won, &mut rng);
+        assert!(!scan.fill_unread && scan.exhausted);
+        // No hint: likewise.
+        let mut scan = Scan::default();
+        scan.ingest_bands(vec![c("a", 30)], bands(10, 4, None), 8, &won, &mut rng);
+        assert!(!scan.fill_unread && scan.exhausted);
     }
 
     #[test]

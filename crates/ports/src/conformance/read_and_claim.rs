@@ -65,6 +65,7 @@ pub async fn read_and_claim_wins_what_the_chooser_names(db: &dyn TestDatabase) {
         cover: 10,
         fill: 10,
         fill_before: None,
+        fill_unless_cover_at_most: None,
     };
     let plain = s
         .tokens

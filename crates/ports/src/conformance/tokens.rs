@@ -220,6 +220,7 @@ pub async fn candidate_bands_split_at_the_threshold(db: &dyn TestDatabase) {
         cover,
         fill,
         fill_before,
+        fill_unless_cover_at_most: None,
     };
     let read = |q: BandQuery| {
         let tokens = s.tokens.clone();
@@ -282,6 +283,25 @@ pub async fn candidate_bands_split_at_the_threshold(db: &dyn TestDatabase) {
         read(query(0, 0, None)).await,
         Vec::new(),
         "nothing asked, nothing read"
+    );
+    // The fill band may be left out when the smallest cover is at most the
+    // bound, never when it is larger.
+    let bounded = |at_most: u128| BandQuery {
+        fill_unless_cover_at_most: Some(amount(at_most)),
+        ..query(3, 2, None)
+    };
+    let amounts = |got: Vec<holdfast_domain::Candidate>| -> Vec<u128> {
+        got.iter().map(|c| c.quantity.value()).collect()
+    };
+    let within = amounts(read(bounded(10)).await);
+    assert!(
+        within == [10, 10, 12] || within == [10, 10, 12, 9, 5],
+        "cover band, with or without the fill band: {within:?}"
+    );
+    assert_eq!(
+        amounts(read(bounded(9)).await),
+        [10, 10, 12, 9, 5],
+        "a smallest cover above the bound: the fill band is read"
     );
 }
 

@@ -70,8 +70,8 @@ use holdfast_domain::{
     ClaimVerdict, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, StoreFault,
-    SweepReport, WakeUps, check_window,
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
+    StoreFault, SweepReport, WakeUps, check_window,
 };
 use sqlx::AssertSqlSafe;
 
@@ -498,6 +498,12 @@ impl LockStore for PgBackend {
         // A failed COMMIT may have committed: the caller treats it as ambiguous.
         self.note(tx.commit().await).map_err(|e| fault(&e))?;
         Ok(Some(ReadAndClaim { page, verdicts }))
+    }
+
+    /// Where races are likely: it takes the wallet and type's advisory lock and
+    /// four statements where a read and a claim apart take two.
+    fn read_with_claim(&self) -> ReadWithClaim {
+        ReadWithClaim::WhereRacesLikely
     }
 
     async fn release_consumer(

@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, StoreFault,
-    SweepReport, WakeUps, check_window,
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
+    StoreFault, SweepReport, WakeUps, check_window,
 };
 use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, Transaction, params};
@@ -262,6 +262,12 @@ impl LockStore for SqliteBackend {
                 Ok(Some(ReadAndClaim { page, verdicts }))
             })
             .await
+    }
+
+    /// Always: every write holds the file's one write lock anyway, and the read
+    /// in it is one more statement of the same round trip.
+    fn read_with_claim(&self) -> ReadWithClaim {
+        ReadWithClaim::Always
     }
 
     async fn release_consumer(

@@ -19,7 +19,7 @@ use holdfast_domain::{
 };
 use holdfast_ports::{
     CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore,
-    MockTxStatusStore, ReadAndClaim, StoreFault, SweepReport,
+    MockTxStatusStore, ReadAndClaim, ReadWithClaim, StoreFault, SweepReport,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::sync::{Notify, mpsc};
@@ -181,6 +181,12 @@ impl LockStore for FakeLocks {
             out.push((token.clone(), self.claim(consumer, token, at).await?));
         }
         Ok(out)
+    }
+    fn read_with_claim(&self) -> ReadWithClaim {
+        match self.read_and_claim {
+            Some(_) => ReadWithClaim::WhereRacesLikely,
+            None => ReadWithClaim::Never,
+        }
     }
     async fn read_and_claim(
         &self,

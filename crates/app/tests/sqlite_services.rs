@@ -110,7 +110,7 @@ async fn concurrent_selects_on_three_replicas_then_settle_and_sweep() {
             selected.change,
             selected.total.checked_sub(q(15)).expect("change")
         );
-        assert!(report.stats.round_trips() >= 2, "{:?}", report.stats);
+        assert!(report.stats.round_trips() >= 1, "{:?}", report.stats);
         for token in &selected.tokens {
             let previous = held.insert(token.clone(), consumer.clone());
             assert_eq!(previous, None, "{token} selected twice");

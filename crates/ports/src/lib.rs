@@ -33,7 +33,7 @@ pub use delivery::{
 pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError};
 pub use locks::{
     CandidateRead, Chooser, LockInfo, LockStore, MAX_WINDOW, MockLockStore, ReadAndClaim,
-    SweepReport, check_window,
+    ReadWithClaim, SweepReport, check_window,
 };
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};

@@ -61,6 +61,20 @@ pub enum CandidateRead {
 /// order; at most [`MAX_WINDOW`]); empty to claim nothing.
 pub type Chooser = Box<dyn FnOnce(&[Candidate]) -> Vec<TokenId> + Send>;
 
+/// When a selector reads and claims in one call ([`LockStore::read_and_claim`]),
+/// as the store says it should ([`LockStore::read_with_claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadWithClaim {
+    /// Never: the store cannot (its `read_and_claim` answers `None`).
+    Never,
+    /// Where races are likely: it costs the store more than a read and a claim
+    /// apart (PostgreSQL: a lock of the wallet and type and four statements).
+    WhereRacesLikely,
+    /// For every read: it costs no more than a read and a claim apart (SQLite:
+    /// every write holds the database's one write lock anyway).
+    Always,
+}
+
 /// What a [`LockStore::read_and_claim`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadAndClaim {
@@ -122,6 +136,13 @@ pub trait LockStore: Send + Sync {
     ) -> Result<Option<ReadAndClaim>, LockStoreError> {
         let _ = (consumer, read, at, choose);
         Ok(None)
+    }
+
+    /// When a selector should read and claim in one call
+    /// ([`LockStore::read_and_claim`]) rather than in two; the default, for a
+    /// store that cannot, is [`ReadWithClaim::Never`].
+    fn read_with_claim(&self) -> ReadWithClaim {
+        ReadWithClaim::Never
     }
 
     /// Re-stamps the locks `consumer` still holds among `tokens` with `at` (their

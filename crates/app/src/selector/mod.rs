@@ -53,7 +53,8 @@ use holdfast_domain::{
     SelectionError, SelectionFailure, SelectionStats, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Clock, LockStore, Stores, Subscription, TokenStore, WaitEnd, WakeKey, WakeUps,
+    CandidateRead, Clock, LockStore, ReadWithClaim, Stores, Subscription, TokenStore, WaitEnd,
+    WakeKey, WakeUps,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -139,8 +140,9 @@ pub struct TokenSelector {
     config: SelectionConfig,
     lease: Duration,
     seeds: Mutex<StdRng>,
-    /// Whether the lock store reads and claims in one round trip (until it
-    /// says it cannot).
+    /// When the lock store reads and claims in one call, as it says.
+    read_with_claim: ReadWithClaim,
+    /// Cleared when the store answers that it cannot after all.
     reads_with_claims: AtomicBool,
 }
 
@@ -167,6 +169,8 @@ impl TokenSelector {
             None => StdRng::from_os_rng(),
         };
         Ok(TokenSelector {
+            read_with_claim: stores.locks.read_with_claim(),
+            reads_with_claims: AtomicBool::new(true),
             tokens: stores.tokens,
             locks: stores.locks,
             wake: stores.wake,
@@ -174,7 +178,6 @@ impl TokenSelector {
             config,
             lease: DEFAULT_LEASE_EXPIRY,
             seeds: Mutex::new(seeds),
-            reads_with_claims: AtomicBool::new(true),
         })
     }
 
@@ -392,14 +395,21 @@ impl TokenSelector {
                         waiter.defer_to_woken(bound).await;
                     }
                     let read = candidate_read(request, fetch);
-                    // A race is likely: this call was woken, has waited or lost
-                    // one, or its instance's callers of the same wallet and type
-                    // wait or read it thin.
+                    // Read and claim in one call where the store says so:
+                    // always, or where a race is likely (this call was woken,
+                    // has waited or lost one, or its instance's callers of the
+                    // same wallet and type wait or read it thin).
                     let stats = selection.stats();
-                    let contended = woken.is_some()
-                        || stats.waits + stats.conflicts + stats.stale > 0
-                        || waiter.race_likely();
-                    let combined = if contended {
+                    let combined = match self.read_with_claim() {
+                        ReadWithClaim::Never => false,
+                        ReadWithClaim::Always => true,
+                        ReadWithClaim::WhereRacesLikely => {
+                            woken.is_some()
+                                || stats.waits + stats.conflicts + stats.stale > 0
+                                || waiter.race_likely()
+                        }
+                    };
+                    let combined = if combined {
                         self.read_and_claim(&selection, rng, guard, request, &read)
                             .await
                     } else {

@@ -1,13 +1,15 @@
-//! Lost races: reading and claiming in one call where races are likely and
-//! the lock store can (`docs/selection.md`, "Reading and claiming in one
-//! transaction").
+//! Lost races: reading and claiming in one call where the lock store says so
+//! (always, or where races are likely; `docs/selection.md`, "Reading and
+//! claiming in one transaction").
 
 use std::sync::atomic::Ordering;
 
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFailure, TokenId,
 };
-use holdfast_ports::{BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim};
+use holdfast_ports::{
+    BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim, ReadWithClaim,
+};
 use rand::rngs::StdRng;
 
 use super::TokenSelector;
@@ -28,9 +30,6 @@ impl TokenSelector {
         request: &SelectRequest,
         read: &CandidateRead,
     ) -> Option<Result<ReadAndClaim, StoreFailure>> {
-        if !self.reads_with_claims.load(Ordering::Relaxed) {
-            return None;
-        }
         let (mut probe, mut probe_rng) = (selection.clone(), rng.clone());
         let choose: Chooser = Box::new(move |page: &[Candidate]| {
             match probe.on_candidates(Ok(page.to_vec()), &mut probe_rng) {
@@ -70,6 +69,16 @@ impl TokenSelector {
             }
             Ok(Some(done)) => Some(Ok(done)),
             Err(failure) => Some(Err(failure)),
+        }
+    }
+
+    /// When to read and claim in one call: as the lock store says, until it
+    /// answers that it cannot.
+    pub(super) fn read_with_claim(&self) -> ReadWithClaim {
+        if self.reads_with_claims.load(Ordering::Relaxed) {
+            self.read_with_claim
+        } else {
+            ReadWithClaim::Never
         }
     }
 

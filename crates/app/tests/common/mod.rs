@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use holdfast_domain::{Candidate, Precision, Quantity, Timestamp, TokenId, TxId};
 use holdfast_ports::{
-    Clock, MockLockStore, MockQueueStore, MockTokenStore, MockTxStatusStore, Registry, Stores,
+    Clock, MockLockStore, MockQueueStore, MockTokenStore, MockTxStatusStore, ReadWithClaim,
+    Registry, Stores,
 };
 
 pub fn q(v: u128) -> Quantity {
@@ -66,6 +67,9 @@ pub fn stores(
     mut locks: MockLockStore,
     statuses: MockTxStatusStore,
 ) -> Stores {
+    locks
+        .expect_read_with_claim()
+        .return_const(ReadWithClaim::Never);
     locks
         .expect_read_and_claim()
         .returning(|_, _, _, _| Ok(None));

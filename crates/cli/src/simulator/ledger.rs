@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, SweepReport,
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
+    SweepReport,
 };
 
 /// Claims and conflicts of one token.
@@ -105,6 +106,10 @@ impl LockStore for CountingLockStore {
             self.ledger.record(&done.verdicts);
         }
         Ok(answer)
+    }
+
+    fn read_with_claim(&self) -> ReadWithClaim {
+        self.inner.read_with_claim()
     }
 
     async fn release_consumer(

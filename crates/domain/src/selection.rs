@@ -806,6 +806,12 @@ impl Selection {
         self.stats.claims_with_read += 1;
     }
 
+    /// Notes that the read asked for was made twice: its first answer was left
+    /// unused and the read made again with the claim (one more round trip).
+    pub fn note_read_again(&mut self) {
+        self.stats.fetches += 1;
+    }
+
     /// The action the call waits on, asked again.
     fn pending(&self) -> Action {
         match &self.phase {

@@ -53,8 +53,7 @@ use holdfast_domain::{
     SelectionError, SelectionFailure, SelectionStats, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Clock, LockStore, ReadWithClaim, Stores, Subscription, TokenStore, WaitEnd,
-    WakeKey, WakeUps,
+    Clock, LockStore, ReadWithClaim, Stores, Subscription, TokenStore, WaitEnd, WakeKey, WakeUps,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -62,7 +61,7 @@ use tracing::Instrument;
 
 use crate::metrics::{self as m, SelectOutcomeLabel};
 use calls::{HeldGuard, claim, failure, give_back, release, renew};
-use races::candidate_read;
+use races::{Answer, candidate_read};
 use waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 
 /// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
@@ -415,8 +414,37 @@ impl TokenSelector {
                     } else {
                         None
                     };
-                    match combined {
-                        Some(Ok(done)) => {
+                    let answer = match combined {
+                        Some(done) => Answer::Claimed(done),
+                        None => {
+                            let page = self.read(guard, &read).await;
+                            if let Ok(found) = &page {
+                                waiter.note(found.len());
+                            }
+                            // Thin while others of the instance read the same
+                            // wallet and type (the first reads of a burst, before
+                            // anyone noted its size): read again with the claim
+                            // rather than race them.
+                            let thin = self.read_with_claim() == ReadWithClaim::WhereRacesLikely
+                                && page.as_ref().is_ok_and(|found| !found.is_empty())
+                                && waiter.race_likely();
+                            let again = if thin {
+                                self.read_and_claim(&selection, rng, guard, request, &read)
+                                    .await
+                            } else {
+                                None
+                            };
+                            match again {
+                                Some(done) => {
+                                    selection.note_read_again();
+                                    Answer::Claimed(done)
+                                }
+                                None => Answer::Read(page),
+                            }
+                        }
+                    };
+                    match answer {
+                        Answer::Claimed(Ok(done)) => {
                             waiter.note(done.page.len());
                             if let Some(offered) = &mut woken {
                                 offered.read(&done.page);
@@ -425,25 +453,8 @@ impl TokenSelector {
                             self.took_with_read(&mut selection, rng, guard, request, done)
                                 .await
                         }
-                        Some(Err(failure)) => selection.on_candidates(Err(failure), rng),
-                        None => {
-                            let tokens = self.tokens.clone();
-                            let page = guard
-                                .perform(async move {
-                                    match &read {
-                                        CandidateRead::Bands(query) => {
-                                            tokens.candidate_bands(query).await
-                                        }
-                                        CandidateRead::Page(query) => {
-                                            tokens.candidates(query).await
-                                        }
-                                    }
-                                    .map_err(failure)
-                                })
-                                .await;
-                            if let Ok(page) = &page {
-                                waiter.note(page.len());
-                            }
+                        Answer::Claimed(Err(failure)) => selection.on_candidates(Err(failure), rng),
+                        Answer::Read(page) => {
                             if let (Some(offered), Ok(page)) = (&mut woken, &page) {
                                 offered.read(page);
                             }

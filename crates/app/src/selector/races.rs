@@ -15,7 +15,33 @@ use rand::rngs::StdRng;
 use super::TokenSelector;
 use super::calls::{HeldGuard, failure, give_back, release};
 
+/// How a fetch of the engine was answered.
+pub(super) enum Answer {
+    /// Read and claimed in one call.
+    Claimed(Result<ReadAndClaim, StoreFailure>),
+    /// Read alone.
+    Read(Result<Vec<Candidate>, StoreFailure>),
+}
+
 impl TokenSelector {
+    /// Reads candidates as `read` says, in a call of its own.
+    pub(super) async fn read(
+        &self,
+        guard: &mut HeldGuard,
+        read: &CandidateRead,
+    ) -> Result<Vec<Candidate>, StoreFailure> {
+        let (tokens, read) = (self.tokens.clone(), read.clone());
+        guard
+            .perform(async move {
+                match &read {
+                    CandidateRead::Bands(query) => tokens.candidate_bands(query).await,
+                    CandidateRead::Page(query) => tokens.candidates(query).await,
+                }
+                .map_err(failure)
+            })
+            .await
+    }
+
     /// Reads and claims in one round trip where the lock store can
     /// ([`holdfast_ports::LockStore::read_and_claim`]): the engine's choice runs on the page
     /// inside the store's transaction (a copy of the engine with a copy of the

@@ -64,6 +64,29 @@ macro_rules! band_sql {
     (both) => {
         concat!("(", band_sql!(cover), ") UNION ALL (", band_sql!(fill), ")")
     };
+    // Both bands, the fill band only if no cover candidate is <= $6 (an
+    // uncorrelated condition: a one-time filter, the fill scan never runs).
+    (both_unless_cover_within) => {
+        "WITH cover AS MATERIALIZED (
+             SELECT t.tx_id, t.idx, t.amount
+             FROM tokens t
+             WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+               AND t.amount >= $3::numeric
+               AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+             ORDER BY t.amount, t.tx_id, t.idx
+             LIMIT $4
+         )
+         SELECT tx_id, idx, amount::text FROM cover
+         UNION ALL
+         (SELECT t.tx_id, t.idx, t.amount::text
+          FROM tokens t
+          WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+            AND t.amount < $3::numeric
+            AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+            AND NOT EXISTS (SELECT 1 FROM cover c WHERE c.amount <= $6::numeric)
+          ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+          LIMIT $5)"
+    };
 }
 
 /// A further fill page: strictly before the keyset cursor, largest first.
@@ -171,12 +194,19 @@ pub(crate) async fn explain_candidate_bands(
     backend: &PgBackend,
     query: &BandQuery,
 ) -> Result<String, StoreFault> {
-    let statement = sqlx::query(concat!("EXPLAIN ", band_sql!(both)))
-        .bind(query.wallet.as_str())
-        .bind(query.token_type.as_str())
-        .bind(query.threshold.to_string())
-        .bind(limit(query.cover))
-        .bind(limit(query.fill));
+    let statement = match query.fill_unless_cover_at_most {
+        None => sqlx::query(concat!("EXPLAIN ", band_sql!(both))),
+        Some(_) => sqlx::query(concat!("EXPLAIN ", band_sql!(both_unless_cover_within))),
+    }
+    .bind(query.wallet.as_str())
+    .bind(query.token_type.as_str())
+    .bind(query.threshold.to_string())
+    .bind(limit(query.cover))
+    .bind(limit(query.fill));
+    let statement = match query.fill_unless_cover_at_most {
+        None => statement,
+        Some(at_most) => statement.bind(at_most.to_string()),
+    };
     explain(backend, statement).await
 }
 
@@ -249,12 +279,21 @@ fn band_statement(query: &BandQuery) -> Statement<'_> {
             .bind(query.token_type.as_str())
             .bind(threshold)
             .bind(limit(query.cover)),
-        None => sqlx::query(band_sql!(both))
-            .bind(query.wallet.as_str())
-            .bind(query.token_type.as_str())
-            .bind(threshold)
-            .bind(limit(query.cover))
-            .bind(limit(query.fill)),
+        None => match query.fill_unless_cover_at_most {
+            None => sqlx::query(band_sql!(both))
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(threshold)
+                .bind(limit(query.cover))
+                .bind(limit(query.fill)),
+            Some(at_most) => sqlx::query(band_sql!(both_unless_cover_within))
+                .bind(query.wallet.as_str())
+                .bind(query.token_type.as_str())
+                .bind(threshold)
+                .bind(limit(query.cover))
+                .bind(limit(query.fill))
+                .bind(at_most.to_string()),
+        },
         Some(cursor) => sqlx::query(FILL_BAND_BEFORE)
             .bind(query.wallet.as_str())
             .bind(query.token_type.as_str())

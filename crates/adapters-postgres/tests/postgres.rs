@@ -107,32 +107,41 @@ async fn candidate_query_scans_the_partial_index_without_sorting_100k_tokens() {
         .explain_candidates(&w, &t, Some(&cursor), 64)
         .await
         .expect("explain next page");
+    let band_query = |at_most: Option<u128>| BandQuery {
+        wallet: w.clone(),
+        token_type: t.clone(),
+        // Mid-wallet: both bands hold tens of thousands of rows.
+        threshold: holdfast_ports::conformance::support::amount(2500),
+        cover: 16,
+        fill: 256,
+        fill_before: None,
+        fill_unless_cover_at_most: at_most.map(holdfast_ports::conformance::support::amount),
+    };
     let bands = backend
-        .explain_candidate_bands(&BandQuery {
-            wallet: w.clone(),
-            token_type: t.clone(),
-            // Mid-wallet: both bands hold tens of thousands of rows.
-            threshold: holdfast_ports::conformance::support::amount(2500),
-            cover: 16,
-            fill: 256,
-            fill_before: None,
-            fill_unless_cover_at_most: None,
-        })
+        .explain_candidate_bands(&band_query(None))
         .await
         .expect("explain band read");
-    assert_eq!(
-        bands.matches("using tokens_candidates").count(),
-        2,
-        "both bands scan tokens_candidates:\n{bands}"
-    );
-    assert!(
-        bands.contains("Backward"),
-        "the fill band scans backwards:\n{bands}"
-    );
+    // The first read of a select that may skip the fill band.
+    let bounded = backend
+        .explain_candidate_bands(&band_query(Some(12_500)))
+        .await
+        .expect("explain bounded band read");
+    for (which, plan) in [("bands", &bands), ("bounded bands", &bounded)] {
+        assert_eq!(
+            plan.matches("using tokens_candidates").count(),
+            2,
+            "{which}: both bands scan tokens_candidates:\n{plan}"
+        );
+        assert!(
+            plan.contains("Backward"),
+            "{which}: the fill band scans backwards:\n{plan}"
+        );
+    }
     for (which, plan) in [
         ("first page", &first),
         ("keyset page", &next),
         ("bands", &bands),
+        ("bounded bands", &bounded),
     ] {
         assert!(
             plan.contains("Index Scan using tokens_candidates")

@@ -59,8 +59,8 @@ pub struct BandQuery {
     /// When set, the store may answer the cover band alone if its smallest
     /// candidate is at most this amount (the engine then chooses a single cover
     /// and reads the fill band later if it needs it); `holdfast_domain::Bands`
-    /// says the same. SQLite skips the fill band then; PostgreSQL reads both
-    /// bands in its one statement anyway.
+    /// says the same. SQLite then skips its fill statement; PostgreSQL's one
+    /// statement skips the fill scan (a one-time filter on the cover band).
     pub fill_unless_cover_at_most: Option<Quantity>,
 }
 

@@ -61,7 +61,7 @@ use tracing::Instrument;
 
 use crate::metrics::{self as m, SelectOutcomeLabel};
 use calls::{HeldGuard, claim, failure, give_back, release, renew};
-use races::{Answer, candidate_read};
+use races::{Answer, candidate_read, read_size};
 use waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 
 /// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
@@ -419,7 +419,7 @@ impl TokenSelector {
                         None => {
                             let page = self.read(guard, &read).await;
                             if let Ok(found) = &page {
-                                waiter.note(found.len());
+                                waiter.note(read_size(&read, found));
                             }
                             // Thin while others of the instance read the same
                             // wallet and type (the first reads of a burst, before
@@ -445,7 +445,7 @@ impl TokenSelector {
                     };
                     match answer {
                         Answer::Claimed(Ok(done)) => {
-                            waiter.note(done.page.len());
+                            waiter.note(read_size(&read, &done.page));
                             if let Some(offered) = &mut woken {
                                 offered.read(&done.page);
                                 offered.claimed(&done.verdicts);

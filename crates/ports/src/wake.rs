@@ -158,7 +158,8 @@ impl Subscription {
         self.waiter.passed_over.load(Ordering::SeqCst)
     }
 
-    /// Notes how many candidates a read of the key returned, for
+    /// Notes how many candidates a read of the key returned (`usize::MAX` for a
+    /// read that came back as full as it asked), for
     /// [`Subscription::race_likely`] of every subscription of the key in this
     /// instance. Forgotten with the key's last subscription.
     pub fn note(&self, candidates_read: usize) {

@@ -42,7 +42,7 @@ impl TokenSelector {
             .await
     }
 
-    /// Reads and claims in one round trip where the lock store can
+    /// Reads and claims in one call where the lock store can
     /// ([`holdfast_ports::LockStore::read_and_claim`]): the engine's choice runs on the page
     /// inside the store's transaction (a copy of the engine with a copy of the
     /// call's RNG, so the real engine, fed the same page afterwards, names the

@@ -38,6 +38,18 @@ macro_rules! candidates_sql {
     };
 }
 
+/// A statement's text, or (when `$explain`) its `EXPLAIN`: the very same text
+/// either way.
+macro_rules! text {
+    ($explain:expr, $($sql:tt)*) => {
+        if $explain {
+            concat!("EXPLAIN ", $($sql)*)
+        } else {
+            $($sql)*
+        }
+    };
+}
+
 /// The band reads, as literals (sqlx takes `&'static str`; `EXPLAIN` of
 /// [`explain_candidate_bands`] is the very same text). `cover`: candidates >= the
 /// threshold, ascending, `LIMIT $4`; `fill`: below it, the candidate index scanned
@@ -64,6 +76,17 @@ macro_rules! band_sql {
     (both) => {
         concat!("(", band_sql!(cover), ") UNION ALL (", band_sql!(fill), ")")
     };
+    // A further fill page: strictly before the keyset cursor, largest first.
+    (fill_before) => {
+        "SELECT t.tx_id, t.idx, t.amount::text
+         FROM tokens t
+         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+           AND t.amount < $3::numeric
+           AND (t.amount, t.tx_id, t.idx) < ($5::numeric, $6::text COLLATE \"C\", $7::bigint)
+           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
+         ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+         LIMIT $4"
+    };
     // Both bands, the fill band only if no cover candidate is <= $6 (an
     // uncorrelated condition: a one-time filter, the fill scan never runs).
     (both_unless_cover_within) => {
@@ -88,17 +111,6 @@ macro_rules! band_sql {
           LIMIT $5)"
     };
 }
-
-/// A further fill page: strictly before the keyset cursor, largest first.
-const FILL_BAND_BEFORE: &str = "
-    SELECT t.tx_id, t.idx, t.amount::text
-    FROM tokens t
-    WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-      AND t.amount < $3::numeric
-      AND (t.amount, t.tx_id, t.idx) < ($5::numeric, $6::text COLLATE \"C\", $7::bigint)
-      AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-    ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
-    LIMIT $4";
 
 const INSERT_TOKENS: &str = "
     INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
@@ -194,20 +206,7 @@ pub(crate) async fn explain_candidate_bands(
     backend: &PgBackend,
     query: &BandQuery,
 ) -> Result<String, StoreFault> {
-    let statement = match query.fill_unless_cover_at_most {
-        None => sqlx::query(concat!("EXPLAIN ", band_sql!(both))),
-        Some(_) => sqlx::query(concat!("EXPLAIN ", band_sql!(both_unless_cover_within))),
-    }
-    .bind(query.wallet.as_str())
-    .bind(query.token_type.as_str())
-    .bind(query.threshold.to_string())
-    .bind(limit(query.cover))
-    .bind(limit(query.fill));
-    let statement = match query.fill_unless_cover_at_most {
-        None => statement,
-        Some(at_most) => statement.bind(at_most.to_string()),
-    };
-    explain(backend, statement).await
+    explain(backend, band_statement(query, true)).await
 }
 
 pub(crate) async fn explain_candidates(
@@ -217,20 +216,13 @@ pub(crate) async fn explain_candidates(
     after: Option<&Candidate>,
     n: usize,
 ) -> Result<String, StoreFault> {
-    let query = match after {
-        None => sqlx::query(concat!("EXPLAIN ", candidates_sql!(first)))
-            .bind(wallet.as_str())
-            .bind(token_type.as_str())
-            .bind(limit(n)),
-        Some(cursor) => sqlx::query(concat!("EXPLAIN ", candidates_sql!(after)))
-            .bind(wallet.as_str())
-            .bind(token_type.as_str())
-            .bind(limit(n))
-            .bind(cursor.quantity.to_string())
-            .bind(cursor.id.tx.as_str())
-            .bind(i64::from(cursor.id.index)),
+    let query = CandidateQuery {
+        wallet: wallet.clone(),
+        token_type: token_type.clone(),
+        after: after.cloned(),
+        limit: n,
     };
-    explain(backend, query).await
+    explain(backend, page_statement(&query, true)).await
 }
 
 /// Runs an `EXPLAIN` statement and joins its lines.
@@ -251,14 +243,15 @@ async fn explain(
 /// A statement of the candidate read (columns tx_id, idx, amount as text).
 type Statement<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
-/// The statement of a candidate page: the first, or the next after its cursor.
-fn page_statement(query: &CandidateQuery) -> Statement<'_> {
+/// The statement of a candidate page: the first, or the next after its cursor
+/// (its `EXPLAIN` when `explain`).
+fn page_statement(query: &CandidateQuery, explain: bool) -> Statement<'_> {
     match &query.after {
-        None => sqlx::query(candidates_sql!(first))
+        None => sqlx::query(text!(explain, candidates_sql!(first)))
             .bind(query.wallet.as_str())
             .bind(query.token_type.as_str())
             .bind(limit(query.limit)),
-        Some(cursor) => sqlx::query(candidates_sql!(after))
+        Some(cursor) => sqlx::query(text!(explain, candidates_sql!(after)))
             .bind(query.wallet.as_str())
             .bind(query.token_type.as_str())
             .bind(limit(query.limit))
@@ -268,33 +261,35 @@ fn page_statement(query: &CandidateQuery) -> Statement<'_> {
     }
 }
 
-/// The statement of a band read: both bands, the cover band alone, or a further
-/// fill page.
-fn band_statement(query: &BandQuery) -> Statement<'_> {
+/// The statement of a band read: both bands (the fill band unless a cover is
+/// within `fill_unless_cover_at_most`), the cover band alone, or a further fill
+/// page (its `EXPLAIN` when `explain`).
+fn band_statement(query: &BandQuery, explain: bool) -> Statement<'_> {
     let threshold = query.threshold.to_string();
     match &query.fill_before {
         // The cover band alone when no fill band is asked for (an amount of 1).
-        None if query.fill == 0 => sqlx::query(band_sql!(cover))
+        None if query.fill == 0 => sqlx::query(text!(explain, band_sql!(cover)))
             .bind(query.wallet.as_str())
             .bind(query.token_type.as_str())
             .bind(threshold)
             .bind(limit(query.cover)),
-        None => match query.fill_unless_cover_at_most {
-            None => sqlx::query(band_sql!(both))
+        None => {
+            let sql = match query.fill_unless_cover_at_most {
+                None => text!(explain, band_sql!(both)),
+                Some(_) => text!(explain, band_sql!(both_unless_cover_within)),
+            };
+            let statement = sqlx::query(sql)
                 .bind(query.wallet.as_str())
                 .bind(query.token_type.as_str())
                 .bind(threshold)
                 .bind(limit(query.cover))
-                .bind(limit(query.fill)),
-            Some(at_most) => sqlx::query(band_sql!(both_unless_cover_within))
-                .bind(query.wallet.as_str())
-                .bind(query.token_type.as_str())
-                .bind(threshold)
-                .bind(limit(query.cover))
-                .bind(limit(query.fill))
-                .bind(at_most.to_string()),
-        },
-        Some(cursor) => sqlx::query(FILL_BAND_BEFORE)
+                .bind(limit(query.fill));
+            match query.fill_unless_cover_at_most {
+                None => statement,
+                Some(at_most) => statement.bind(at_most.to_string()),
+            }
+        }
+        Some(cursor) => sqlx::query(text!(explain, band_sql!(fill_before)))
             .bind(query.wallet.as_str())
             .bind(query.token_type.as_str())
             .bind(threshold)
@@ -316,8 +311,8 @@ impl PgBackend {
     ) -> Result<Vec<Candidate>, StoreFault> {
         let statement = match read {
             CandidateRead::Page(query) if query.limit == 0 => return Ok(Vec::new()),
-            CandidateRead::Page(query) => page_statement(query),
-            CandidateRead::Bands(query) => band_statement(query),
+            CandidateRead::Page(query) => page_statement(query, false),
+            CandidateRead::Bands(query) => band_statement(query, false),
         };
         let rows = self
             .note(statement.fetch_all(executor).await)

@@ -164,9 +164,8 @@ impl Subscription {
     /// instance. Forgotten with the key's last subscription.
     pub fn note(&self, candidates_read: usize) {
         if let Some((registry, key, _)) = &self.registration {
-            let mut state = registry.lock();
-            if let Some(seen) = state.seen.get_mut(key) {
-                *seen = Some(candidates_read);
+            if let Some(line) = registry.lock().waiters.get_mut(key) {
+                line.last_read = Some(candidates_read);
             }
         }
     }
@@ -180,8 +179,10 @@ impl Subscription {
             return false;
         };
         let state = registry.lock();
-        let entries = state.waiters.get(key).map_or(&[][..], Vec::as_slice);
-        let others = entries.iter().filter(|e| e.id != *id);
+        let Some(line) = state.waiters.get(key) else {
+            return false;
+        };
+        let others = line.entries.iter().filter(|e| e.id != *id);
         if others
             .clone()
             .any(|e| e.waiter.waiting.load(Ordering::SeqCst))
@@ -189,8 +190,7 @@ impl Subscription {
             return true;
         }
         let others = others.count();
-        let read = state.seen.get(key).copied().flatten();
-        others > 0 && read.is_some_and(|n| n < 2 * others)
+        others > 0 && line.last_read.is_some_and(|n| n < 2 * others)
     }
 
     /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
@@ -256,14 +256,31 @@ struct Entry {
     waiter: Arc<Waiter>,
 }
 
+/// The subscriptions of one key, in subscription order, and what they saw of it.
+#[derive(Default)]
+struct Line {
+    entries: Vec<Entry>,
+    /// How many candidates the last read of the key returned
+    /// ([`Subscription::note`]).
+    last_read: Option<usize>,
+}
+
 #[derive(Default)]
 struct State {
     next_id: u64,
-    waiters: HashMap<WakeKey, Vec<Entry>>,
-    /// How many candidates the last read of each key returned
-    /// ([`Subscription::note`]), kept while the key has subscriptions.
-    seen: HashMap<WakeKey, Option<usize>>,
+    /// Kept while the key has subscriptions.
+    waiters: HashMap<WakeKey, Line>,
     count: usize,
+}
+
+impl State {
+    /// The subscriptions of `key`, in subscription order.
+    fn entries(&self, key: &WakeKey) -> impl Iterator<Item = &Entry> {
+        self.waiters
+            .get(key)
+            .into_iter()
+            .flat_map(|line| &line.entries)
+    }
 }
 
 /// The in-process wake-up registry: waiters by key, woken by signals of this
@@ -325,12 +342,16 @@ impl Registry {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
-        state.seen.entry(key.clone()).or_default();
-        state.waiters.entry(key.clone()).or_default().push(Entry {
-            id,
-            origin,
-            waiter: waiter.clone(),
-        });
+        state
+            .waiters
+            .entry(key.clone())
+            .or_default()
+            .entries
+            .push(Entry {
+                id,
+                origin,
+                waiter: waiter.clone(),
+            });
         state.count += 1;
         drop(state);
         Subscription {
@@ -341,13 +362,12 @@ impl Registry {
 
     fn remove(&self, key: &WakeKey, id: u64) {
         let mut state = self.lock();
-        if let Some(entries) = state.waiters.get_mut(key) {
-            let before = entries.len();
-            entries.retain(|e| e.id != id);
-            let removed = before - entries.len();
-            if entries.is_empty() {
+        if let Some(line) = state.waiters.get_mut(key) {
+            let before = line.entries.len();
+            line.entries.retain(|e| e.id != id);
+            let removed = before - line.entries.len();
+            if line.entries.is_empty() {
                 state.waiters.remove(key);
-                state.seen.remove(key);
             }
             state.count -= removed;
         }
@@ -358,7 +378,7 @@ impl Registry {
     fn wake_first(&self, key: &WakeKey, origin: Option<&TxId>, except: Option<u64>) -> bool {
         let state = self.lock();
         let eligible = || {
-            state.waiters.get(key).into_iter().flatten().filter(|e| {
+            state.entries(key).filter(|e| {
                 Some(e.id) != except
                     && (origin.is_none() || e.origin.as_ref() != origin)
                     && !e.waiter.pending.load(Ordering::SeqCst)
@@ -372,10 +392,7 @@ impl Registry {
             Some(entry) => {
                 // Those waiting behind it are passed over by this wake.
                 state
-                    .waiters
-                    .get(key)
-                    .into_iter()
-                    .flatten()
+                    .entries(key)
                     .skip_while(|e| e.id != entry.id)
                     .skip(1)
                     .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
@@ -395,10 +412,7 @@ impl Registry {
     /// looking.
     fn others_looking(&self, key: &WakeKey, except: u64) -> bool {
         self.lock()
-            .waiters
-            .get(key)
-            .into_iter()
-            .flatten()
+            .entries(key)
             .any(|e| e.id != except && e.waiter.looking.load(Ordering::SeqCst))
     }
 

@@ -136,9 +136,7 @@ pub(crate) fn read_page(
             }
             // The cover band alone when its smallest candidate will be the
             // single cover chosen (see `BandQuery::fill_unless_cover_at_most`).
-            let single_cover = query
-                .fill_unless_cover_at_most
-                .is_some_and(|at_most| out.first().is_some_and(|c| c.quantity <= at_most));
+            let single_cover = query.bands().skips_fill(out.first());
             match (&query.fill_before, fill) {
                 (_, 0) => {}
                 _ if single_cover => {}

@@ -1,7 +1,7 @@
 //! The token store port: tokens, spendable candidates and balances.
 
 use async_trait::async_trait;
-use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
+use holdfast_domain::{Bands, Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 
 use crate::error::TokenStoreError;
 
@@ -62,6 +62,18 @@ pub struct BandQuery {
     /// says the same. SQLite then skips its fill statement; PostgreSQL's one
     /// statement skips the fill scan (a one-time filter on the cover band).
     pub fill_unless_cover_at_most: Option<Quantity>,
+}
+
+impl BandQuery {
+    /// The engine's view of this read: what it asks, and when a store may leave
+    /// the fill band out ([`Bands::skips_fill`]).
+    pub fn bands(&self) -> Bands {
+        Bands {
+            threshold: self.threshold,
+            cover: self.cover,
+            fill_unless_cover_at_most: self.fill_unless_cover_at_most,
+        }
+    }
 }
 
 /// Tokens, candidates and balances.

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use holdfast_domain::{Bands, Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
+use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{BandQuery, CandidateQuery, NewToken, TokenStore, TokenStoreError};
 
 /// Forwards everything to the inner store except the candidate reads, which
@@ -87,7 +87,7 @@ impl TokenStore for LockBlindTokens {
     }
 
     /// The bands over the whole wallet as [`TokenStore::list_tokens`] reads it
-    /// (locks ignored), answered in memory by [`Bands::answer`].
+    /// (locks ignored), answered in memory by [`holdfast_domain::Bands::answer`].
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
         let mut all: Vec<Candidate> = self
             .inner
@@ -97,12 +97,9 @@ impl TokenStore for LockBlindTokens {
             .filter_map(candidate)
             .collect();
         all.sort_by(|a, b| key(a).cmp(&key(b)));
-        let bands = Bands {
-            threshold: query.threshold,
-            cover: query.cover,
-            fill_unless_cover_at_most: query.fill_unless_cover_at_most,
-        };
-        Ok(bands.answer(&all, query.fill_before.as_ref(), query.fill))
+        Ok(query
+            .bands()
+            .answer(&all, query.fill_before.as_ref(), query.fill))
     }
 
     async fn balance(

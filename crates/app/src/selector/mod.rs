@@ -43,7 +43,6 @@ mod calls;
 mod races;
 mod waking;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -141,8 +140,6 @@ pub struct TokenSelector {
     seeds: Mutex<StdRng>,
     /// When the lock store reads and claims in one call, as it says.
     read_with_claim: ReadWithClaim,
-    /// Cleared when the store answers that it cannot after all.
-    reads_with_claims: AtomicBool,
 }
 
 impl std::fmt::Debug for TokenSelector {
@@ -169,7 +166,6 @@ impl TokenSelector {
         };
         Ok(TokenSelector {
             read_with_claim: stores.locks.read_with_claim(),
-            reads_with_claims: AtomicBool::new(true),
             tokens: stores.tokens,
             locks: stores.locks,
             wake: stores.wake,
@@ -399,7 +395,7 @@ impl TokenSelector {
                     // has waited or lost one, or its instance's callers of the
                     // same wallet and type wait or read it thin).
                     let stats = selection.stats();
-                    let combined = match self.read_with_claim() {
+                    let combined = match self.read_with_claim {
                         ReadWithClaim::Never => false,
                         ReadWithClaim::Always => true,
                         ReadWithClaim::WhereRacesLikely => {
@@ -425,7 +421,7 @@ impl TokenSelector {
                             // wallet and type (the first reads of a burst, before
                             // anyone noted its size): read again with the claim
                             // rather than race them.
-                            let thin = self.read_with_claim() == ReadWithClaim::WhereRacesLikely
+                            let thin = self.read_with_claim == ReadWithClaim::WhereRacesLikely
                                 && page.as_ref().is_ok_and(|found| !found.is_empty())
                                 && waiter.race_likely();
                             let again = if thin {

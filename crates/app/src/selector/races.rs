@@ -2,14 +2,10 @@
 //! (always, or where races are likely; `docs/selection.md`, "Reading and
 //! claiming in one transaction").
 
-use std::sync::atomic::Ordering;
-
 use holdfast_domain::{
     Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFailure, TokenId,
 };
-use holdfast_ports::{
-    BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim, ReadWithClaim,
-};
+use holdfast_ports::{BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim};
 use rand::rngs::StdRng;
 
 use super::TokenSelector;
@@ -47,7 +43,7 @@ impl TokenSelector {
     /// inside the store's transaction (a copy of the engine with a copy of the
     /// call's RNG, so the real engine, fed the same page afterwards, names the
     /// same tokens). `None` when the store cannot: the caller reads and claims
-    /// in two calls, and this selector does not ask again.
+    /// in two calls.
     pub(super) async fn read_and_claim(
         &self,
         selection: &Selection,
@@ -88,24 +84,7 @@ impl TokenSelector {
                 }
             })
             .await;
-        match answer {
-            Ok(None) => {
-                self.reads_with_claims.store(false, Ordering::Relaxed);
-                None
-            }
-            Ok(Some(done)) => Some(Ok(done)),
-            Err(failure) => Some(Err(failure)),
-        }
-    }
-
-    /// When to read and claim in one call: as the lock store says, until it
-    /// answers that it cannot.
-    pub(super) fn read_with_claim(&self) -> ReadWithClaim {
-        if self.reads_with_claims.load(Ordering::Relaxed) {
-            self.read_with_claim
-        } else {
-            ReadWithClaim::Never
-        }
+        answer.transpose()
     }
 
     /// Feeds a read-and-claim to the engine: the page, then (if a claim was

@@ -9,10 +9,12 @@ use holdfast_ports::{StoreFault, Stores};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
-use crate::error::{ConnectError, redact_url, scrub};
+use crate::error::ConnectError;
 use crate::locks::CLAIM_LINE_STRIPES;
 use crate::options::{LockStrategy, PgOptions};
 use crate::schema;
+use crate::session::{self, Health};
+use crate::url::{redact_url, scrub, secrets, unescaped_in_password};
 use crate::wake::Wake;
 
 /// holdfast's ports over one PostgreSQL database, for one replica of the app.
@@ -27,10 +29,18 @@ pub struct PgBackend {
 
 pub(crate) struct Inner {
     pub(crate) pool: PgPool,
+    /// When this instance last saw a broken connection.
+    pub(crate) health: Arc<Health>,
+    /// The bound on a read-and-claim's wait for its line's advisory lock.
+    pub(crate) line_wait: std::time::Duration,
+    /// The client-side bound on a whole read-and-claim transaction.
+    pub(crate) transaction_bound: std::time::Duration,
     pub(crate) strategy: LockStrategy,
     pub(crate) wake: Wake,
     /// In-process turns of read-and-claims, by line (`locks::claim_line`).
     pub(crate) claim_lines: Box<[tokio::sync::Mutex<()>]>,
+    /// Read-and-claims that found their line held beyond `line_wait`.
+    pub(crate) lines_busy: AtomicU64,
     round_trips: AtomicU64,
     server_errors: AtomicU64,
 }
@@ -45,25 +55,6 @@ impl std::fmt::Debug for PgBackend {
     }
 }
 
-/// The password in `url`'s user info or `password=` parameter, for scrubbing
-/// driver messages.
-fn password_of(url: &str) -> Option<String> {
-    let rest = &url[url.find("://")? + 3..];
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let from_user_info = authority
-        .rfind('@')
-        .and_then(|at| authority[..at].split_once(':'))
-        .map(|(_, password)| password.to_owned());
-    from_user_info.or_else(|| {
-        let query = &url[url.find('?')? + 1..];
-        query.split('&').find_map(|param| {
-            let (key, value) = param.split_once('=')?;
-            key.eq_ignore_ascii_case("password")
-                .then(|| value.to_owned())
-        })
-    })
-}
-
 impl PgBackend {
     /// Connects to the database at `url`, applies the embedded migrations (one
     /// replica at a time, under PostgreSQL's migration advisory lock) and returns
@@ -71,14 +62,24 @@ impl PgBackend {
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend, ConnectError> {
         options.validate()?;
         let shown = redact_url(url);
-        let secret = password_of(url);
-        let clean = |text: String| scrub(&text, secret.as_deref());
-        let connect_options = PgConnectOptions::from_str(url)
-            .map_err(|e| ConnectError::InvalidUrl {
-                url: shown.clone(),
-                reason: clean(e.to_string()),
-            })?
-            .application_name("holdfast");
+        let secret_forms = secrets(url);
+        let clean = |text: String| scrub(&text, &secret_forms);
+        if unescaped_in_password(url) {
+            // Which character is not said: it is part of the password.
+            return Err(ConnectError::InvalidUrl {
+                url: shown,
+                reason: clean(
+                    "the password holds an unescaped '/', '?', '#' or '@'; percent-encode \
+                     them (%2F, %3F, %23, %40) so the user info ends where it should"
+                        .to_owned(),
+                ),
+            });
+        }
+        let base = PgConnectOptions::from_str(url).map_err(|e| ConnectError::InvalidUrl {
+            url: shown.clone(),
+            reason: clean(e.to_string()),
+        })?;
+        let connect_options = session::connect_options(base.clone(), &options);
         let timeout = options.connect_timeout;
         let timeout_error = |detail: String| ConnectError::Timeout {
             url: shown.clone(),
@@ -107,7 +108,7 @@ impl PgBackend {
             .max_connections(1)
             .acquire_timeout(timeout)
             .test_before_acquire(false)
-            .connect_lazy_with(connect_options.clone());
+            .connect_lazy_with(session::migrate_options(base, &options));
         let migrated = schema::migrator().run(&migrating).await;
         migrating.close().await;
         migrated.map_err(|e| ConnectError::Migration {
@@ -116,26 +117,27 @@ impl PgBackend {
         })?;
         tracing::debug!(url = %shown, strategy = %options.strategy, "connected and migrated");
 
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(timeout)
-            // One statement is one round trip: no hidden ping on acquire. A dead
-            // connection surfaces as an Unavailable fault and is replaced.
-            .test_before_acquire(false)
-            .connect_lazy_with(connect_options.clone());
+        let health = Arc::new(Health::new());
+        let pool = session::pool(&connect_options, &options, health.clone());
         let wake = if options.wakeups {
-            Wake::across_instances(pool.clone(), &connect_options)
+            Wake::across_instances(pool.clone(), &connect_options, health.clone())
         } else {
             Wake::in_process()
         };
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 pool,
+                health,
+                line_wait: options.line_wait,
+                transaction_bound: options.statement_timeout
+                    + options.line_wait
+                    + std::time::Duration::from_secs(1),
                 strategy: options.strategy,
                 wake,
                 claim_lines: (0..CLAIM_LINE_STRIPES)
                     .map(|_| tokio::sync::Mutex::new(()))
                     .collect(),
+                lines_busy: AtomicU64::new(0),
                 round_trips: AtomicU64::new(0),
                 server_errors: AtomicU64::new(0),
             }),
@@ -156,6 +158,12 @@ impl PgBackend {
     /// `COMMIT` of multi-statement transactions count too).
     pub fn round_trips(&self) -> u64 {
         self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Read-and-claims so far that found their wallet and type's advisory lock held
+    /// for longer than [`PgOptions::line_wait`] and read and claimed without it.
+    pub fn lines_busy(&self) -> u64 {
+        self.inner.lines_busy.load(Ordering::Relaxed)
     }
 
     /// Statements the server answered with an error so far (including unique
@@ -203,26 +211,14 @@ impl PgBackend {
         }
         if let Err(e) = &result {
             tracing::debug!(error = %e, "statement failed");
+            if session::broken(e) {
+                self.inner.health.broken();
+            }
         }
         result
     }
 
     pub(crate) fn pool(&self) -> &PgPool {
         &self.inner.pool
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::password_of;
-
-    #[test]
-    fn password_is_found_in_user_info_or_query() {
-        assert_eq!(password_of("postgres://u:pw@h/db").as_deref(), Some("pw"));
-        assert_eq!(
-            password_of("postgres://u@h/db?sslmode=disable&password=pw2").as_deref(),
-            Some("pw2")
-        );
-        assert_eq!(password_of("postgres://u@h/db"), None);
     }
 }

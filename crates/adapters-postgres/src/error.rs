@@ -1,5 +1,7 @@
 //! Errors: connecting, and the mapping of driver errors onto the ports'
-//! [`StoreFault`]. Nothing here ever contains a password.
+//! [`StoreFault`]. Nothing here ever contains a password: URLs are shown through
+//! [`crate::redact_url`], driver messages scrubbed of the password's every form
+//! (`url.rs`).
 
 use holdfast_ports::StoreFault;
 
@@ -47,54 +49,6 @@ pub enum ConnectError {
     },
 }
 
-/// `url` with the password of its user info replaced by `***`.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let authority_end = url[scheme_end..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| scheme_end + i);
-    let authority = &url[scheme_end..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return redact_query_password(url);
-    };
-    let redacted = match authority[..at].find(':') {
-        Some(colon) => format!(
-            "{}{}:***{}",
-            &url[..scheme_end],
-            &authority[..colon],
-            &url[scheme_end + at..]
-        ),
-        None => url.to_owned(),
-    };
-    redact_query_password(&redacted)
-}
-
-/// Redacts a `password=` query parameter (libpq accepts one).
-fn redact_query_password(url: &str) -> String {
-    let Some(query_start) = url.find('?') else {
-        return url.to_owned();
-    };
-    let (base, query) = url.split_at(query_start + 1);
-    let params: Vec<String> = query
-        .split('&')
-        .map(|param| match param.split_once('=') {
-            Some((key, _)) if key.eq_ignore_ascii_case("password") => format!("{key}=***"),
-            _ => param.to_owned(),
-        })
-        .collect();
-    format!("{base}{}", params.join("&"))
-}
-
-/// Removes every occurrence of `secret` from `text` (when the secret is non-empty).
-pub fn scrub(text: &str, secret: Option<&str>) -> String {
-    match secret {
-        Some(secret) if !secret.is_empty() => text.replace(secret, "***"),
-        _ => text.to_owned(),
-    }
-}
-
 /// The SQLSTATE of a database error, if the error came from the server.
 pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
     match err {
@@ -114,6 +68,8 @@ pub fn fault(err: &sqlx::Error) -> StoreFault {
                 // connection exceptions, operator intervention (terminated backend),
                 // insufficient resources (too many connections)
                 Some("08" | "57" | "53") => StoreFault::Unavailable(message),
+                // the server ended a session idle in a transaction (a frozen client)
+                _ if code == "25P03" => StoreFault::Unavailable(message),
                 // serialization failure, deadlock, lock not available
                 Some("40") | Some("55") => StoreFault::Busy(message),
                 // undefined table / column / function: schema missing or too old
@@ -131,35 +87,5 @@ pub fn fault(err: &sqlx::Error) -> StoreFault {
         | sqlx::Error::Protocol(_) => StoreFault::Unavailable(message),
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreFault::Corrupt(message),
         _ => StoreFault::Backend(message),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redact_url_hides_passwords_in_user_info_and_query() {
-        assert_eq!(
-            redact_url("postgres://app:hunter2@db.example:5432/holdfast"),
-            "postgres://app:***@db.example:5432/holdfast"
-        );
-        assert_eq!(
-            redact_url("postgres://app@db/holdfast?password=hunter2&sslmode=require"),
-            "postgres://app@db/holdfast?password=***&sslmode=require"
-        );
-        assert_eq!(
-            redact_url("postgres://app:p%40ss@h/db?application_name=x"),
-            "postgres://app:***@h/db?application_name=x"
-        );
-        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
-        assert_eq!(redact_url("garbage"), "garbage");
-    }
-
-    #[test]
-    fn scrub_removes_the_secret_everywhere() {
-        assert_eq!(scrub("a hunter2 b hunter2", Some("hunter2")), "a *** b ***");
-        assert_eq!(scrub("unchanged", Some("")), "unchanged");
-        assert_eq!(scrub("unchanged", None), "unchanged");
     }
 }

@@ -40,15 +40,20 @@ mod locks;
 mod options;
 mod queues;
 mod schema;
+mod session;
 mod statuses;
 mod tokens;
+mod url;
 mod wake;
 
 pub use backend::PgBackend;
-pub use error::{ConnectError, redact_url};
+pub use error::ConnectError;
 pub use locks::{
     CLAIM_LINE_SPACE, RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED,
+    claim_line_key,
 };
-pub use options::{LockStrategy, OptionsError, PgOptions, UnknownStrategy};
+pub use options::{LockStrategy, MAX_SERVER_TIMEOUT, OptionsError, PgOptions, UnknownStrategy};
 pub use schema::{MIGRATIONS, migrator_up_to};
+pub use session::{KEEPALIVE_COUNT, KEEPALIVE_INTERVAL, PING_IDLE_AFTER, session_settings};
+pub use url::{redact_url, scrub_password, with_database};
 pub use wake::{CHANNEL, COALESCE};

@@ -73,13 +73,13 @@ use holdfast_ports::{
     CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
     StoreFault, SweepReport, WakeUps, check_window,
 };
-use sqlx::AssertSqlSafe;
 
 use crate::backend::PgBackend;
 use crate::codec::{self, get};
 use crate::codec::{millis, timestamp};
 use crate::error::fault as to_fault;
 use crate::options::LockStrategy;
+use crate::session::{Session, Tx};
 use crate::wake::token_keys;
 
 /// The advisory lock key of sweep leadership: the bytes of `"holdfast"`.
@@ -99,6 +99,13 @@ struct ClaimLine {
     stripe: usize,
     /// The second key of the line's advisory lock.
     key: i32,
+}
+
+/// The two keys of the advisory lock of `wallet` and `token_type`'s line, as
+/// `pg_locks` shows them (`classid`, `objid` of an advisory lock with
+/// `objsubid = 2`), for diagnosing a waiting read-and-claim.
+pub fn claim_line_key(wallet: &WalletId, token_type: &TokenType) -> (i32, i32) {
+    (CLAIM_LINE_SPACE, claim_line(wallet, token_type).key)
 }
 
 /// The line of `wallet` and `token_type`: FNV-1a of `wallet<TAB>type`, the same
@@ -185,6 +192,11 @@ pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
      ),",
     "eligible"
 );
+
+/// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` ran out).
+fn lock_not_available(e: &sqlx::Error) -> bool {
+    crate::error::sqlstate(e).as_deref() == Some("55P03")
+}
 
 /// The single-token claim of `insert`: a conditional insert of a share-locked,
 /// still-spendable token, recorded as selected, unless `$3` already selected it
@@ -406,6 +418,73 @@ impl PgBackend {
             .collect())
     }
 
+    /// [`LockStore::read_and_claim`] once this instance's turn of the line is
+    /// taken: under the line's advisory lock, or apart if the line stays held
+    /// beyond `line_wait`.
+    async fn claim_under_line(
+        &self,
+        consumer: &TxId,
+        read: &CandidateRead,
+        at: Timestamp,
+        choose: Chooser,
+        line: &ClaimLine,
+    ) -> Result<ReadAndClaim, LockStoreError> {
+        let session = Session::acquire(self).await.map_err(|e| fault(&e))?;
+        // BEGIN and the line's lock, its wait bounded by `line_wait`, in one round
+        // trip; the read after it is a new statement, so its snapshot shows every
+        // claim committed under the line before (READ COMMITTED). Until COMMIT
+        // answers, a failure or a dropped future closes the connection (`Tx`).
+        let begin = format!(
+            "BEGIN; SET LOCAL lock_timeout = {}; \
+             SELECT pg_advisory_xact_lock({CLAIM_LINE_SPACE}, {}); \
+             SET LOCAL lock_timeout = DEFAULT",
+            self.inner.line_wait.as_millis(),
+            line.key
+        );
+        let mut tx = match Tx::begin_on(self, session, begin).await {
+            Ok(tx) => tx,
+            // The line is held beyond the bound (a slow or frozen holder): read and
+            // claim without it, which is always correct; only a race may be lost.
+            Err(e) if lock_not_available(&e) => {
+                tracing::debug!(consumer = %consumer, "line busy beyond line_wait; reading and claiming apart");
+                self.inner
+                    .lines_busy
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let page = self.read_on(None, read).await?;
+                let tokens = choose(&page);
+                let verdicts = self
+                    .claim_window_on(self.pool(), consumer, &tokens, at)
+                    .await?;
+                return Ok(ReadAndClaim { page, verdicts });
+            }
+            Err(e) => return Err(fault(&e)),
+        };
+        let claimed = async {
+            let page = self.read_on(Some(tx.conn()), read).await?;
+            let tokens = choose(&page);
+            let verdicts = self
+                .claim_window_on(tx.conn(), consumer, &tokens, at)
+                .await?;
+            Ok::<_, LockStoreError>(ReadAndClaim { page, verdicts })
+        }
+        .await;
+        match claimed {
+            // A failed COMMIT may have committed: the selector gives back what it
+            // chose when the call fails.
+            Ok(done) => {
+                tx.commit(self).await.map_err(|e| fault(&e))?;
+                Ok(done)
+            }
+            // A statement failed on the server (say a row lock waited out
+            // `lock_timeout`): roll back and keep the connection; if even that
+            // fails, it is closed.
+            Err(e) => {
+                let _ = tx.rollback(self).await;
+                Err(e)
+            }
+        }
+    }
+
     async fn claim_by_insert(
         &self,
         consumer: &TxId,
@@ -480,24 +559,21 @@ impl LockStore for PgBackend {
         // One caller of this instance per line at a time waits for the line's
         // advisory lock: the others wait here, without a pooled connection.
         let _turn = self.inner.claim_lines[line.stripe].lock().await;
-        // BEGIN and the line's lock in one round trip; the read after it is a
-        // new statement, so its snapshot shows every claim committed under the
-        // line before (READ COMMITTED).
-        let begin = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({CLAIM_LINE_SPACE}, {})",
-            line.key
-        );
-        let mut tx = self
-            .note(self.pool().begin_with(AssertSqlSafe(begin)).await)
-            .map_err(|e| fault(&e))?;
-        let page = self.read_on(&mut *tx, read).await?;
-        let tokens = choose(&page);
-        let verdicts = self
-            .claim_window_on(&mut *tx, consumer, &tokens, at)
-            .await?;
-        // A failed COMMIT may have committed: the caller treats it as ambiguous.
-        self.note(tx.commit().await).map_err(|e| fault(&e))?;
-        Ok(Some(ReadAndClaim { page, verdicts }))
+        // Bounded on this side too: a connection whose server vanished without a
+        // word (a half-open socket) must not keep the line's turn for good.
+        let bound = self.inner.transaction_bound;
+        match tokio::time::timeout(
+            bound,
+            self.claim_under_line(consumer, read, at, choose, &line),
+        )
+        .await
+        {
+            Ok(answer) => answer.map(Some),
+            Err(_) => Err(LockStoreError::Fault(StoreFault::Unavailable(format!(
+                "a read-and-claim got no answer within {} ms; its connection was closed",
+                bound.as_millis()
+            )))),
+        }
     }
 
     /// Where races are likely: it takes the wallet and type's advisory lock and
@@ -512,15 +588,16 @@ impl LockStore for PgBackend {
         at: Timestamp,
         record_status: bool,
     ) -> Result<u64, LockStoreError> {
+        let at_ms = millis(at)?;
         let (released, keys) = self
-            .note(
+            .retried(|| {
                 sqlx::query_as::<_, (i64, Vec<String>)>(RELEASE_CONSUMER)
                     .bind(consumer.as_str())
-                    .bind(millis(at)?)
+                    .bind(at_ms)
                     .bind(record_status)
                     .fetch_one(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         self.signal(&token_keys(&keys), Some(consumer));
         Ok(count(released))
@@ -536,14 +613,14 @@ impl LockStore for PgBackend {
         }
         let (txs, idxs) = codec::token_arrays(tokens.iter());
         let (released, keys) = self
-            .note(
+            .retried(|| {
                 sqlx::query_as::<_, (i64, Vec<String>)>(RELEASE_TOKENS)
                     .bind(consumer.as_str())
                     .bind(&txs)
                     .bind(&idxs)
                     .fetch_one(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         self.signal(&token_keys(&keys), Some(consumer));
         Ok(count(released))
@@ -559,16 +636,17 @@ impl LockStore for PgBackend {
             return Ok(Vec::new());
         }
         let (txs, idxs) = codec::token_arrays(tokens.iter());
+        let at_ms = millis(at)?;
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(RENEW)
                     .bind(consumer.as_str())
                     .bind(&txs)
                     .bind(&idxs)
-                    .bind(millis(at)?)
+                    .bind(at_ms)
                     .fetch_all(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let mut held = found
             .iter()
@@ -585,15 +663,16 @@ impl LockStore for PgBackend {
         at: Timestamp,
         record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
+        let at_ms = millis(at)?;
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(SPEND)
                     .bind(consumer.as_str())
-                    .bind(millis(at)?)
+                    .bind(at_ms)
                     .bind(record_status)
                     .fetch_all(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let mut spent = Vec::with_capacity(found.len());
         for row in &found {
@@ -613,7 +692,8 @@ impl LockStore for PgBackend {
 
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         let found = self
-            .note(sqlx::query(UNSETTLED).fetch_all(self.pool()).await)
+            .retried(|| sqlx::query(UNSETTLED).fetch_all(self.pool()))
+            .await
             .map_err(|e| fault(&e))?;
         found
             .iter()
@@ -631,15 +711,16 @@ impl LockStore for PgBackend {
 
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         let dead: Vec<&str> = SWEPT_STATUSES.iter().map(|s| s.as_str()).collect();
+        let at_ms = millis(rule.cutoff)?;
         let row = self
-            .note(
+            .retried(|| {
                 sqlx::query(SWEEP)
                     .bind(SWEEP_LOCK_KEY)
-                    .bind(millis(rule.cutoff)?)
+                    .bind(at_ms)
                     .bind(&dead)
                     .fetch_one(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let report = SweepReport {
             leader: get(&row, 0)?,
@@ -656,7 +737,8 @@ impl LockStore for PgBackend {
 
     async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
         let found = self
-            .note(sqlx::query(LIST_LOCKS).fetch_all(self.pool()).await)
+            .retried(|| sqlx::query(LIST_LOCKS).fetch_all(self.pool()))
+            .await
             .map_err(|e| fault(&e))?;
         found
             .iter()

@@ -18,6 +18,7 @@ use sqlx::postgres::{PgQueryResult, PgRow};
 use crate::backend::PgBackend;
 use crate::codec::{self, get};
 use crate::error::fault as to_fault;
+use crate::session::Tx;
 
 const LOAD_QUEUE: &str = "
     SELECT latest_request_id, last_green_uri, last_green_request_id, owners, version,
@@ -175,12 +176,12 @@ fn decode_request(queue: &QueueName, row: &PgRow) -> Result<Request, StoreFault>
 impl QueueStore for PgBackend {
     async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(LOAD_QUEUE)
                     .bind(name.as_str())
                     .fetch_optional(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let Some(row) = found else {
             return Ok(None);
@@ -241,13 +242,13 @@ impl QueueStore for PgBackend {
             return Ok(None);
         };
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(REQUEST_COLUMNS_SQL)
                     .bind(id.queue().as_str())
                     .bind(seq)
                     .fetch_optional(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         found
             .map(|row| decode_request(id.queue(), &row))
@@ -260,13 +261,11 @@ impl QueueStore for PgBackend {
         queue: &QueueName,
         uri: &RevisionUri,
     ) -> Result<Ingested, QueueStoreError> {
-        let mut tx = self
-            .note(self.pool().begin().await)
-            .map_err(|e| fault(&e))?;
+        let mut tx = Tx::begin(self).await.map_err(|e| fault(&e))?;
         self.note(
             sqlx::query(LOCK_QUEUE)
                 .bind(queue.as_str())
-                .execute(&mut *tx)
+                .execute(tx.conn())
                 .await,
         )
         .map_err(|e| fault(&e))?;
@@ -275,11 +274,11 @@ impl QueueStore for PgBackend {
                 sqlx::query(INGEST)
                     .bind(queue.as_str())
                     .bind(uri.as_str())
-                    .fetch_one(&mut *tx)
+                    .fetch_one(tx.conn())
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        tx.commit(self).await.map_err(|e| fault(&e))?;
         Ok(Ingested {
             request: decode_request(queue, &row)?,
             created: get(&row, 8)?,
@@ -365,13 +364,13 @@ impl QueueStore for PgBackend {
         limit: usize,
     ) -> Result<Vec<Request>, QueueStoreError> {
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(LIST_REQUESTS)
                     .bind(queue.as_str())
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
                     .fetch_all(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         found
             .iter()
@@ -382,19 +381,20 @@ impl QueueStore for PgBackend {
 
     async fn lead_reconcile(&self, tick: u64) -> Result<bool, QueueStoreError> {
         let done = self
-            .note(
+            .retried(|| {
                 sqlx::query(LEAD_RECONCILE)
                     .bind(i64::try_from(tick).unwrap_or(i64::MAX))
                     .execute(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn list_queues(&self) -> Result<Vec<QueueName>, QueueStoreError> {
         let rows = self
-            .note(sqlx::query(LIST_QUEUES).fetch_all(self.pool()).await)
+            .retried(|| sqlx::query(LIST_QUEUES).fetch_all(self.pool()))
+            .await
             .map_err(|e| fault(&e))?;
         rows.iter()
             .map(|row| codec::id("queues.name", get(row, 0)?, QueueName::new))

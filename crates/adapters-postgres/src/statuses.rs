@@ -28,26 +28,27 @@ impl TxStatusStore for PgBackend {
         status: TxStatus,
         at: Timestamp,
     ) -> Result<(), StatusStoreError> {
-        self.note(
+        let at_ms = millis(at)?;
+        self.retried(|| {
             sqlx::query(RECORD)
                 .bind(tx.as_str())
                 .bind(status.as_str())
-                .bind(millis(at)?)
+                .bind(at_ms)
                 .execute(self.pool())
-                .await,
-        )
+        })
+        .await
         .map_err(|e| fault(&e))?;
         Ok(())
     }
 
     async fn status(&self, tx: &TxId) -> Result<Option<TxStatus>, StatusStoreError> {
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(STATUS)
                     .bind(tx.as_str())
                     .fetch_optional(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let Some(row) = found else {
             return Ok(None);

@@ -14,6 +14,7 @@ use crate::backend::PgBackend;
 use crate::codec::timestamp;
 use crate::codec::{self, get};
 use crate::error::fault as to_fault;
+use crate::session::Tx;
 use crate::wake::token_keys;
 
 /// The candidate query, with or without the keyset cursor. Kept as macros so the
@@ -304,19 +305,23 @@ impl PgBackend {
     /// Reads the candidates `read` asks for on `executor` (the pool, or the
     /// transaction of a read-and-claim), in the order the port's contract gives:
     /// a page ascending; bands cover first (ascending), then fill (descending).
-    pub(crate) async fn read_on<'e, E: sqlx::PgExecutor<'e>>(
+    pub(crate) async fn read_on(
         &self,
-        executor: E,
+        conn: Option<&mut sqlx::PgConnection>,
         read: &CandidateRead,
     ) -> Result<Vec<Candidate>, StoreFault> {
-        let statement = match read {
-            CandidateRead::Page(query) if query.limit == 0 => return Ok(Vec::new()),
+        let statement = || match read {
             CandidateRead::Page(query) => page_statement(query, false),
             CandidateRead::Bands(query) => band_statement(query, false),
         };
-        let rows = self
-            .note(statement.fetch_all(executor).await)
-            .map_err(|e| to_fault(&e))?;
+        if matches!(read, CandidateRead::Page(query) if query.limit == 0) {
+            return Ok(Vec::new());
+        }
+        let rows = match conn {
+            Some(conn) => self.note(statement().fetch_all(conn).await),
+            None => self.retried(|| statement().fetch_all(self.pool())).await,
+        }
+        .map_err(|e| to_fault(&e))?;
         let mut found = rows
             .iter()
             .map(|row| {
@@ -350,14 +355,14 @@ impl PgBackend {
         consumer: Option<&TxId>,
     ) -> Result<Quantity, TokenStoreError> {
         let row = self
-            .note(
+            .retried(|| {
                 sqlx::query(BALANCE)
                     .bind(wallet.as_str())
                     .bind(token_type.as_str())
                     .bind(consumer.map(TxId::as_str))
                     .fetch_one(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let sum: String = get(&row, 0)?;
         Quantity::parse(&sum, holdfast_domain::Precision::MAX).map_err(|e| {
@@ -438,11 +443,9 @@ impl TokenStore for PgBackend {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
             Err(e) => return Err(fault(&e)),
         }
-        let mut tx = self
-            .note(self.pool().begin().await)
-            .map_err(|e| fault(&e))?;
+        let mut tx = Tx::begin(self).await.map_err(|e| fault(&e))?;
         let inserted = self
-            .note(batch(INSERT_TOKENS).fetch_all(&mut *tx).await)
+            .note(batch(INSERT_TOKENS).fetch_all(tx.conn()).await)
             .map_err(|e| fault(&e))?;
         let added = u64::try_from(inserted.len()).unwrap_or(u64::MAX);
         if inserted.len() < distinct.len() {
@@ -452,7 +455,7 @@ impl TokenStore for PgBackend {
                     sqlx::query(STORED_IDENTITIES)
                         .bind(&txs)
                         .bind(&idxs)
-                        .fetch_all(&mut *tx)
+                        .fetch_all(tx.conn())
                         .await,
                 )
                 .map_err(|e| fault(&e))?;
@@ -467,7 +470,7 @@ impl TokenStore for PgBackend {
                     && token_type == given.token_type.as_str()
                     && codec::quantity(&amount)? == given.quantity;
                 if !same {
-                    let _ = self.note(tx.rollback().await);
+                    let _ = tx.rollback(self).await;
                     return Err(TokenStoreError::Conflict {
                         token: id.to_string(),
                         detail: format!(
@@ -483,7 +486,7 @@ impl TokenStore for PgBackend {
                 }
             }
         }
-        self.note(tx.commit().await).map_err(|e| fault(&e))?;
+        tx.commit(self).await.map_err(|e| fault(&e))?;
         if added > 0 {
             self.signal_added(&distinct);
         }
@@ -496,14 +499,14 @@ impl TokenStore for PgBackend {
         spendable: bool,
     ) -> Result<bool, TokenStoreError> {
         let key = self
-            .note(
+            .retried(|| {
                 sqlx::query_scalar::<_, String>(SET_SPENDABLE)
                     .bind(token.tx.as_str())
                     .bind(i64::from(token.index))
                     .bind(spendable)
                     .fetch_optional(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         if spendable {
             self.signal(&token_keys(key.as_slice()), None);
@@ -513,12 +516,12 @@ impl TokenStore for PgBackend {
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, TokenStoreError> {
         let read = CandidateRead::Page(query.clone());
-        Ok(self.read_on(self.pool(), &read).await?)
+        Ok(self.read_on(None, &read).await?)
     }
 
     async fn candidate_bands(&self, query: &BandQuery) -> Result<Vec<Candidate>, TokenStoreError> {
         let read = CandidateRead::Bands(query.clone());
-        Ok(self.read_on(self.pool(), &read).await?)
+        Ok(self.read_on(None, &read).await?)
     }
 
     async fn balance(
@@ -545,14 +548,14 @@ impl TokenStore for PgBackend {
         n: usize,
     ) -> Result<Vec<Token>, TokenStoreError> {
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(LIST_TOKENS)
                     .bind(wallet.as_str())
                     .bind(token_type.as_ref().map(TokenType::as_str))
                     .bind(limit(n))
                     .fetch_all(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         found
             .iter()
@@ -563,13 +566,13 @@ impl TokenStore for PgBackend {
 
     async fn token(&self, id: &TokenId) -> Result<Option<Token>, TokenStoreError> {
         let found = self
-            .note(
+            .retried(|| {
                 sqlx::query(SELECT_TOKEN)
                     .bind(id.tx.as_str())
                     .bind(i64::from(id.index))
                     .fetch_optional(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         found
             .as_ref()

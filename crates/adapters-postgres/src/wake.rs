@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::PgBackend;
+use crate::session::Health;
 
 /// The channel holdfast's instances notify and listen on.
 pub const CHANNEL: &str = "holdfast_wake";
@@ -85,8 +86,13 @@ impl Wake {
     }
 
     /// Signals across instances: spawns the notifier (on `pool`) and the listener
-    /// (on its own connection from `connect`).
-    pub(crate) fn across_instances(pool: PgPool, connect: &PgConnectOptions) -> Wake {
+    /// (on its own connection from `connect`, whose loss it reports to `health`:
+    /// it is the first to see a server restart).
+    pub(crate) fn across_instances(
+        pool: PgPool,
+        connect: &PgConnectOptions,
+        health: Arc<Health>,
+    ) -> Wake {
         let registry = Registry::new();
         let instance = instance_id();
         let listening = Arc::new(AtomicBool::new(false));
@@ -99,6 +105,7 @@ impl Wake {
                 registry.clone(),
                 instance,
                 listening.clone(),
+                health,
             )),
         ];
         Wake {
@@ -231,6 +238,7 @@ async fn listen(
     registry: Registry,
     instance: String,
     listening: Arc<AtomicBool>,
+    health: Arc<Health>,
 ) {
     let mut pause = FIRST_PAUSE;
     loop {
@@ -258,11 +266,14 @@ async fn listen(
                                 }
                             }
                         }
-                        // The connection dropped and was made again: signals were lost.
+                        // The connection dropped and was made again: signals were lost,
+                        // and the pool's connections may be as broken as this one was.
                         Ok(None) => {
+                            health.broken();
                             registry.signal_all();
                         }
                         Err(e) => {
+                            health.broken();
                             tracing::warn!(error = %e, "the wake-up listener lost its connection; reconnecting");
                             break;
                         }

@@ -7,3 +7,4 @@ mod conformance;
 mod faults;
 mod postgres;
 mod races;
+mod sessions;

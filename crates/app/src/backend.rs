@@ -99,8 +99,9 @@ impl Default for BackendOptions {
 
 impl crate::Config {
     /// The backend options this configuration asks for: its connect timeout, the
-    /// SQLite busy timeout, the PostgreSQL lock strategy and whether PostgreSQL
-    /// instances wake each other (`selection.wakeups`).
+    /// SQLite busy timeout, the PostgreSQL lock strategy, pool and session
+    /// settings (`[postgres]`), and whether PostgreSQL instances wake each other
+    /// (`selection.wakeups`).
     pub fn backend_options(&self) -> BackendOptions {
         let defaults = BackendOptions::default();
         BackendOptions {
@@ -111,11 +112,24 @@ impl crate::Config {
                 ..defaults.sqlite
             },
             #[cfg(feature = "postgres")]
-            postgres: PgOptions {
-                strategy: self.pg_lock_strategy,
-                connect_timeout: self.connect_timeout(),
-                wakeups: self.selection.wakeups,
-                ..defaults.postgres
+            postgres: {
+                let p = &self.postgres;
+                let ms = Duration::from_millis;
+                PgOptions {
+                    strategy: self.pg_lock_strategy,
+                    max_connections: p.max_connections,
+                    min_connections: p.min_connections,
+                    connect_timeout: self.connect_timeout(),
+                    acquire_timeout: ms(p.acquire_timeout_ms),
+                    idle_timeout: ms(p.idle_timeout_ms),
+                    max_lifetime: ms(p.max_lifetime_ms),
+                    line_wait: ms(p.line_wait_ms),
+                    lock_timeout: ms(p.lock_timeout_ms),
+                    statement_timeout: ms(p.statement_timeout_ms),
+                    idle_in_transaction_timeout: ms(p.idle_in_transaction_timeout_ms),
+                    keepalive_idle: ms(p.keepalive_idle_ms),
+                    wakeups: self.selection.wakeups,
+                }
             },
         }
     }
@@ -290,17 +304,33 @@ impl Backend {
     }
 }
 
-/// `url` as it may be shown: the password of a PostgreSQL URL redacted.
+/// `url` as it may be shown: the password of a PostgreSQL URL redacted. Built
+/// without the PostgreSQL adapter (and its URL parser), only the scheme of a
+/// PostgreSQL URL is shown.
 fn shown(url: &str) -> String {
     #[cfg(feature = "postgres")]
     return redact_url(url);
     #[cfg(not(feature = "postgres"))]
-    return url.to_owned();
+    return match BackendKind::of_url(url) {
+        Ok(BackendKind::Postgres) => {
+            let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+            format!("{scheme}://…")
+        }
+        _ => url.to_owned(),
+    };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[postgres]` writes the adapter's defaults out; they must agree.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_section_defaults_are_the_adapters() {
+        let from_config = crate::Config::default().backend_options().postgres;
+        assert_eq!(from_config, PgOptions::default());
+    }
 
     #[test]
     fn urls_select_adapters() {

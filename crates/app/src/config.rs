@@ -80,6 +80,8 @@ pub struct Config {
     /// `skip_locked` (default `insert`).
     #[serde(deserialize_with = "de_strategy")]
     pub pg_lock_strategy: LockStrategy,
+    /// PostgreSQL: the pool and the settings of every session.
+    pub postgres: PostgresSection,
     /// Seed of the selection randomness; `None` (the default) seeds from the OS.
     pub seed: Option<u64>,
     /// Bits of the token quantities, 1 to 128 (default 64).
@@ -101,6 +103,7 @@ impl Default for Config {
             connect_timeout_ms: 10_000,
             busy_timeout_ms: 5_000,
             pg_lock_strategy: LockStrategy::default(),
+            postgres: PostgresSection::default(),
             seed: None,
             precision: 64,
             selection: SelectionSection::default(),
@@ -110,6 +113,56 @@ impl Default for Config {
         }
     }
 }
+
+/// `[postgres]`: the pool and the session settings of the PostgreSQL backend
+/// (`docs/postgres-sessions.md` says why each matters). Durations in ms.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostgresSection {
+    /// The most connections of one instance's pool (default 10).
+    pub max_connections: u32,
+    /// Connections kept open while idle (default 0).
+    pub min_connections: u32,
+    /// How long a call waits for a pooled connection (default 10000).
+    pub acquire_timeout_ms: u64,
+    /// An idle connection above the minimum is closed after this long (default 60000).
+    pub idle_timeout_ms: u64,
+    /// A connection is replaced after this long (default 1800000).
+    pub max_lifetime_ms: u64,
+    /// How long a read-and-claim waits for its line's advisory lock before it
+    /// reads and claims without it (default 50).
+    pub line_wait_ms: u64,
+    /// The sessions' `lock_timeout` (default 1000).
+    pub lock_timeout_ms: u64,
+    /// The sessions' `statement_timeout` (default 30000).
+    pub statement_timeout_ms: u64,
+    /// The sessions' `idle_in_transaction_session_timeout` (default 5000).
+    pub idle_in_transaction_timeout_ms: u64,
+    /// The sessions' `tcp_keepalives_idle`, rounded down to whole seconds (default 10000).
+    pub keepalive_idle_ms: u64,
+}
+
+/// The defaults of the PostgreSQL adapter, written out here so the configuration
+/// does not need the adapter compiled in; a test checks they agree.
+impl Default for PostgresSection {
+    fn default() -> Self {
+        PostgresSection {
+            max_connections: 10,
+            min_connections: 0,
+            acquire_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            max_lifetime_ms: 1_800_000,
+            line_wait_ms: 50,
+            lock_timeout_ms: 1_000,
+            statement_timeout_ms: 30_000,
+            idle_in_transaction_timeout_ms: 5_000,
+            keepalive_idle_ms: 10_000,
+        }
+    }
+}
+
+/// The longest connection lifetime: one day.
+pub const MAX_LIFETIME_MS: u64 = 86_400_000;
 
 /// `[selection]`: see [`SelectionConfig`] for the meaning of each field.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -407,6 +460,7 @@ impl Config {
                 return Err(invalid(key, value, "1 to 3600000 ms"));
             }
         }
+        self.check_postgres()?;
         self.precision_bits()?;
         self.selection_config()
             .validate()
@@ -465,6 +519,65 @@ impl Config {
                     .unwrap_or(self.admission.gate_wait_delay_ms),
                 o.slot_lease_ms.unwrap_or(self.admission.slot_lease_ms),
             )?;
+        }
+        Ok(())
+    }
+
+    fn check_postgres(&self) -> Result<(), ConfigError> {
+        let p = &self.postgres;
+        let invalid = |key: &str, value: u64, expected: &str| ConfigError::Invalid {
+            key: format!("postgres.{key}"),
+            value: value.to_string(),
+            expected: expected.to_owned(),
+        };
+        if p.max_connections == 0 {
+            return Err(invalid("max_connections", 0, "at least 1"));
+        }
+        if p.min_connections > p.max_connections {
+            return Err(invalid(
+                "min_connections",
+                u64::from(p.min_connections),
+                &format!("at most postgres.max_connections ({})", p.max_connections),
+            ));
+        }
+        for (key, value) in [
+            ("acquire_timeout_ms", p.acquire_timeout_ms),
+            ("idle_timeout_ms", p.idle_timeout_ms),
+            ("line_wait_ms", p.line_wait_ms),
+            ("lock_timeout_ms", p.lock_timeout_ms),
+            ("statement_timeout_ms", p.statement_timeout_ms),
+            (
+                "idle_in_transaction_timeout_ms",
+                p.idle_in_transaction_timeout_ms,
+            ),
+        ] {
+            if !(1..=MAX_TIMEOUT_MS).contains(&value) {
+                return Err(invalid(key, value, "1 to 3600000 ms"));
+            }
+        }
+        if !(1_000..=MAX_TIMEOUT_MS).contains(&p.keepalive_idle_ms) {
+            return Err(invalid(
+                "keepalive_idle_ms",
+                p.keepalive_idle_ms,
+                "1000 to 3600000 ms (PostgreSQL takes whole seconds)",
+            ));
+        }
+        if p.line_wait_ms >= p.statement_timeout_ms {
+            return Err(invalid(
+                "line_wait_ms",
+                p.line_wait_ms,
+                &format!(
+                    "less than postgres.statement_timeout_ms ({})",
+                    p.statement_timeout_ms
+                ),
+            ));
+        }
+        if !(1..=MAX_LIFETIME_MS).contains(&p.max_lifetime_ms) {
+            return Err(invalid(
+                "max_lifetime_ms",
+                p.max_lifetime_ms,
+                "1 to 86400000 ms (one day)",
+            ));
         }
         Ok(())
     }
@@ -764,6 +877,66 @@ pub static KEYS: &[KeySpec] = &[
         "HOLDFAST_PG_LOCK_STRATEGY",
         |c| c.pg_lock_strategy,
         "PostgreSQL: how a claim loses a race: `insert`, `on_conflict` or `skip_locked`."
+    ),
+    key!(
+        "postgres.max_connections",
+        "HOLDFAST_PG_MAX_CONNECTIONS",
+        |c| c.postgres.max_connections,
+        "PostgreSQL: the most connections one instance's pool opens (at least 1). A fleet needs replicas x this within the server's `max_connections`; beyond it calls wait, then fail as unavailable, and are retried."
+    ),
+    key!(
+        "postgres.min_connections",
+        "HOLDFAST_PG_MIN_CONNECTIONS",
+        |c| c.postgres.min_connections,
+        "PostgreSQL: connections kept open while idle (at most `postgres.max_connections`)."
+    ),
+    key!(
+        "postgres.acquire_timeout_ms",
+        "HOLDFAST_PG_ACQUIRE_TIMEOUT_MS",
+        |c| c.postgres.acquire_timeout_ms,
+        "PostgreSQL: how long a call waits for a pooled connection, or for a new one while the server refuses them, before failing as unavailable (1 to 3600000 ms)."
+    ),
+    key!(
+        "postgres.idle_timeout_ms",
+        "HOLDFAST_PG_IDLE_TIMEOUT_MS",
+        |c| c.postgres.idle_timeout_ms,
+        "PostgreSQL: an idle connection above the minimum is closed after this long (1 to 3600000 ms)."
+    ),
+    key!(
+        "postgres.max_lifetime_ms",
+        "HOLDFAST_PG_MAX_LIFETIME_MS",
+        |c| c.postgres.max_lifetime_ms,
+        "PostgreSQL: a connection is closed and replaced after this long (1 ms to one day)."
+    ),
+    key!(
+        "postgres.line_wait_ms",
+        "HOLDFAST_PG_LINE_WAIT_MS",
+        |c| c.postgres.line_wait_ms,
+        "PostgreSQL: how long a read-and-claim waits for its wallet and type's advisory lock before it reads and claims without it, which is always correct (1 to 3600000 ms)."
+    ),
+    key!(
+        "postgres.lock_timeout_ms",
+        "HOLDFAST_PG_LOCK_TIMEOUT_MS",
+        |c| c.postgres.lock_timeout_ms,
+        "PostgreSQL: every session's `lock_timeout`: the longest wait for a row lock, then the statement fails busy and the select retries (1 to 3600000 ms)."
+    ),
+    key!(
+        "postgres.statement_timeout_ms",
+        "HOLDFAST_PG_STATEMENT_TIMEOUT_MS",
+        |c| c.postgres.statement_timeout_ms,
+        "PostgreSQL: every session's `statement_timeout` (1 to 3600000 ms)."
+    ),
+    key!(
+        "postgres.idle_in_transaction_timeout_ms",
+        "HOLDFAST_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        |c| c.postgres.idle_in_transaction_timeout_ms,
+        "PostgreSQL: every session's `idle_in_transaction_session_timeout`: the server ends a session that sits inside a transaction this long (a frozen replica), releasing its locks (1 to 3600000 ms)."
+    ),
+    key!(
+        "postgres.keepalive_idle_ms",
+        "HOLDFAST_PG_KEEPALIVE_IDLE_MS",
+        |c| c.postgres.keepalive_idle_ms,
+        "PostgreSQL: every session's `tcp_keepalives_idle` (whole seconds): the server probes a silent client after this long and ends the session of one that vanished (1000 to 3600000 ms)."
     ),
     key!(
         "seed",

@@ -551,22 +551,69 @@ fn database_urls_and_corrupt_rows_are_refused() {
             3,
             &["postgres://app:***@127.0.0.1:1/holdfast"],
         ),
+        // Unescaped `#`, `/`, `?` and `@` in a password: the user info still ends
+        // at the last `@`, so the whole password is redacted, and the URL is
+        // refused before the driver could read a host or a parameter out of it.
+        with_url(
+            "a password with # / ? @ and a bad port",
+            "postgres://app:h#u/n?t@r2@127.0.0.1:99999/holdfast",
+            2,
+            &[
+                "postgres://app:***@127.0.0.1:99999/holdfast",
+                "percent-encode",
+            ],
+        ),
+        with_url(
+            "an escaped password and a bad port",
+            "postgres://app:h%23u%2Fn%3Ft%40r2@127.0.0.1:99999/holdfast",
+            2,
+            &[
+                "postgres://app:***@127.0.0.1:99999/holdfast",
+                "invalid port",
+            ],
+        ),
+        with_url(
+            "a password parameter with # / ? @ and a bad port",
+            "postgres://app@127.0.0.1:99999/holdfast?sslmode=disable&password=h#u/n?t@r2",
+            2,
+            &[
+                "postgres://app@127.0.0.1:99999/holdfast?sslmode=disable&password=***",
+                "invalid port",
+            ],
+        ),
     ];
+    // Every password above as written and decoded: no output mode shows one.
+    let passwords = ["hunter2", "h#u/n?t@r2", "h%23u%2Fn%3Ft%40r2"];
     for r in &rows {
         db.check(r);
-        if let Some(url) = &r.url {
-            let out = db
-                .command()
-                .args(["--db", url])
-                .args(balance)
-                .output()
-                .expect("run holdfast");
+        let Some(url) = &r.url else { continue };
+        for json in [false, true] {
+            let mut cmd = db.command();
+            cmd.args(["--db", url]);
+            if json {
+                cmd.arg("--json");
+            }
+            let out = cmd.args(balance).output().expect("run holdfast");
             let all = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
-            assert!(!all.contains("hunter2"), "the password leaked: {all}");
+            for password in passwords {
+                assert!(!all.contains(password), "the password leaked: {all}");
+            }
+            if json {
+                let err: serde_json::Value = serde_json::from_slice(&out.stderr)
+                    .unwrap_or_else(|e| panic!("{}: no JSON on stderr ({e}): {all}", r.what));
+                assert_eq!(err["error"]["exit_code"], r.code, "{}: {err}", r.what);
+                let message = err["error"]["message"].as_str().unwrap_or_default();
+                for needle in &r.says {
+                    assert!(
+                        message.contains(needle.as_str()),
+                        "{needle:?} missing: {err}"
+                    );
+                }
+            }
         }
     }
 

@@ -9,7 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use holdfast_adapters_postgres::redact_url;
+// `with_database`: the URL of another database on the same server, cut where the
+// adapter cuts URLs, so a password holding `/` or `?` stays whole.
+pub use holdfast_adapters_postgres::with_database;
+use holdfast_adapters_postgres::{redact_url, scrub_password};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use holdfast::backend::{BackendError, BackendKind};
@@ -35,7 +38,7 @@ pub enum ProvisionError {
         url: String,
         /// What was attempted.
         action: String,
-        /// The server's message.
+        /// The server's message, password scrubbed.
         message: String,
     },
 }
@@ -173,7 +176,7 @@ impl Provisioner {
         let failed = |action: &str, e: sqlx::Error| ProvisionError::Postgres {
             url: redact_url(admin_url),
             action: action.to_owned(),
-            message: e.to_string(),
+            message: scrub_password(&e.to_string(), admin_url),
         };
         let mut conn = PgConnection::connect(admin_url)
             .await
@@ -185,24 +188,6 @@ impl Provisioner {
         let _ = conn.close().await;
         result.map(drop)
     }
-}
-
-/// `url` with its database name replaced by `name` (query parameters kept).
-pub fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[authority_start..]
-        .find('/')
-        .map_or(base.len(), |i| authority_start + i);
-    let mut out = format!("{}/{name}", &base[..path_start]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
 }
 
 #[cfg(test)]
@@ -217,5 +202,10 @@ mod tests {
         );
         assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
         assert_eq!(with_database("postgresql://h/db", "x"), "postgresql://h/x");
+        // An unescaped password is not mistaken for the path.
+        assert_eq!(
+            with_database("postgres://u:p/w?d@h:5432/app?sslmode=disable", "x"),
+            "postgres://u:p/w?d@h:5432/x?sslmode=disable"
+        );
     }
 }

@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use holdfast_adapters_postgres::scrub_password;
 use holdfast_adapters_sqlite::begin_immediate;
 use rusqlite::{Connection, OpenFlags, params};
 use serde::Serialize;
@@ -459,7 +460,7 @@ mod postgres {
                     .test_before_acquire(false)
                     .connect(url)
                     .await
-                    .map_err(raw)?,
+                    .map_err(|e| raw(scrub_password(&e.to_string(), url)))?,
             );
         }
         let mut tasks = tokio::task::JoinSet::new();

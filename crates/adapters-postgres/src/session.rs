@@ -1,0 +1,346 @@
+//! Sessions: the settings every connection holdfast opens applies, the pool, and
+//! the rules that keep a pooled connection clean.
+//!
+//! - **A transaction is owned before anything in it can fail.** Multi-statement
+//!   transactions run on a [`Tx`], which holds its pooled connection in a
+//!   [`Session`]: until `COMMIT` or `ROLLBACK` has answered, a failed statement, a
+//!   server-side timeout or a dropped future closes the connection instead of
+//!   returning it to the pool inside a transaction (where later statements would
+//!   be acknowledged and never committed). sqlx's own `begin` counts a
+//!   transaction only once its `BEGIN` has answered, so it is not used.
+//! - **Every session bounds its waits** ([`session_settings`]): `lock_timeout`,
+//!   `statement_timeout`, `idle_in_transaction_session_timeout` and server-side
+//!   TCP keepalives, so a frozen or vanished replica's session is ended by the
+//!   server and releases what it held.
+//! - **A broken connection is noticed before a statement is sent on it.** The
+//!   pool pings a connection before handing it out when it has been idle since
+//!   the last broken connection this instance saw (a statement failing on a
+//!   broken connection, or the wake-up listener having had to reconnect:
+//!   [`Health`]), or for longer than [`PING_IDLE_AFTER`]; and
+//!   [`crate::PgBackend`] retries a statement that is safe to repeat once when its
+//!   connection broke under it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection, Postgres};
+
+use crate::backend::PgBackend;
+use crate::options::PgOptions;
+
+/// A pooled connection idle for longer than this is pinged before use: an idle
+/// service's first call after a server restart finds a live connection.
+pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long the ping of a suspect connection may take before it counts as broken.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Server-side TCP keepalive: probes after this much silence, then every
+/// [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_COUNT`] times, before the server ends the
+/// session of a client that vanished (a paused VM, a partition without RST).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// See [`KEEPALIVE_INTERVAL`].
+pub const KEEPALIVE_COUNT: u32 = 3;
+
+/// The `SET` parameters every session holdfast opens starts with (sent in the
+/// startup packet, so they hold from the first statement, also on the wake-up
+/// listener's connection). Durations are whole milliseconds (seconds for the
+/// keepalive settings, as PostgreSQL takes them).
+pub fn session_settings(options: &PgOptions) -> Vec<(&'static str, String)> {
+    let ms = |d: Duration| d.as_millis().to_string();
+    let secs = |d: Duration| d.as_secs().max(1).to_string();
+    vec![
+        ("lock_timeout", ms(options.lock_timeout)),
+        ("statement_timeout", ms(options.statement_timeout)),
+        (
+            "idle_in_transaction_session_timeout",
+            ms(options.idle_in_transaction_timeout),
+        ),
+        ("tcp_keepalives_idle", secs(options.keepalive_idle)),
+        ("tcp_keepalives_interval", secs(KEEPALIVE_INTERVAL)),
+        ("tcp_keepalives_count", KEEPALIVE_COUNT.to_string()),
+    ]
+}
+
+/// `base` with holdfast's application name and session settings.
+pub(crate) fn connect_options(base: PgConnectOptions, options: &PgOptions) -> PgConnectOptions {
+    base.application_name("holdfast")
+        .options(session_settings(options))
+}
+
+/// `base` for the migrating connection: no lock or statement timeout (a replica
+/// waits for another's migration under the migration lock, and a migration may
+/// rebuild a large table), whatever the role or database sets; a generous
+/// idle-in-transaction timeout and the keepalives, so a replica that vanishes
+/// mid-migration does not hold the migration lock for hours.
+pub(crate) fn migrate_options(base: PgConnectOptions, options: &PgOptions) -> PgConnectOptions {
+    let keepalives = session_settings(options)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("tcp_keepalives"));
+    base.application_name("holdfast-migrate").options(
+        [
+            ("lock_timeout", "0".to_owned()),
+            ("statement_timeout", "0".to_owned()),
+            ("idle_in_transaction_session_timeout", "600000".to_owned()),
+        ]
+        .into_iter()
+        .chain(keepalives),
+    )
+}
+
+/// What the instance knows of its connections' health: when it last saw one
+/// broken.
+#[derive(Debug)]
+pub(crate) struct Health {
+    started: Instant,
+    /// Milliseconds after `started` of the last broken connection, plus one (0:
+    /// none seen).
+    last_broken: AtomicU64,
+}
+
+impl Health {
+    pub(crate) fn new() -> Health {
+        Health {
+            started: Instant::now(),
+            last_broken: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes that a connection was found broken now.
+    pub(crate) fn broken(&self) {
+        self.broken_at(self.started.elapsed());
+    }
+
+    fn broken_at(&self, elapsed: Duration) {
+        let at = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX - 1);
+        self.last_broken.store(at + 1, Ordering::Relaxed);
+    }
+
+    /// Whether a connection idle for `idle_for` may be broken without anyone having
+    /// used it since: idle since before the last broken connection, or long idle.
+    fn suspect(&self, idle_for: Duration) -> bool {
+        self.suspect_at(self.started.elapsed(), idle_for)
+    }
+
+    fn suspect_at(&self, elapsed: Duration, idle_for: Duration) -> bool {
+        if idle_for >= PING_IDLE_AFTER {
+            return true;
+        }
+        match self.last_broken.load(Ordering::Relaxed) {
+            0 => false,
+            at => idle_for >= elapsed.saturating_sub(Duration::from_millis(at - 1)),
+        }
+    }
+}
+
+/// Whether `e` says the connection itself is gone (the server restarted or ended
+/// the session, the socket broke), as opposed to a statement failing on a live
+/// connection.
+pub(crate) fn broken(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => {
+            matches!(
+                db.code().as_deref(),
+                // admin_shutdown, crash_shutdown, cannot_connect_now, idle session /
+                // idle-in-transaction timeouts (the session is ended)
+                Some("57P01" | "57P02" | "57P03" | "57P05" | "25P03")
+            ) || db.code().is_some_and(|c| c.starts_with("08"))
+        }
+        _ => false,
+    }
+}
+
+/// The pool of an instance: sizes and timeouts from `options`, and a ping before
+/// handing out a connection that [`Health`] suspects.
+pub(crate) fn pool(connect: &PgConnectOptions, options: &PgOptions, health: Arc<Health>) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .min_connections(options.min_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .idle_timeout(options.idle_timeout)
+        .max_lifetime(options.max_lifetime)
+        // No ping on every acquire (one statement is one round trip); only a
+        // suspect connection is pinged, below.
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            let health = health.clone();
+            Box::pin(async move {
+                if health.suspect(meta.idle_for) {
+                    // A ping unanswered within PING_TIMEOUT (a half-open socket) is
+                    // as broken as one that fails.
+                    match tokio::time::timeout(PING_TIMEOUT, conn.ping()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            health.broken();
+                            // The pool closes it and hands out another.
+                            return Err(e);
+                        }
+                        Err(_) => {
+                            health.broken();
+                            return Ok(false);
+                        }
+                    }
+                }
+                Ok(true)
+            })
+        })
+        .connect_lazy_with(connect.clone())
+}
+
+/// A pooled connection that goes back to the pool only when its user said it is
+/// clean ([`Session::clean`]); dropped otherwise (an error, a cancelled future),
+/// it is closed, so its unknown state can never reach another caller.
+pub(crate) struct Session {
+    conn: PoolConnection<Postgres>,
+    clean: bool,
+}
+
+impl Session {
+    /// Takes a connection from the pool.
+    pub(crate) async fn acquire(backend: &PgBackend) -> Result<Session, sqlx::Error> {
+        let conn = backend.pool().acquire().await?;
+        Ok(Session { conn, clean: false })
+    }
+
+    /// The connection, for statements.
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+
+    /// Marks the connection clean (outside any transaction, nothing pending): it
+    /// goes back to the pool when dropped.
+    pub(crate) fn clean(&mut self) {
+        self.clean = true;
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// A transaction owned from its first byte: `BEGIN` (with whatever statements
+/// `begin` appends, in the same round trip) is sent on a [`Session`], and only an
+/// answered `COMMIT` or `ROLLBACK` makes the connection clean again.
+pub(crate) struct Tx {
+    session: Session,
+}
+
+impl Tx {
+    /// Begins a transaction with `BEGIN`.
+    pub(crate) async fn begin(backend: &PgBackend) -> Result<Tx, sqlx::Error> {
+        let session = Session::acquire(backend).await?;
+        Tx::begin_on(backend, session, "BEGIN").await
+    }
+
+    /// Begins a transaction on `session` with `begin`, a simple-query text that
+    /// starts with `BEGIN` (one round trip). If the server answers an error (a
+    /// statement after `BEGIN` failed, say a lock wait ran out), the aborted
+    /// transaction is rolled back and the clean connection goes back to the pool;
+    /// on any other error, or if this future is dropped, the connection is closed.
+    pub(crate) async fn begin_on(
+        backend: &PgBackend,
+        mut session: Session,
+        begin: impl Into<String>,
+    ) -> Result<Tx, sqlx::Error> {
+        match simple(backend, session.conn(), begin.into()).await {
+            Ok(()) => Ok(Tx { session }),
+            Err(e @ sqlx::Error::Database(_)) if !broken(&e) => {
+                if simple(backend, session.conn(), "ROLLBACK".to_owned())
+                    .await
+                    .is_ok()
+                {
+                    session.clean();
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The connection, for the transaction's statements.
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        self.session.conn()
+    }
+
+    /// Commits; the connection is clean only if `COMMIT` answered. A failed
+    /// `COMMIT` may have committed: callers treat it as ambiguous.
+    pub(crate) async fn commit(mut self, backend: &PgBackend) -> Result<Session, sqlx::Error> {
+        simple(backend, self.session.conn(), "COMMIT".to_owned()).await?;
+        self.session.clean();
+        Ok(self.session)
+    }
+
+    /// Rolls back; the connection is clean only if `ROLLBACK` answered.
+    pub(crate) async fn rollback(mut self, backend: &PgBackend) -> Result<Session, sqlx::Error> {
+        simple(backend, self.session.conn(), "ROLLBACK".to_owned()).await?;
+        self.session.clean();
+        Ok(self.session)
+    }
+}
+
+/// Runs `text` (one or more statements, no parameters) as one simple query: one
+/// round trip.
+async fn simple(
+    backend: &PgBackend,
+    conn: &mut PgConnection,
+    text: String,
+) -> Result<(), sqlx::Error> {
+    backend
+        .note(sqlx::raw_sql(sqlx::AssertSqlSafe(text)).execute(conn).await)
+        .map(drop)
+}
+
+impl PgBackend {
+    /// Runs a statement that is safe to repeat (a read, an idempotent write); if its
+    /// connection broke under it (a restarted server), runs it once more, on a
+    /// connection the pool checks first.
+    pub(crate) async fn retried<T, F, Fut>(&self, mut attempt: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        match self.note(attempt().await) {
+            Err(e) if broken(&e) => {
+                tracing::info!(error = %e, "a pooled connection was broken; retrying once");
+                self.note(attempt().await)
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_suspects_connections_idle_since_a_breakage_or_long_idle() {
+        let health = Health::new();
+        let ms = Duration::from_millis;
+        assert!(!health.suspect_at(ms(100), ms(10)));
+        assert!(health.suspect_at(ms(100), PING_IDLE_AFTER));
+        health.broken_at(ms(100));
+        // Idle since before the breakage: nobody used it since.
+        assert!(health.suspect_at(ms(120), ms(500)));
+        assert!(health.suspect_at(ms(120), ms(20)));
+        // Released after the breakage (its release ping passed).
+        assert!(!health.suspect_at(ms(120), ms(19)));
+    }
+
+    #[test]
+    fn every_session_setting_is_a_positive_number() {
+        for (name, value) in session_settings(&PgOptions::default()) {
+            let n: u64 = value.parse().unwrap_or(0);
+            assert!(n > 0, "{name} = {value}");
+        }
+    }
+}

@@ -1,15 +1,22 @@
 //! The token selector on the real SQLite adapter: a failed select releases only
 //! its own locks; earlier selects of the same transaction keep theirs, and what
-//! they hold does not count as available to the transaction's next select.
+//! they hold does not count as available to the transaction's next select; a
+//! read-and-claim whose answer was lost holds nothing beyond the select's answer.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use holdfast::{SelectError, SystemClock, TokenSelector};
+use async_trait::async_trait;
+use holdfast::{SelectError, Settlement, SystemClock, TokenSelector};
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
-    Precision, Quantity, SelectionConfig, SelectionPolicy, TokenId, TokenType, TxId, WalletId,
+    ClaimVerdict, PersistPolicy, Precision, Quantity, SelectionConfig, SelectionPolicy,
+    SettlementStatus, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
-use holdfast_ports::NewToken;
+use holdfast_ports::{
+    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, NewToken, ReadAndClaim,
+    ReadWithClaim, StoreFault, SweepReport,
+};
 
 fn q(v: u128) -> Quantity {
     Quantity::new(v, Precision::MAX).expect("quantity")
@@ -79,4 +86,151 @@ async fn a_failed_select_keeps_the_locks_of_an_earlier_select_of_the_same_tx() {
     let locks = stores.locks.list_locks().await.expect("locks");
     let held: Vec<(TokenId, TxId)> = locks.into_iter().map(|l| (l.token, l.consumer)).collect();
     assert_eq!(held, vec![(TokenId::new(tx("funding"), 0), tx("t1"))]);
+}
+
+/// The SQLite lock store, except that the first read-and-claim commits and then
+/// answers an error, as a COMMIT whose answer was lost does.
+struct LostCommit {
+    inner: Arc<dyn LockStore>,
+    lost: AtomicBool,
+}
+
+#[async_trait]
+impl LockStore for LostCommit {
+    async fn claim(
+        &self,
+        c: &TxId,
+        t: &TokenId,
+        at: Timestamp,
+    ) -> Result<ClaimVerdict, LockStoreError> {
+        self.inner.claim(c, t, at).await
+    }
+    async fn claim_window(
+        &self,
+        c: &TxId,
+        t: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
+        self.inner.claim_window(c, t, at).await
+    }
+    async fn read_and_claim(
+        &self,
+        c: &TxId,
+        read: &CandidateRead,
+        at: Timestamp,
+        choose: Chooser,
+    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+        let done = self.inner.read_and_claim(c, read, at, choose).await?;
+        if !self.lost.swap(true, Ordering::SeqCst) {
+            return Err(LockStoreError::Fault(StoreFault::Unavailable(
+                "connection lost after COMMIT was sent".to_owned(),
+            )));
+        }
+        Ok(done)
+    }
+    fn read_with_claim(&self) -> ReadWithClaim {
+        self.inner.read_with_claim()
+    }
+    async fn renew(
+        &self,
+        c: &TxId,
+        t: &[TokenId],
+        at: Timestamp,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        self.inner.renew(c, t, at).await
+    }
+    async fn release_consumer(
+        &self,
+        c: &TxId,
+        at: Timestamp,
+        record: bool,
+    ) -> Result<u64, LockStoreError> {
+        self.inner.release_consumer(c, at, record).await
+    }
+    async fn release_tokens(&self, c: &TxId, t: &[TokenId]) -> Result<u64, LockStoreError> {
+        self.inner.release_tokens(c, t).await
+    }
+    async fn spend_consumer(
+        &self,
+        c: &TxId,
+        at: Timestamp,
+        record: bool,
+    ) -> Result<Vec<TokenId>, LockStoreError> {
+        self.inner.spend_consumer(c, at, record).await
+    }
+    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.inner.unsettled().await
+    }
+    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
+        self.inner.sweep(rule).await
+    }
+    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
+        self.inner.list_locks().await
+    }
+    fn round_trips(&self) -> u64 {
+        self.inner.round_trips()
+    }
+}
+
+/// A read-and-claim that committed but answered an error leaves the select not
+/// knowing what it holds: the select gives those tokens back, so it holds exactly
+/// what it answers with and a Confirmed spends nothing else.
+#[tokio::test]
+async fn a_read_and_claim_whose_commit_answer_was_lost_leaves_nothing_held_beyond_the_answer() {
+    let backend = SqliteBackend::open_in_memory().await.expect("open");
+    let mut stores = backend.stores();
+    let funding: Vec<NewToken> = [5u128, 7, 10, 20, 40]
+        .into_iter()
+        .zip(0u32..)
+        .map(|(amount, index)| NewToken {
+            id: TokenId::new(tx("funding"), index),
+            wallet: wallet(),
+            token_type: chf(),
+            quantity: q(amount),
+            spendable: true,
+        })
+        .collect();
+    stores.tokens.add_tokens(&funding).await.expect("funded");
+    stores.locks = Arc::new(LostCommit {
+        inner: stores.locks.clone(),
+        lost: AtomicBool::new(false),
+    });
+    let selector = TokenSelector::new(
+        stores.clone(),
+        Arc::new(SystemClock),
+        SelectionConfig::default(),
+        Some(3),
+    )
+    .expect("config");
+    let selected = selector
+        .select(&wallet(), &chf(), q(6), &tx("pay"))
+        .await
+        .expect("the select recovers from the lost answer");
+    let mut held: Vec<TokenId> = stores
+        .locks
+        .list_locks()
+        .await
+        .expect("locks")
+        .into_iter()
+        .filter(|l| l.consumer == tx("pay"))
+        .map(|l| l.token)
+        .collect();
+    held.sort();
+    let mut answered = selected.tokens.clone();
+    answered.sort();
+    assert_eq!(held, answered, "locked beyond the answer");
+    let settled = Settlement::new(
+        stores.clone(),
+        Arc::new(SystemClock),
+        PersistPolicy::default(),
+    )
+    .on_status(&tx("pay"), SettlementStatus::Known(TxStatus::Confirmed))
+    .await
+    .expect("confirmed");
+    let mut spent = settled.spent.clone();
+    spent.sort();
+    assert_eq!(
+        spent, answered,
+        "a Confirmed spends only what the select answered"
+    );
 }

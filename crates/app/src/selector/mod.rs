@@ -379,9 +379,12 @@ impl TokenSelector {
         let mut woken: Option<Offered> = None;
         // The deadline of the current leg's wait, kept across its woken attempts.
         let mut leg_deadline: Option<tokio::time::Instant> = None;
+        // Tokens of read-and-claims that failed: they may be held (see
+        // `read_and_claim`); covered by the guard and given back at the end.
+        let mut ambiguous: Vec<TokenId> = Vec::new();
         let mut action = selection.start(rng);
         let outcome = loop {
-            guard.held = selection.held();
+            guard.held = covered(selection.held(), &ambiguous);
             action = match action {
                 Action::Fetch(fetch) => {
                     if woken.is_none() {
@@ -405,7 +408,7 @@ impl TokenSelector {
                         }
                     };
                     let combined = if combined {
-                        self.read_and_claim(&selection, rng, guard, request, &read)
+                        self.read_and_claim(&selection, rng, guard, request, &read, &mut ambiguous)
                             .await
                     } else {
                         None
@@ -425,8 +428,15 @@ impl TokenSelector {
                                 && page.as_ref().is_ok_and(|found| !found.is_empty())
                                 && waiter.race_likely();
                             let again = if thin {
-                                self.read_and_claim(&selection, rng, guard, request, &read)
-                                    .await
+                                self.read_and_claim(
+                                    &selection,
+                                    rng,
+                                    guard,
+                                    request,
+                                    &read,
+                                    &mut ambiguous,
+                                )
+                                .await
                             } else {
                                 None
                             };
@@ -538,7 +548,7 @@ impl TokenSelector {
         // the selected tokens too until the answer is returned: dropped during this
         // release, the call must not leave them locked for a caller that never got
         // them.
-        guard.held = selection.held();
+        guard.held = covered(selection.held(), &ambiguous);
         let keep: Vec<TokenId> = match &outcome {
             Ok(selected) => selected.tokens.clone(),
             Err(_) => Vec::new(),
@@ -573,4 +583,15 @@ impl TokenSelector {
         guard.held = keep;
         Ok((outcome, selection.stats().clone()))
     }
+}
+
+/// What a select covers: what the engine holds, and the tokens of failed
+/// read-and-claims that may be held.
+fn covered(mut held: Vec<TokenId>, ambiguous: &[TokenId]) -> Vec<TokenId> {
+    for token in ambiguous {
+        if !held.contains(token) {
+            held.push(token.clone());
+        }
+    }
+    held
 }

@@ -7,6 +7,7 @@ use holdfast_domain::{
 };
 use holdfast_ports::{BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim};
 use rand::rngs::StdRng;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::TokenSelector;
 use super::calls::{HeldGuard, failure, give_back, release};
@@ -43,7 +44,8 @@ impl TokenSelector {
     /// inside the store's transaction (a copy of the engine with a copy of the
     /// call's RNG, so the real engine, fed the same page afterwards, names the
     /// same tokens). `None` when the store cannot: the caller reads and claims
-    /// in two calls.
+    /// in two calls. If the call fails, the tokens it was to claim go to
+    /// `ambiguous`: they may be held.
     pub(super) async fn read_and_claim(
         &self,
         selection: &Selection,
@@ -51,14 +53,27 @@ impl TokenSelector {
         guard: &mut HeldGuard,
         request: &SelectRequest,
         read: &CandidateRead,
+        ambiguous: &mut Vec<TokenId>,
     ) -> Option<Result<ReadAndClaim, StoreFailure>> {
         let (mut probe, mut probe_rng) = (selection.clone(), rng.clone());
-        let choose: Chooser = Box::new(move |page: &[Candidate]| {
-            match probe.on_candidates(Ok(page.to_vec()), &mut probe_rng) {
-                Action::Claim(tokens) => tokens,
-                _ => Vec::new(),
-            }
-        });
+        // What the store was asked to claim: if the call fails, the claim may
+        // still have committed (a COMMIT whose answer was lost), and nothing else
+        // tells the select which tokens it may hold.
+        let chosen = Arc::new(Mutex::new(Vec::new()));
+        let choose: Chooser = {
+            let chosen = chosen.clone();
+            Box::new(move |page: &[Candidate]| {
+                let tokens = match probe.on_candidates(Ok(page.to_vec()), &mut probe_rng) {
+                    Action::Claim(tokens) => tokens,
+                    _ => Vec::new(),
+                };
+                chosen
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone_from(&tokens);
+                tokens
+            })
+        };
         let (locks, consumer, read, at) = (
             self.locks.clone(),
             request.consumer.clone(),
@@ -71,19 +86,30 @@ impl TokenSelector {
                 .await
                 .map_err(failure)
         };
+        let maybe_held =
+            move || std::mem::take(&mut *chosen.lock().unwrap_or_else(PoisonError::into_inner));
         // Dropped while the call runs, the select never learns what it won:
         // the call's task gives it back.
         let (locks, consumer) = (self.locks.clone(), request.consumer.clone());
+        let undelivered_held = maybe_held.clone();
         let answer = guard
             .perform_with(call, move |undelivered| {
-                if let Ok(Some(done)) = undelivered {
-                    let won = won(&done.verdicts);
-                    if !won.is_empty() {
-                        tokio::spawn(give_back(locks, consumer, won, "cancelled"));
-                    }
+                let back = match undelivered {
+                    Ok(Some(done)) => won(&done.verdicts),
+                    Ok(None) => Vec::new(),
+                    Err(_) => undelivered_held(),
+                };
+                if !back.is_empty() {
+                    tokio::spawn(give_back(locks, consumer, back, "cancelled"));
                 }
             })
             .await;
+        if answer.is_err() {
+            // Failed after choosing: the claim may have committed (a COMMIT whose
+            // answer was lost). The select gives these back when it ends, unless
+            // it answers with them (won again later in the call).
+            ambiguous.extend(maybe_held());
+        }
         answer.transpose()
     }
 

@@ -7,10 +7,14 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use clap::Args;
-use holdfast_domain::{Quantity, SettlementStatus, TokenId, TokenType, TxId, TxStatus, WalletId};
-use holdfast_ports::NewToken;
+use holdfast_domain::{
+    Precision, Quantity, SettlementStatus, TokenId, TokenType, TxId, TxStatus, WalletId,
+};
+use holdfast_ports::{NewToken, Stores, TokenStoreError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -19,7 +23,8 @@ use super::output::{Rendered, Report};
 use super::settle::settlement;
 use super::{CliError, Context, select};
 use holdfast::clock::SystemClock;
-use holdfast::settlement::SettleError;
+use holdfast::selector::{SelectError, TokenSelector};
+use holdfast::settlement::{SettleError, Settlement};
 use holdfast::sweeper::LeaseSweeper;
 
 /// `soak`.
@@ -43,6 +48,10 @@ pub struct SoakArgs {
     /// Stop after this many selects (0: run until killed)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub selects: u64,
+    /// Concurrent select loops in this replica (each selects, settles and mints in
+    /// turn; they share the backend, as a service's requests do)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub workers: u32,
     /// Append one line per step to this file (`selected TX AMOUNT TOKEN...`,
     /// `settling TX STATUS`, `settled TX STATUS`, `double-spend TX TOKEN BY`,
     /// `minted TOKEN AMOUNT`, `failed TX REASON`)
@@ -63,13 +72,21 @@ pub struct Soaked {
     pub deleted: u64,
     /// Confirmed settlements refused as double spends.
     pub double_spends: u64,
+    /// Store calls that failed transiently (the database unavailable or busy) and
+    /// were retried.
+    pub retried: u64,
 }
 
 impl Report for Soaked {
     fn human(&self) -> String {
         format!(
-            "{} select(s), {} failed; {} confirmed, {} deleted, {} double spend(s)\n",
-            self.selects, self.failed, self.confirmed, self.deleted, self.double_spends
+            "{} select(s), {} failed; {} confirmed, {} deleted, {} double spend(s); {} transient fault(s) retried\n",
+            self.selects,
+            self.failed,
+            self.confirmed,
+            self.deleted,
+            self.double_spends,
+            self.retried
         )
     }
 }
@@ -96,8 +113,8 @@ impl History {
         Ok(History(file))
     }
 
-    fn line(&mut self, text: String) {
-        if let Some(file) = &mut self.0 {
+    fn line(&self, text: String) {
+        if let Some(mut file) = self.0.as_ref() {
             if let Err(e) = file.write_all(format!("{text}\n").as_bytes()) {
                 tracing::warn!(error = %e, "could not write the soak history");
             }
@@ -105,19 +122,89 @@ impl History {
     }
 }
 
+/// The first pause after a transient fault, doubling up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// Runs `call` until it succeeds or fails with an error `transient` refuses,
+/// pausing with a doubling backoff after each transient failure (logged, counted
+/// in `retried`). A replica outlives a restarting or overloaded database.
+async fn until_done<T, E, F, Fut>(
+    what: &str,
+    retried: &AtomicU64,
+    transient: impl Fn(&E) -> bool,
+    mut call: F,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match call().await {
+            Err(e) if transient(&e) => {
+                retried.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, ?pause, "{what} failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Every settlement error but a double spend is the store failing: retried (a
+/// settlement is idempotent).
+fn settle_transient(e: &SettleError) -> bool {
+    !matches!(e, SettleError::DoubleSpend { .. })
+}
+
+/// Counters of the whole replica, shared by its workers.
+#[derive(Default)]
+struct Counters {
+    selects: AtomicU64,
+    failed: AtomicU64,
+    confirmed: AtomicU64,
+    deleted: AtomicU64,
+    double_spends: AtomicU64,
+    retried: AtomicU64,
+}
+
+/// What every worker shares.
+struct Shared {
+    args: SoakArgs,
+    selector: TokenSelector,
+    settlement: Settlement,
+    stores: Stores,
+    precision: Precision,
+    history: History,
+    counters: Counters,
+    /// The transaction numbers of this process, across workers.
+    next: AtomicU64,
+}
+
 /// Runs `soak`.
 pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
-    if args.max_amount == 0 || args.confirm_percent > 100 {
+    if args.max_amount == 0 || args.confirm_percent > 100 || args.workers == 0 {
         return Err(CliError::Argument {
-            arg: "--max-amount / --confirm-percent",
-            value: format!("{} / {}", args.max_amount, args.confirm_percent),
-            expected: "a maximum of at least 1 and a percent of 0 to 100".to_owned(),
+            arg: "--max-amount / --confirm-percent / --workers",
+            value: format!(
+                "{} / {} / {}",
+                args.max_amount, args.confirm_percent, args.workers
+            ),
+            expected: "a maximum of at least 1, a percent of 0 to 100 and at least 1 worker"
+                .to_owned(),
         });
     }
-    let mut history = History::open(args.history.as_ref())?;
+    let history = History::open(args.history.as_ref())?;
     let settlement = settlement(ctx);
+    let counters = Counters::default();
     // A restarted replica first finishes what its predecessors recorded.
-    settlement.recover().await?;
+    until_done("recovery", &counters.retried, settle_transient, || {
+        settlement.recover()
+    })
+    .await?;
     let sweeper = LeaseSweeper::spawn(
         ctx.backend.stores().locks,
         Arc::new(SystemClock),
@@ -128,30 +215,85 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
         value: format!("{:?}", ctx.config.lease_config()),
         expected: e.to_string(),
     })?;
-    let selector = select::selector(ctx)?;
-    let precision = ctx.config.precision_bits()?;
-    let mut rng = match ctx.config.seed {
-        Some(seed) => StdRng::seed_from_u64(seed),
-        None => StdRng::from_os_rng(),
+    let shared = Arc::new(Shared {
+        selector: select::selector(ctx)?,
+        settlement,
+        stores: ctx.backend.stores(),
+        precision: ctx.config.precision_bits()?,
+        history,
+        counters,
+        next: AtomicU64::new(0),
+        args,
+    });
+    let seed = ctx.config.seed;
+    let workers: Vec<_> = (0..shared.args.workers)
+        .map(|worker| {
+            let rng = match seed {
+                Some(seed) => StdRng::seed_from_u64(seed.wrapping_add(u64::from(worker))),
+                None => StdRng::from_os_rng(),
+            };
+            tokio::spawn(work(shared.clone(), rng))
+        })
+        .collect();
+    let mut outcome = Ok(());
+    for worker in workers {
+        match worker.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => outcome = Err(e),
+            Err(e) => {
+                outcome = Err(CliError::Argument {
+                    arg: "soak worker",
+                    value: e.to_string(),
+                    expected: "a worker that does not panic".to_owned(),
+                })
+            }
+        }
+    }
+    sweeper.shutdown().await;
+    outcome?;
+    let c = &shared.counters;
+    let report = Soaked {
+        selects: c.selects.load(Ordering::Relaxed),
+        failed: c.failed.load(Ordering::Relaxed),
+        confirmed: c.confirmed.load(Ordering::Relaxed),
+        deleted: c.deleted.load(Ordering::Relaxed),
+        double_spends: c.double_spends.load(Ordering::Relaxed),
+        retried: c.retried.load(Ordering::Relaxed),
     };
-    let mut report = Soaked::default();
+    Ok(Rendered::of(&report))
+}
+
+/// One worker's loop: select, settle, mint the change, until the replica's count
+/// of selects is reached.
+async fn work(shared: Arc<Shared>, mut rng: StdRng) -> Result<(), CliError> {
+    let (args, c, history) = (&shared.args, &shared.counters, &shared.history);
     let pid = std::process::id();
-    let mut n = 0u64;
-    while args.selects == 0 || n < args.selects {
-        n += 1;
+    loop {
+        let n = shared.next.fetch_add(1, Ordering::Relaxed) + 1;
+        if args.selects != 0 && n > args.selects {
+            return Ok(());
+        }
         let tx = TxId::new(format!("{}-{pid}-{n}", args.name))?;
-        let amount = Quantity::new(u128::from(rng.random_range(1..=args.max_amount)), precision)?;
-        report.selects += 1;
-        let selected = match selector
+        let amount = Quantity::new(
+            u128::from(rng.random_range(1..=args.max_amount)),
+            shared.precision,
+        )?;
+        c.selects.fetch_add(1, Ordering::Relaxed);
+        let selected = match shared
+            .selector
             .select(&args.wallet, &args.token_type, amount, &tx)
             .await
         {
             Ok(selected) => selected,
             Err(e) => {
-                report.failed += 1;
+                c.failed.fetch_add(1, Ordering::Relaxed);
                 history.line(format!("failed {tx} {}", e.outcome_label().as_str()));
-                // A drained or locked wallet: pause instead of spinning.
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                if matches!(e, SelectError::Store(_)) {
+                    tracing::warn!(error = %e, %tx, "select failed on the store");
+                }
+                // A drained or locked wallet, or a failing store: pause instead of
+                // spinning.
+                tokio::time::sleep(FIRST_PAUSE).await;
                 continue;
             }
         };
@@ -164,39 +306,46 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
             TxStatus::Deleted
         };
         history.line(format!("settling {tx} {status}"));
-        match settlement
-            .on_status(&tx, SettlementStatus::Known(status))
-            .await
-        {
+        let settled = until_done("settlement", &c.retried, settle_transient, || {
+            shared
+                .settlement
+                .on_status(&tx, SettlementStatus::Known(status))
+        })
+        .await;
+        match settled {
             Ok(_) => history.line(format!("settled {tx} {status}")),
             Err(SettleError::DoubleSpend {
                 token, spent_by, ..
             }) => {
-                report.double_spends += 1;
+                c.double_spends.fetch_add(1, Ordering::Relaxed);
                 history.line(format!("double-spend {tx} {token} {spent_by}"));
                 continue;
             }
             Err(e) => return Err(e.into()),
         }
         if !confirm {
-            report.deleted += 1;
+            c.deleted.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        report.confirmed += 1;
+        c.confirmed.fetch_add(1, Ordering::Relaxed);
         // The change comes back as a new token of the same wallet, as a payment
         // service would mint it once its transaction is on the ledger.
         if !selected.change.is_zero() {
-            let change = NewToken {
+            let change = [NewToken {
                 id: TokenId::new(tx.clone(), 0),
                 wallet: args.wallet.clone(),
                 token_type: args.token_type.clone(),
                 quantity: selected.change,
                 spendable: true,
-            };
-            ctx.backend.stores().tokens.add_tokens(&[change]).await?;
+            }];
+            until_done(
+                "minting the change",
+                &c.retried,
+                |e: &TokenStoreError| matches!(e, TokenStoreError::Fault(_)),
+                || shared.stores.tokens.add_tokens(&change),
+            )
+            .await?;
             history.line(format!("minted {tx}:0 {}", selected.change));
         }
     }
-    sweeper.shutdown().await;
-    Ok(Rendered::of(&report))
 }

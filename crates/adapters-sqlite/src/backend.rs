@@ -8,7 +8,9 @@ use holdfast_domain::Timestamp;
 use holdfast_ports::{StoreFault, Stores};
 use rusqlite::{Connection, OpenFlags};
 
+use crate::dbfile::DbFile;
 use crate::error::OpenError;
+use crate::lockout::BusyWaits;
 use crate::options::{Location, SqliteOptions};
 use crate::pool::{self, Db, Pool};
 use crate::schema;
@@ -61,6 +63,13 @@ impl SqliteBackend {
     pub fn location(&self) -> &Location {
         &self.location
     }
+
+    /// How many write transactions of this instance waited for another
+    /// connection's write lock, and how many failed busy after the whole busy
+    /// timeout or after a short probe (module `lockout`).
+    pub fn busy_waits(&self) -> BusyWaits {
+        self.pool.busy_waits()
+    }
 }
 
 fn configure(conn: &Connection, options: &SqliteOptions) -> Result<(), StoreFault> {
@@ -111,7 +120,7 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
             let mut conn = Connection::open_in_memory().db()?;
             configure(&conn, options)?;
             schema::migrate(&mut conn, now)?;
-            Ok(Pool::new(conn, Vec::new(), options.busy_timeout))
+            Ok(Pool::new(conn, Vec::new(), options.busy_timeout, None))
         }
         Location::File(path) => {
             let mut writer = open_connection(path, options)?;
@@ -125,13 +134,20 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
                 });
             }
             schema::migrate(&mut writer, now)?;
+            // What the path names now that the writer has it open (the
+            // migration's first read made the -wal).
+            let file = DbFile::record(path)?;
             let mut readers = Vec::with_capacity(options.readers);
             for _ in 0..options.readers {
                 let reader = open_connection(path, options)?;
                 reader.pragma_update(None, "query_only", "ON").db()?;
                 readers.push(reader);
             }
-            Ok(Pool::new(writer, readers, options.busy_timeout))
+            // The readers opened the same file.
+            if let Some(file) = &file {
+                file.check().map_err(|e| at_path(path, e))?;
+            }
+            Ok(Pool::new(writer, readers, options.busy_timeout, file))
         }
     }
 }

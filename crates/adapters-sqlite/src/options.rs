@@ -10,6 +10,9 @@ use crate::error::OpenError;
 pub struct SqliteOptions {
     /// How long a statement waits for another connection's write lock before it
     /// fails with [`StoreFault::Busy`](holdfast_ports::StoreFault::Busy). Default 5 s; at most [`MAX_BUSY_TIMEOUT`].
+    /// Once a write waited it out in vain, the writes after it try for the lock
+    /// for a tenth of it (at most 50 ms) until one gets the lock, so a select
+    /// waits about one busy timeout in all (the crate docs).
     pub busy_timeout: Duration,
     /// Reader connections beside the one writer connection, so reads run while a
     /// write is in progress. Default 4; 1 to [`MAX_READERS`].

@@ -26,6 +26,12 @@
 //! commit, so no caller learns of a write that is then rolled back. A leader
 //! that has run batches back to back for a millisecond pauses briefly, so that
 //! other instances on the file get the write lock too.
+//!
+//! **Busy and moved files.** How long a batch tries for the write lock is the
+//! lockout's to say (`lockout`: the whole busy timeout, or a short probe just
+//! after a write waited it out). Once a batch holds the lock, and again after
+//! its commit, the database file is checked to be the one opened (`dbfile`); a
+//! read checks it before it reads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,6 +39,9 @@ use std::time::{Duration, Instant};
 
 use holdfast_ports::StoreFault;
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
+
+use crate::dbfile::DbFile;
+use crate::lockout::{BusyWaits, Lockout};
 
 /// Maps a rusqlite error to the port's fault: busy/locked after the timeout is
 /// [`StoreFault::Busy`], never a panic.
@@ -101,8 +110,20 @@ pub fn begin_immediate(
     conn: &Connection,
     busy_timeout: Duration,
 ) -> Result<Transaction<'_>, StoreFault> {
-    let deadline = Instant::now() + busy_timeout;
+    begin_within(conn, busy_timeout, busy_timeout, || {})
+}
+
+/// [`begin_immediate`] trying for the lock for `wait` (the statements still get
+/// `busy_timeout`); calls `waiting` once when it first finds the lock held.
+fn begin_within(
+    conn: &Connection,
+    wait: Duration,
+    busy_timeout: Duration,
+    waiting: impl FnOnce(),
+) -> Result<Transaction<'_>, StoreFault> {
+    let deadline = Instant::now() + wait;
     let mut pause = Duration::from_micros(100);
+    let mut waiting = Some(waiting);
     conn.busy_timeout(Duration::ZERO).db()?;
     loop {
         match Transaction::new_unchecked(conn, TransactionBehavior::Immediate) {
@@ -111,6 +132,9 @@ pub fn begin_immediate(
                 return Ok(tx);
             }
             Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                if let Some(waiting) = waiting.take() {
+                    waiting();
+                }
                 std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
                 pause = (pause * 2).min(MAX_BEGIN_PAUSE);
             }
@@ -125,6 +149,11 @@ pub fn begin_immediate(
 /// The connections of one adapter instance.
 pub(crate) struct Pool {
     busy_timeout: Duration,
+    /// Whether another connection was just found holding the write lock past
+    /// the busy timeout (`lockout`).
+    lockout: Lockout,
+    /// The file and the check that its path still names it; `None` in memory.
+    file: Option<DbFile>,
     writer: Mutex<Connection>,
     /// Writes waiting for the writer, and whether a leader runs them.
     writes: Mutex<Writes>,
@@ -202,6 +231,7 @@ impl Pool {
         writer: Connection,
         readers: Vec<Connection>,
         busy_timeout: Duration,
+        file: Option<DbFile>,
     ) -> Pool {
         let readers = (!readers.is_empty()).then(|| Readers {
             idle: Mutex::new(readers),
@@ -209,6 +239,8 @@ impl Pool {
         });
         Pool {
             busy_timeout,
+            lockout: Lockout::new(busy_timeout),
+            file,
             writer: Mutex::new(writer),
             writes: Mutex::new(Writes::default()),
             readers,
@@ -231,6 +263,16 @@ impl Pool {
 
     pub(crate) fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn busy_waits(&self) -> BusyWaits {
+        self.lockout.counts()
+    }
+
+    /// Whether the database path still names the file opened (`dbfile`);
+    /// always in memory.
+    fn check_file(&self) -> Result<(), StoreFault> {
+        self.file.as_ref().map_or(Ok(()), DbFile::check)
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the writer, on a blocking
@@ -287,13 +329,24 @@ impl Pool {
     }
 
     /// One transaction for `batch`: each write in a savepoint when there are
-    /// several, one commit, then the answers.
+    /// several, one commit, then the answers. The lock is tried for the
+    /// budget the lockout gives; the file is checked once the lock is held
+    /// (nothing is written to a file the path no longer names) and after the
+    /// commit (whose success is then not answered).
     fn run_batch(&self, mut batch: Vec<Box<dyn Job>>) {
         let conn = lock(&self.writer);
         self.transactions.fetch_add(1, Ordering::Relaxed);
-        let tx = match begin_immediate(&conn, self.busy_timeout) {
+        let budget = self.lockout.budget(Instant::now());
+        let begun = begin_within(&conn, budget.wait(), self.busy_timeout, || {
+            self.lockout.waiting();
+        })
+        .inspect(|_| self.lockout.got_lock())
+        .map_err(|fault| self.lockout.failed(budget, Instant::now(), fault))
+        .and_then(|tx| self.check_file().map(|()| tx));
+        let tx = match begun {
             Ok(tx) => tx,
             Err(fault) => {
+                // Dropped, a transaction begun rolls back.
                 for job in batch {
                     job.fail(fault.clone());
                 }
@@ -306,7 +359,7 @@ impl Pool {
             if let Some(job) = batch.pop()
                 && let Ok(answer) = run(job, &tx)
             {
-                answer(tx.commit().db());
+                answer(tx.commit().db().and_then(|()| self.check_file()));
             }
             return;
         }
@@ -340,7 +393,7 @@ impl Pool {
                 drop(tx);
                 Err(fault)
             }
-            None => tx.commit().db(),
+            None => tx.commit().db().and_then(|()| self.check_file()),
         };
         for answer in answers {
             answer(committed.clone());
@@ -348,7 +401,9 @@ impl Pool {
     }
 
     /// Runs `f` in a read transaction (one consistent snapshot) on a reader, on a
-    /// blocking thread. One round trip.
+    /// blocking thread, once the file is found where it was opened. One round
+    /// trip. Reads do not consult the lockout: in WAL mode they need no write
+    /// lock.
     pub(crate) async fn read<T, E, F>(self: &Arc<Self>, f: F) -> Result<T, E>
     where
         F: FnOnce(&Transaction<'_>) -> Result<T, E> + Send + 'static,
@@ -357,20 +412,23 @@ impl Pool {
     {
         let pool = Arc::clone(self);
         pool.round_trips.fetch_add(1, Ordering::Relaxed);
-        run_blocking(move || match &pool.readers {
-            None => {
-                let mut conn = lock(&pool.writer);
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Deferred)
-                    .db()?;
-                f(&tx)
-            }
-            Some(readers) => {
-                let mut conn = readers.checkout();
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Deferred)
-                    .db()?;
-                f(&tx)
+        run_blocking(move || {
+            pool.check_file()?;
+            match &pool.readers {
+                None => {
+                    let mut conn = lock(&pool.writer);
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Deferred)
+                        .db()?;
+                    f(&tx)
+                }
+                Some(readers) => {
+                    let mut conn = readers.checkout();
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Deferred)
+                        .db()?;
+                    f(&tx)
+                }
             }
         })
         .await
@@ -461,7 +519,7 @@ mod tests {
         let conn = Connection::open_in_memory().expect("open");
         conn.execute_batch("CREATE TABLE names (name TEXT PRIMARY KEY)")
             .expect("schema");
-        Arc::new(Pool::new(conn, Vec::new(), Duration::from_secs(5)))
+        Arc::new(Pool::new(conn, Vec::new(), Duration::from_secs(5), None))
     }
 
     /// Inserts `name`, then fails when it starts with "bad".

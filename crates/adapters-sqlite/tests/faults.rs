@@ -1,6 +1,7 @@
 //! Process-level faults on a real SQLite file: another process holding the write
-//! lock past the busy timeout, and a process SIGKILLed in the middle of window
-//! claims, releases and settlements.
+//! lock past the busy timeout, a process SIGKILLed in the middle of window
+//! claims, releases and settlements, and the database file (or its `-wal`)
+//! deleted or replaced under a running process.
 //!
 //! This test binary has its own `main` (`harness = false`) because it re-executes
 //! itself as the child process: with `HOLDFAST_FAULTS_CHILD` set, `main` plays the
@@ -17,7 +18,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ChildStdout, Command, ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
+use holdfast_adapters_sqlite::{BusyWaits, SqliteBackend, SqliteOptions};
 use holdfast_domain::{
     ClaimVerdict, Precision, Quantity, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
@@ -61,6 +62,27 @@ fn main() -> ExitCode {
             "sigkill_mid_claim_release_or_spend_leaves_all_or_nothing",
             || {
                 sigkill_mid_claim_release_or_spend_leaves_all_or_nothing();
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "a_database_file_deleted_under_a_running_process_is_refused_and_nothing_written",
+            || {
+                file_moved_under_a_running_process(Move::DeleteAll);
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "a_database_file_replaced_by_rename_under_a_running_process_is_refused_and_nothing_written",
+            || {
+                file_moved_under_a_running_process(Move::ReplaceByRename);
+                Ok(())
+            },
+        ),
+        Trial::test(
+            "a_wal_deleted_under_a_running_process_is_refused_and_nothing_written",
+            || {
+                file_moved_under_a_running_process(Move::DeleteWal);
                 Ok(())
             },
         ),
@@ -191,6 +213,17 @@ fn another_process_holding_the_write_lock_is_a_typed_busy_fault() {
             s.statuses.record_status(&me, TxStatus::Confirmed, T0).await,
             Err(StatusStoreError::Fault(StoreFault::Busy(_)))
         ));
+        // The first write waited out the busy timeout; the six after it tried
+        // for the lock briefly and failed as well (the lockout), instead of
+        // each waiting out a busy timeout of its own.
+        assert_eq!(
+            backend.busy_waits(),
+            BusyWaits {
+                waited: 7,
+                waited_out: 1,
+                cut_short: 6
+            }
+        );
         // Readers are not blocked by a writer (WAL): both tokens are still candidates.
         let page = s
             .tokens
@@ -237,6 +270,120 @@ impl Seed for SqliteBackend {
             .expect("add tokens");
         assert_eq!(added, u64::try_from(tokens.len()).expect("count"));
     }
+}
+
+// ---------------------------------------------------------------------------------
+// The database file, or its -wal, deleted or replaced under a running process.
+// ---------------------------------------------------------------------------------
+
+/// What happens to the files under the running process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Move {
+    /// `rm holdfast.db holdfast.db-wal holdfast.db-shm`.
+    DeleteAll,
+    /// Another database renamed over the file; its old `-wal` and `-shm`
+    /// removed, as moving a SQLite database requires (else SQLite would apply
+    /// the old `-wal` to the new file).
+    ReplaceByRename,
+    /// `rm holdfast.db-wal` only.
+    DeleteWal,
+}
+
+/// The calls the child makes once its files moved, each answered by one line.
+const CALLS_AFTER_MOVE: [&str; 5] = ["add_tokens", "claim", "spend", "candidates", "token"];
+
+fn side_file(file: &TempDb, suffix: &str) -> std::path::PathBuf {
+    let mut path = file.path().into_os_string();
+    path.push(suffix);
+    path.into()
+}
+
+fn file_moved_under_a_running_process(how: Move) {
+    let file = TempDb::new();
+    let path = file.path();
+    // The child opens the database, adds tokens 1 and 2, claims token 1 for
+    // `early`, says so, and waits.
+    let (mut child, mut out) = spawn_child("write-after-move", &[&file.url()], Stdio::piped());
+    assert_eq!(next_line(&mut out).as_deref(), Some("ready"));
+
+    match how {
+        Move::DeleteAll => {
+            for suffix in ["", "-wal", "-shm"] {
+                std::fs::remove_file(side_file(&file, suffix)).expect("delete");
+            }
+        }
+        Move::ReplaceByRename => {
+            let other = file.dir().join("replacement.db");
+            let conn = Connection::open(&other).expect("create the replacement");
+            conn.execute_batch(
+                "CREATE TABLE replacement (note TEXT); INSERT INTO replacement VALUES ('new');",
+            )
+            .expect("write the replacement");
+            drop(conn);
+            std::fs::rename(&other, &path).expect("rename over the database");
+            for suffix in ["-wal", "-shm"] {
+                std::fs::remove_file(side_file(&file, suffix)).expect("remove the old side file");
+            }
+        }
+        Move::DeleteWal => std::fs::remove_file(side_file(&file, "-wal")).expect("delete"),
+    }
+
+    // Every call, a write or a read, answers Unavailable naming the path.
+    let mut stdin = child.stdin.take().expect("child stdin is piped");
+    stdin.write_all(b"moved\n").expect("tell the child");
+    stdin.flush().expect("flush");
+    for call in CALLS_AFTER_MOVE {
+        let line = next_line(&mut out).unwrap_or_else(|| panic!("no answer for {call}"));
+        let Some(message) = line.strip_prefix(&format!("{call} unavailable ")) else {
+            panic!("{how:?}: {call} answered {line:?}, expected Unavailable");
+        };
+        assert!(
+            message.contains(&path.display().to_string()),
+            "{how:?}: {call}: {message}"
+        );
+        assert!(
+            message.contains("deleted or replaced"),
+            "{how:?}: {call}: {message}"
+        );
+    }
+    drop(stdin);
+    let status = child.wait().expect("wait for the child");
+    assert!(status.success(), "child exited with {status}");
+
+    // A fresh process on the path sees none of what the child was refused:
+    // no token 3, no second claim, no spend, and a sound file.
+    let conn = Connection::open(&path).expect("open the database at the path");
+    let integrity: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity check");
+    assert_eq!(integrity, "ok", "{how:?}");
+    if how == Move::ReplaceByRename {
+        let note: String = conn
+            .query_row("SELECT note FROM replacement", [], |r| r.get(0))
+            .expect("the replacement is the file at the path");
+        assert_eq!(note, "new");
+    }
+    drop(conn);
+    let rt = runtime();
+    rt.block_on(async {
+        let fresh = SqliteBackend::open(&file.url(), SqliteOptions::default())
+            .await
+            .expect("open the database at the path");
+        let s = fresh.stores();
+        assert_eq!(s.tokens.token(&token_id(3)).await.expect("token 3"), None);
+        let locks = s.locks.list_locks().await.expect("locks");
+        assert!(
+            locks.iter().all(|l| l.consumer.as_str() != "late"),
+            "{how:?}: {locks:?}"
+        );
+        assert_eq!(s.statuses.status(&tx("early")).await.expect("status"), None);
+        if let Some(one) = s.tokens.token(&token_id(1)).await.expect("token 1") {
+            // Only the -wal was deleted: what the child committed before may
+            // have reached the file when it closed, the spend never.
+            assert_eq!(how, Move::DeleteWal);
+            assert_eq!(one.spent_by, None);
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------------
@@ -643,6 +790,7 @@ mod child {
         match role {
             "hold-write-lock" => hold_write_lock(&args),
             "claimer" => claimer(&args),
+            "write-after-move" => write_after_move(&args),
             other => {
                 eprintln!("unknown child role {other:?}");
                 ExitCode::FAILURE
@@ -670,6 +818,78 @@ mod child {
         let _ = std::io::stdin().read_to_end(&mut sink);
         conn.execute_batch("ROLLBACK").expect("roll back");
         ExitCode::SUCCESS
+    }
+
+    /// Opens the database, adds tokens 1 and 2, claims token 1 for `early`,
+    /// says `ready`; once a line comes on stdin (the files moved), makes the
+    /// calls of [`CALLS_AFTER_MOVE`], answering each with a line: its name and
+    /// `ok`, `unavailable <message>` or `other <error>`.
+    fn write_after_move(args: &[String]) -> ExitCode {
+        let url = args.first().expect("database url");
+        let rt = runtime();
+        rt.block_on(async {
+            let backend = SqliteBackend::open(url, SqliteOptions::default())
+                .await
+                .expect("open");
+            let s = backend.stores();
+            backend
+                .add_tokens_for_test(&[new_token(1), new_token(2)])
+                .await;
+            assert_eq!(
+                s.locks.claim(&tx("early"), &token_id(1), T0).await,
+                Ok(ClaimVerdict::Won)
+            );
+            say("ready");
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .expect("wait for the parent");
+            fn answer<T, E: Into<Fault>>(call: &str, result: Result<T, E>) {
+                match result.map_err(Into::into) {
+                    Ok(_) => say(&format!("{call} ok")),
+                    Err(Fault(StoreFault::Unavailable(m))) => {
+                        say(&format!("{call} unavailable {}", m.replace('\n', " ")))
+                    }
+                    Err(Fault(other)) => say(&format!("{call} other {other:?}")),
+                }
+            }
+            answer("add_tokens", s.tokens.add_tokens(&[new_token(3)]).await);
+            answer("claim", s.locks.claim(&tx("late"), &token_id(2), T0).await);
+            answer(
+                "spend",
+                s.locks.spend_consumer(&tx("early"), T0, true).await,
+            );
+            let query = CandidateQuery {
+                wallet: wallet(),
+                token_type: chf(),
+                after: None,
+                limit: 10,
+            };
+            answer("candidates", s.tokens.candidates(&query).await);
+            answer("token", s.tokens.token(&token_id(1)).await);
+        });
+        ExitCode::SUCCESS
+    }
+
+    /// The store fault of a port error, for [`write_after_move`]'s lines.
+    struct Fault(StoreFault);
+
+    impl From<TokenStoreError> for Fault {
+        fn from(e: TokenStoreError) -> Fault {
+            match e {
+                TokenStoreError::Fault(f) => Fault(f),
+                other => Fault(StoreFault::Backend(other.to_string())),
+            }
+        }
+    }
+
+    impl From<LockStoreError> for Fault {
+        fn from(e: LockStoreError) -> Fault {
+            match e {
+                LockStoreError::Fault(f) => Fault(f),
+                other => Fault(StoreFault::Backend(other.to_string())),
+            }
+        }
     }
 
     /// Claims random windows for fresh consumers, releases and spends earlier ones,

@@ -1,16 +1,20 @@
 //! SQLite-specific behaviour beyond the conformance suite: schema versions, corrupt
-//! rows, tolerant timestamps, busy timeouts, readers beside the writer, open errors.
+//! rows, tolerant timestamps, busy timeouts and the lockout after one, readers
+//! beside the writer, open errors.
 
 use crate::common;
 
 use std::time::Duration;
 
-use holdfast_adapters_sqlite::{OpenError, SCHEMA_VERSION, SqliteBackend, SqliteOptions};
+use holdfast_adapters_sqlite::{
+    BusyWaits, OpenError, SCHEMA_VERSION, SqliteBackend, SqliteOptions,
+};
 use holdfast_domain::{
     ClaimVerdict, Precision, Quantity, Timestamp, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
-    BandQuery, CandidateQuery, LockStoreError, NewToken, StoreFault, TokenStore, TokenStoreError,
+    BandQuery, CandidateQuery, CandidateRead, LockStoreError, NewToken, StoreFault, TokenStore,
+    TokenStoreError,
 };
 use rusqlite::Connection;
 
@@ -382,6 +386,127 @@ async fn a_write_waits_for_a_lock_released_within_the_timeout() {
         Ok(ClaimVerdict::Won)
     );
     holder.join().expect("holder");
+}
+
+/// Busy, as a write under another connection's write lock answers it.
+fn is_busy<T: std::fmt::Debug>(result: &Result<T, LockStoreError>) -> bool {
+    matches!(result, Err(LockStoreError::Fault(StoreFault::Busy(_))))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_select_against_a_file_locked_elsewhere_waits_out_one_busy_timeout_not_one_per_call() {
+    let file = TempDb::new();
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_millis(200),
+        readers: 2,
+    };
+    let backend = SqliteBackend::open(&file.url(), options)
+        .await
+        .expect("open");
+    let s = backend.stores();
+    let funding: Vec<NewToken> = (0..4).map(|i| token("f", i, 10)).collect();
+    s.tokens.add_tokens(&funding).await.expect("add");
+
+    // Another connection holds the write lock for longer than the whole select.
+    let mut other = raw(&file);
+    let holder = other
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .expect("take the write lock");
+
+    // The store calls of a select that cannot get the lock: a read-and-claim
+    // per fetch (one and five immediate retries), the balance, a claim, a
+    // release.
+    let me = TxId::new("c").expect("tx");
+    let read = CandidateRead::Page(first_page());
+    for _ in 0..6 {
+        let chooser: holdfast_ports::Chooser =
+            Box::new(|page| page.iter().take(2).map(|c| c.id.clone()).collect());
+        let fetched = s.locks.read_and_claim(&me, &read, T0, chooser).await;
+        assert!(is_busy(&fetched), "{fetched:?}");
+    }
+    // WAL: the balance is read beside the other writer.
+    let balance = s
+        .tokens
+        .balance_for(&first_page().wallet, &first_page().token_type, &me)
+        .await
+        .expect("a read needs no write lock");
+    assert_eq!(balance, Quantity::new(40, Precision::MAX).expect("amount"));
+    let claimed = s.locks.claim(&me, &funding[0].id, T0).await;
+    assert!(is_busy(&claimed), "{claimed:?}");
+    let released = s.locks.release_tokens(&me, &[funding[0].id.clone()]).await;
+    assert!(is_busy(&released), "{released:?}");
+    // One busy timeout waited out; every later write tried for the lock
+    // briefly, and the read in between did not end that.
+    assert_eq!(
+        backend.busy_waits(),
+        BusyWaits {
+            waited: 8,
+            waited_out: 1,
+            cut_short: 7
+        }
+    );
+
+    // The lock is free again: the next write gets it, and that ends the
+    // memory, so a lock held again is waited out in full once more.
+    holder.rollback().expect("let go of the write lock");
+    assert_eq!(
+        s.locks.claim(&me, &funding[0].id, T0).await,
+        Ok(ClaimVerdict::Won)
+    );
+    let holder = other
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .expect("take the write lock again");
+    let claimed = s.locks.claim(&me, &funding[1].id, T0).await;
+    assert!(is_busy(&claimed), "{claimed:?}");
+    assert_eq!(
+        backend.busy_waits(),
+        BusyWaits {
+            waited: 9,
+            waited_out: 2,
+            cut_short: 7
+        }
+    );
+    holder.rollback().expect("let go of the write lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_for_less_than_the_busy_timeout_is_waited_for_in_full() {
+    let file = TempDb::new();
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_secs(30),
+        readers: 1,
+    };
+    let backend = SqliteBackend::open(&file.url(), options)
+        .await
+        .expect("open");
+    let s = backend.stores();
+    s.tokens.add_tokens(&[token("t", 0, 1)]).await.expect("add");
+
+    let mut other = raw(&file);
+    let holder = other
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .expect("take the write lock");
+    let claim = tokio::spawn({
+        let s = s.clone();
+        async move {
+            let tok = TokenId::new(TxId::new("t").expect("tx"), 0);
+            s.locks.claim(&TxId::new("c").expect("tx"), &tok, T0).await
+        }
+    });
+    // Let go once the claim is waiting for the lock.
+    while backend.busy_waits().waited == 0 {
+        tokio::task::yield_now().await;
+    }
+    holder.commit().expect("commit");
+    assert_eq!(claim.await.expect("task"), Ok(ClaimVerdict::Won));
+    assert_eq!(
+        backend.busy_waits(),
+        BusyWaits {
+            waited: 1,
+            waited_out: 0,
+            cut_short: 0
+        }
+    );
 }
 
 #[tokio::test]

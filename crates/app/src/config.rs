@@ -870,7 +870,7 @@ pub static KEYS: &[KeySpec] = &[
         "busy_timeout_ms",
         "HOLDFAST_BUSY_TIMEOUT_MS",
         |c| c.busy_timeout_ms,
-        "SQLite: how long a statement waits for another writer before failing as busy (1 to 3600000 ms)."
+        "SQLite: how long a write waits for another writer before failing as busy; after one such wait, later writes only probe briefly until a write gets the lock, so a whole select fails within about one busy timeout (`docs/sqlite.md`) (1 to 3600000 ms)."
     ),
     key!(
         "pg_lock_strategy",

@@ -15,5 +15,6 @@ mod selection_model;
 mod selector;
 mod selector_sqlite;
 mod settlement;
+mod sqlite_busy;
 mod sqlite_services;
 mod wakeups;

@@ -148,6 +148,7 @@ fn config(input: &mut Input<'_>) -> SelectionConfig {
         max_immediate_retries: m(input, 0, 5),
         max_retries: m(input, 1, 4),
         retry_interval: Duration::from_millis(input.range(1, 5_000)),
+        deadline: Duration::from_secs(30),
         wakeups: true,
         blacklist: input.byte() % 4 != 1,
         ascending: input.byte() % 4 != 1,

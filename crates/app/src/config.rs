@@ -14,6 +14,7 @@
 //! [selection]
 //! sufficiency_window = 4
 //! retry_interval_ms = 5000
+//! deadline_ms = 30000          # the longest one select takes, every wait included
 //!
 //! [lease]
 //! lease_expiry_ms = 180000
@@ -191,6 +192,8 @@ pub struct SelectionSection {
     pub max_retries: u32,
     /// Backoff between legs is uniform in `[0, retry_interval_ms)` (default 5000).
     pub retry_interval_ms: u64,
+    /// The longest one select call takes, every wait included, in ms (default 30000).
+    pub deadline_ms: u64,
     /// Wake waiting selects when tokens are freed (default true).
     pub wakeups: bool,
     /// Skip tokens that lost a race or were stale for the rest of a call (default true).
@@ -214,6 +217,7 @@ impl Default for SelectionSection {
             max_immediate_retries: d.max_immediate_retries,
             max_retries: d.max_retries,
             retry_interval_ms: millis(d.retry_interval),
+            deadline_ms: millis(d.deadline),
             wakeups: d.wakeups,
             blacklist: d.blacklist,
             ascending: d.ascending,
@@ -470,6 +474,11 @@ impl Config {
                     self.selection.retry_interval_ms,
                     "1 to 3600000 ms",
                 ),
+                "deadline" => invalid(
+                    "selection.deadline_ms",
+                    self.selection.deadline_ms,
+                    "1 to 3600000 ms",
+                ),
                 key => invalid(&format!("selection.{key}"), e.value, e.expected),
             })?;
         self.lease_config().validate().map_err(|e| match e {
@@ -597,6 +606,7 @@ impl Config {
             max_immediate_retries: s.max_immediate_retries,
             max_retries: s.max_retries,
             retry_interval: Duration::from_millis(s.retry_interval_ms),
+            deadline: Duration::from_millis(s.deadline_ms),
             wakeups: s.wakeups,
             blacklist: s.blacklist,
             ascending: s.ascending,
@@ -1015,6 +1025,12 @@ pub static KEYS: &[KeySpec] = &[
         "HOLDFAST_RETRY_INTERVAL_MS",
         |c| c.selection.retry_interval_ms,
         "Backoff between legs is uniform in [0, this) (1 to 3600000 ms)."
+    ),
+    key!(
+        "selection.deadline_ms",
+        "HOLDFAST_SELECT_DEADLINE_MS",
+        |c| c.selection.deadline_ms,
+        "The longest one select takes, every wait included: a pooled connection, the wallet's line, each store call, the backoffs and wake-up waits (legs bound retries, not time). At it the select answers `FundsLocked` if it saw enough funds held by others, else `DeadlineExceeded` (both: retry later), and gives back what it holds (`docs/selection.md`) (1 to 3600000 ms)."
     ),
     key!(
         "selection.wakeups",

@@ -106,7 +106,7 @@ pub struct MetricDef {
 
 const OUTCOME: (&str, &str) = (
     "outcome",
-    "success, insufficient_funds, funds_locked, error",
+    "success, insufficient_funds, funds_locked, deadline_exceeded, error",
 );
 
 /// Every metric holdfast emits.
@@ -115,14 +115,14 @@ pub static METRICS: &[MetricDef] = &[
         name: SELECTION_DURATION,
         kind: MetricKind::Histogram,
         unit: "seconds",
-        help: "Duration of one select call, from start to final answer, backoffs included.",
+        help: "Duration of one select call, from start to final answer, backoffs included; at most `selection.deadline_ms`.",
         labels: &[OUTCOME],
     },
     MetricDef {
         name: SELECTION_OUTCOMES,
         kind: MetricKind::Counter,
         unit: "calls",
-        help: "Select calls by outcome. funds_locked means retry later; insufficient_funds means not enough money.",
+        help: "Select calls by outcome. funds_locked means retry later; so does deadline_exceeded (the call's deadline, `selection.deadline_ms`, passed before it saw the funds held by others); insufficient_funds means not enough money.",
         labels: &[OUTCOME],
     },
     MetricDef {
@@ -380,8 +380,12 @@ pub enum SelectOutcomeLabel {
     Success,
     /// Not enough money.
     InsufficientFunds,
-    /// Enough money, all locked by others through every leg.
+    /// Enough money, all locked by others through every leg (or until the
+    /// call's deadline).
     FundsLocked,
+    /// The call's deadline passed before it could tell locked funds from a slow
+    /// store.
+    DeadlineExceeded,
     /// A store or input error.
     Error,
 }
@@ -393,6 +397,7 @@ impl SelectOutcomeLabel {
             SelectOutcomeLabel::Success => "success",
             SelectOutcomeLabel::InsufficientFunds => "insufficient_funds",
             SelectOutcomeLabel::FundsLocked => "funds_locked",
+            SelectOutcomeLabel::DeadlineExceeded => "deadline_exceeded",
             SelectOutcomeLabel::Error => "error",
         }
     }

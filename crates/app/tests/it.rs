@@ -11,6 +11,7 @@ mod lease_shorter_than_select;
 mod races;
 mod reference_docs;
 mod round_trips;
+mod select_deadline;
 mod selection_model;
 mod selector;
 mod selector_sqlite;

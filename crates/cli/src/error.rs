@@ -160,9 +160,11 @@ impl CliError {
             CliError::Simulate(e) if e.is_bad_input() => ErrorClass::BadInput,
             CliError::Simulate(_) => ErrorClass::Backend,
             CliError::Open(_) => ErrorClass::Backend,
-            CliError::Select(SelectError::InsufficientFunds { .. } | SelectError::FundsLocked) => {
-                ErrorClass::Refused
-            }
+            CliError::Select(
+                SelectError::InsufficientFunds { .. }
+                | SelectError::FundsLocked
+                | SelectError::DeadlineExceeded { .. },
+            ) => ErrorClass::Refused,
             CliError::Select(SelectError::Store(_)) => ErrorClass::Backend,
             CliError::Refused { .. }
             | CliError::NoSlot { .. }

@@ -68,6 +68,10 @@
 //! - **Failure** releases everything this call holds before `Done(Err)`, so a
 //!   failed call leaves nothing held (unless a release itself failed: see
 //!   [`Selection::held`]).
+//! - **Deadline.** The engine reads no clock; its driver stops a call that
+//!   outlives [`SelectionConfig::deadline`] wherever it waits, answers as
+//!   [`Selection::answer_if_stopped`] says (`FundsLocked` once a scan ran out
+//!   while the balance covered the amount) and gives back [`Selection::held`].
 //!
 //! # Unexpected input
 //!
@@ -94,9 +98,9 @@ use crate::token::{Candidate, ClaimVerdict};
 use crate::window::{self, WindowLimits, WindowPlan};
 
 pub use config::{
-    MAX_BATCH_WINDOW, MAX_CONSOLIDATE_DUST, MAX_COVER_BAND, MAX_IMMEDIATE_RETRIES, MAX_LEGS,
-    MAX_PAGE_SIZE, MAX_RETRY_INTERVAL, MAX_SUFFICIENCY_WINDOW, SelectionConfig,
-    SelectionConfigError, SelectionPolicy, UnknownPolicy,
+    MAX_BATCH_WINDOW, MAX_CONSOLIDATE_DUST, MAX_COVER_BAND, MAX_DEADLINE, MAX_IMMEDIATE_RETRIES,
+    MAX_LEGS, MAX_PAGE_SIZE, MAX_RETRY_INTERVAL, MAX_SUFFICIENCY_WINDOW, MIN_DEADLINE,
+    SelectionConfig, SelectionConfigError, SelectionPolicy, UnknownPolicy,
 };
 pub use pages::MAX_SHUFFLE_BUCKET;
 
@@ -447,6 +451,10 @@ pub struct Selection {
     refresh_pending: bool,
     /// Tokens that may be held after a failed release; retried on every release.
     unreleased: BTreeSet<TokenId>,
+    /// A scan ran out of free tokens (without a store error) while the balance
+    /// available to the transaction covered the full amount: other transactions
+    /// hold what it needs ([`Selection::answer_if_stopped`]).
+    locked_out: bool,
     leg: Leg,
     scan: Scan,
 }
@@ -491,6 +499,7 @@ impl Selection {
             blacklist: Blacklist::new(),
             refresh_pending: false,
             unreleased: BTreeSet::new(),
+            locked_out: false,
             leg: Leg::default(),
             scan: Scan::default(),
         })
@@ -547,6 +556,27 @@ impl Selection {
         self.leg.maybe_held.iter().for_each(&mut push);
         self.unreleased.iter().for_each(&mut push);
         out
+    }
+
+    /// What the call answers if its driver stops it before it is done (its
+    /// deadline passed, [`SelectionConfig::deadline`]): the failure it is already
+    /// ending with (releasing what it holds first); else
+    /// [`SelectionFailure::FundsLocked`] once it has seen the funds held by others:
+    /// a scan ran out of free tokens, without a store error, while the balance
+    /// available to the transaction covered the full amount. Else `None`: it
+    /// cannot tell locked funds from a slow store, and the driver says that the
+    /// deadline passed. Whatever the answer, the driver gives back
+    /// [`Selection::held`].
+    pub fn answer_if_stopped(&self) -> Option<SelectionFailure> {
+        match &self.phase {
+            Phase::Done(Err(failure))
+            | Phase::Releasing {
+                then: AfterRelease::Fail(failure),
+                ..
+            } => Some(failure.clone()),
+            _ if self.locked_out => Some(SelectionFailure::FundsLocked),
+            _ => None,
+        }
     }
 
     /// Starts the call: the first action is always a fetch. Calling it again
@@ -704,7 +734,13 @@ impl Selection {
                             requested: self.request.amount,
                         })
                     }
-                    _ => self.rescan(rng),
+                    available => {
+                        // The money is there (an overflow is more than any amount)
+                        // but the scan found it taken: held by others.
+                        let enough = available.is_none_or(|a| a >= self.request.amount);
+                        self.locked_out |= enough && !self.scan.store_error;
+                        self.rescan(rng)
+                    }
                 }
             }
         }
@@ -1252,4 +1288,60 @@ fn collate(
             .or_insert(Some(verdict));
     }
     answers
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+
+    fn q(v: u128) -> Quantity {
+        Quantity::new(v, Precision::MAX).expect("quantity")
+    }
+
+    /// A call for 10 that has read a page with nothing free in it.
+    fn ran_out(rng: &mut ChaCha8Rng, page: Result<Vec<Candidate>, StoreFailure>) -> Selection {
+        let request = SelectRequest {
+            wallet: WalletId::new("w").expect("wallet"),
+            token_type: TokenType::new("CHF").expect("type"),
+            amount: q(10),
+            consumer: TxId::new("t").expect("tx"),
+        };
+        let mut s = Selection::new(request, SelectionConfig::default()).expect("config");
+        assert!(matches!(s.start(rng), Action::Fetch(_)));
+        assert_eq!(s.answer_if_stopped(), None, "nothing seen yet");
+        let mut next = s.on_candidates(page, rng);
+        while matches!(next, Action::Fetch(_)) {
+            next = s.on_candidates(Ok(Vec::new()), rng);
+        }
+        assert_eq!(next, Action::CheckBalance);
+        s
+    }
+
+    #[test]
+    fn a_stopped_call_answers_funds_locked_only_once_it_saw_the_funds_held_by_others() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        // The scan ran out while the balance covers the amount: held by others.
+        let mut s = ran_out(&mut rng, Ok(Vec::new()));
+        assert_eq!(s.answer_if_stopped(), None, "the balance is not known yet");
+        s.on_balance(Ok(q(10)), &mut rng);
+        assert_eq!(s.answer_if_stopped(), Some(SelectionFailure::FundsLocked));
+        // A scan that ran out after a store error may have run out because of it.
+        let failed = Err(StoreFailure::new("busy"));
+        let mut s = ran_out(&mut rng, failed);
+        s.on_balance(Ok(q(10)), &mut rng);
+        assert_eq!(s.answer_if_stopped(), None);
+        // A call already ending with a failure answers that failure.
+        let mut s = ran_out(&mut rng, Ok(Vec::new()));
+        s.on_balance(Ok(q(3)), &mut rng);
+        assert_eq!(
+            s.answer_if_stopped(),
+            Some(SelectionFailure::InsufficientFunds {
+                available: q(3),
+                requested: q(10)
+            })
+        );
+    }
 }

@@ -87,6 +87,7 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
                 max_immediate_retries,
                 max_retries,
                 retry_interval: Duration::from_millis(50),
+                deadline: Duration::from_secs(30),
                 wakeups: true,
                 blacklist,
                 ascending,

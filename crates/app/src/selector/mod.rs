@@ -34,6 +34,15 @@
 //!   locks, retrying a failing store for a while: a selection left
 //!   behind would be spent by a later Confirmed of the transaction. Outside a
 //!   runtime nothing can be spawned; the lock then expires with the lease.
+//! - **A deadline.** A call that outlives [`SelectionConfig::deadline`] stops
+//!   wherever it waits (a pooled connection, the wallet's line, a store call, a
+//!   backoff or wake-up wait: each ends at the deadline at the latest) and
+//!   answers then: what [`Selection::answer_if_stopped`] says (`FundsLocked` once
+//!   it saw enough funds held by others), else [`SelectError::DeadlineExceeded`].
+//!   Stopping is dropping the call's future, so what it holds or may hold is given
+//!   back by the guard above, exactly as for a cancelled select: a store call cut
+//!   at the deadline runs on as its own task until it ends (within the store's own
+//!   timeouts), and its tokens are given back after it.
 //! - **Replayable.** Every call runs with its own RNG seeded from a per-call seed,
 //!   drawn from the selector's RNG (seeded from the configuration, or from the OS).
 //!   The seed is in the call's span and in [`SelectReport::seed`];
@@ -75,9 +84,22 @@ pub enum SelectError {
         /// The full requested amount.
         requested: Quantity,
     },
-    /// Enough funds exist but other transactions held them through every leg.
+    /// Enough funds exist but other transactions held them through every leg
+    /// (or until the call's deadline).
     #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
     FundsLocked,
+    /// The call's deadline ([`SelectionConfig::deadline`]) passed before it could
+    /// answer, and before it saw enough funds held by others: it was waiting on
+    /// the store (a pooled connection, the wallet's line, a row lock) or for
+    /// freed tokens. What it held is given back. Retry later, as for
+    /// [`SelectError::FundsLocked`].
+    #[error(
+        "deadline exceeded: the select did not answer within {deadline_ms} ms (selection.deadline_ms); what it held is given back; retry later"
+    )]
+    DeadlineExceeded {
+        /// The deadline, in ms.
+        deadline_ms: u64,
+    },
     /// The store failed (without contention) until the retry budget ran out.
     #[error("token store error: {0}")]
     Store(String),
@@ -108,6 +130,7 @@ impl SelectError {
         match self {
             SelectError::InsufficientFunds { .. } => SelectOutcomeLabel::InsufficientFunds,
             SelectError::FundsLocked => SelectOutcomeLabel::FundsLocked,
+            SelectError::DeadlineExceeded { .. } => SelectOutcomeLabel::DeadlineExceeded,
             SelectError::Store(_) | SelectError::Input(_) => SelectOutcomeLabel::Error,
         }
     }
@@ -124,7 +147,8 @@ pub struct SelectReport {
     /// The per-call RNG seed; [`TokenSelector::select_seeded`] with it replays the
     /// call against the same store state.
     pub seed: u64,
-    /// Tokio time from start to the final answer, backoffs included.
+    /// Tokio time from start to the final answer, backoffs included; the deadline
+    /// at most (give or take the timer's resolution).
     pub elapsed: Duration,
 }
 
@@ -237,7 +261,33 @@ impl TokenSelector {
             legs = tracing::field::Empty,
         );
         let started = tokio::time::Instant::now();
-        let (result, stats) = self.drive(request, seed).instrument(span.clone()).await;
+        let mut progress = Progress::new(started);
+        // Past the deadline the call is dropped wherever it waits; its guard gives
+        // back what it holds or may hold (module docs).
+        let driven = tokio::time::timeout_at(
+            started + self.config.deadline,
+            self.drive(request, seed, &mut progress),
+        )
+        .instrument(span.clone())
+        .await;
+        let (result, stats) = match driven {
+            Ok(done) => done,
+            Err(_) => {
+                let deadline_ms =
+                    u64::try_from(self.config.deadline.as_millis()).unwrap_or(u64::MAX);
+                let result = match progress.answer.take() {
+                    Some(failure) => SelectError::from(failure),
+                    None => SelectError::DeadlineExceeded { deadline_ms },
+                };
+                tracing::debug!(
+                    parent: &span,
+                    deadline_ms,
+                    outcome = result.outcome_label().as_str(),
+                    "the select's deadline passed; giving back what it holds"
+                );
+                (Err(result), progress.stats())
+            }
+        };
         let elapsed = started.elapsed();
         let label = match &result {
             Ok(_) => SelectOutcomeLabel::Success,
@@ -268,6 +318,7 @@ impl TokenSelector {
         &self,
         request: &SelectRequest,
         seed: u64,
+        progress: &mut Progress,
     ) -> (Result<Selected, SelectError>, SelectionStats) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut guard = HeldGuard {
@@ -286,20 +337,18 @@ impl TokenSelector {
         } else {
             Subscription::timer_only()
         };
-        let call_started = tokio::time::Instant::now();
-        let mut total = SelectionStats::default();
         let mut pass = 0u32;
         let outcome = loop {
             pass += 1;
             let started = self.clock.now();
             let (outcome, stats) = match self
-                .pass(request, &mut rng, &mut guard, &mut waiter, call_started)
+                .pass(request, &mut rng, &mut guard, &mut waiter, progress)
                 .await
             {
                 Ok(done) => done,
                 Err(e) => break Err(SelectError::Input(e)),
             };
-            total.absorb(&stats);
+            progress.end_pass(&stats);
             let Ok(selected) = outcome else {
                 break outcome.map_err(SelectError::from);
             };
@@ -309,7 +358,7 @@ impl TokenSelector {
             }
             // Half the lease has passed since this pass's first claim could have
             // been made: re-check (and re-stamp) every lock before answering.
-            total.renewals += 1;
+            progress.total.renewals += 1;
             let call = renew(
                 self.locks.clone(),
                 request.consumer.clone(),
@@ -329,7 +378,7 @@ impl TokenSelector {
             if lost.is_empty() {
                 break Ok(selected);
             }
-            total.locks_lost += u64::try_from(lost.len()).unwrap_or(u64::MAX);
+            progress.total.locks_lost += u64::try_from(lost.len()).unwrap_or(u64::MAX);
             metrics::counter!(m::SELECT_LOCKS_LOST)
                 .increment(u64::try_from(lost.len()).unwrap_or(u64::MAX));
             tracing::warn!(
@@ -339,7 +388,7 @@ impl TokenSelector {
             );
             // Give everything of this pass back (the lost tokens' selections too)
             // and select again from a fresh read.
-            total.releases += 1;
+            progress.total.releases += 1;
             let call = release(
                 self.locks.clone(),
                 request.consumer.clone(),
@@ -360,7 +409,7 @@ impl TokenSelector {
             }
         };
         guard.held.clear();
-        (outcome, total)
+        (outcome, std::mem::take(&mut progress.total))
     }
 
     /// One pass of the engine, from a fresh read to its answer. On return the guard
@@ -371,8 +420,9 @@ impl TokenSelector {
         rng: &mut StdRng,
         guard: &mut HeldGuard,
         waiter: &mut Subscription,
-        call_started: tokio::time::Instant,
+        progress: &mut Progress,
     ) -> Result<(Result<Selected, SelectionFailure>, SelectionStats), SelectionError> {
+        let call_started = progress.started;
         let mut selection = Selection::new(request.clone(), self.config.clone())?;
         let rng = &mut *rng;
         // In an attempt a wake-up started: the free candidates it read.
@@ -385,6 +435,7 @@ impl TokenSelector {
         let mut action = selection.start(rng);
         let outcome = loop {
             guard.held = covered(selection.held(), &ambiguous);
+            progress.note(&selection);
             action = match action {
                 Action::Fetch(fetch) => {
                     if woken.is_none() {
@@ -549,6 +600,7 @@ impl TokenSelector {
         // release, the call must not leave them locked for a caller that never got
         // them.
         guard.held = covered(selection.held(), &ambiguous);
+        progress.note(&selection);
         let keep: Vec<TokenId> = match &outcome {
             Ok(selected) => selected.tokens.clone(),
             Err(_) => Vec::new(),
@@ -582,6 +634,53 @@ impl TokenSelector {
         }
         guard.held = keep;
         Ok((outcome, selection.stats().clone()))
+    }
+}
+
+/// What a select call has done so far, kept outside its future so that the
+/// answer at its deadline (when the future is dropped) can use it.
+#[derive(Debug)]
+struct Progress {
+    /// When the call started (tokio time).
+    started: tokio::time::Instant,
+    /// The counters of the passes that ended, and of renewals between them.
+    total: SelectionStats,
+    /// The counters of the pass under way.
+    pass: SelectionStats,
+    /// What the call answers if stopped now, when the engine can tell
+    /// ([`Selection::answer_if_stopped`]); kept once seen.
+    answer: Option<SelectionFailure>,
+}
+
+impl Progress {
+    fn new(started: tokio::time::Instant) -> Self {
+        Progress {
+            started,
+            total: SelectionStats::default(),
+            pass: SelectionStats::default(),
+            answer: None,
+        }
+    }
+
+    /// Notes where the engine of the pass under way stands.
+    fn note(&mut self, selection: &Selection) {
+        self.pass.clone_from(selection.stats());
+        if let Some(answer) = selection.answer_if_stopped() {
+            self.answer = Some(answer);
+        }
+    }
+
+    /// Adds the counters of a pass that ended.
+    fn end_pass(&mut self, stats: &SelectionStats) {
+        self.total.absorb(stats);
+        self.pass = SelectionStats::default();
+    }
+
+    /// Every counter so far.
+    fn stats(&self) -> SelectionStats {
+        let mut stats = self.total.clone();
+        stats.absorb(&self.pass);
+        stats
     }
 }
 

@@ -20,6 +20,12 @@ pub const MAX_LEGS: u32 = 1_000;
 /// The longest accepted `retry_interval`.
 pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(3_600);
 
+/// The longest accepted `deadline`.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(3_600);
+
+/// The shortest accepted `deadline`.
+pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
+
 /// The largest accepted `cover_band`.
 pub const MAX_COVER_BAND: usize = 256;
 
@@ -108,6 +114,13 @@ pub struct SelectionConfig {
     pub max_retries: u32,
     /// Backoff between legs is uniform in `[0, retry_interval)` (default 5 s).
     pub retry_interval: Duration,
+    /// The longest one call may take, every wait included: a pooled connection,
+    /// the wallet's line, each store call, the backoffs and wake-up waits
+    /// (default 30 s). Legs and backoffs bound retries, not time. At the
+    /// deadline the call answers as [`crate::selection::Selection::answer_if_stopped`]
+    /// says and gives back what it holds. The engine reads no clock: its driver
+    /// (`holdfast::TokenSelector`) keeps the deadline.
+    pub deadline: Duration,
     /// Wait for a signal that tokens were freed as well as for the backoff, and
     /// try again at once when one comes (default true; the backoff stays the upper
     /// bound, `docs/wakeups.md`). False sleeps the whole backoff.
@@ -134,6 +147,7 @@ impl Default for SelectionConfig {
             max_immediate_retries: 5,
             max_retries: 10,
             retry_interval: Duration::from_secs(5),
+            deadline: Duration::from_secs(30),
             wakeups: true,
             blacklist: true,
             ascending: true,
@@ -211,6 +225,9 @@ impl SelectionConfig {
                 "more than 0 and at most 1 hour",
             );
         }
+        if self.deadline < MIN_DEADLINE || self.deadline > MAX_DEADLINE {
+            return bad("deadline", self.deadline, "1 ms to 1 hour");
+        }
         Ok(())
     }
 }
@@ -233,6 +250,7 @@ mod tests {
         );
         assert_eq!((c.max_immediate_retries, c.max_retries), (5, 10));
         assert_eq!(c.retry_interval, Duration::from_secs(5));
+        assert_eq!(c.deadline, Duration::from_secs(30));
         assert_eq!(
             (c.policy, c.cover_band, c.prefer_exact, c.consolidate_dust),
             (SelectionPolicy::CoverFirst, 16, false, 0)
@@ -283,6 +301,17 @@ mod tests {
             (
                 |c| c.retry_interval = Duration::from_secs(3_601),
                 "retry_interval",
+                "3601s",
+            ),
+            (|c| c.deadline = Duration::ZERO, "deadline", "0ns"),
+            (
+                |c| c.deadline = Duration::from_micros(999),
+                "deadline",
+                "999µs",
+            ),
+            (
+                |c| c.deadline = Duration::from_secs(3_601),
+                "deadline",
                 "3601s",
             ),
         ];

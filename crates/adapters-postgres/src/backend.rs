@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) health: Arc<Health>,
     /// The bound on a read-and-claim's wait for its line's advisory lock.
     pub(crate) line_wait: std::time::Duration,
+    /// How long a call waits for a pooled connection in all.
+    pub(crate) acquire_timeout: std::time::Duration,
     /// The client-side bound on a whole read-and-claim transaction.
     pub(crate) transaction_bound: std::time::Duration,
     pub(crate) strategy: LockStrategy,
@@ -88,18 +90,34 @@ impl PgBackend {
         };
 
         // Probe with one direct connection first: a pool would retry a refused
-        // connection until its timeout and hide the reason.
-        match tokio::time::timeout(timeout, PgConnection::connect_with(&connect_options)).await {
-            Err(_) => return Err(timeout_error("no answer".to_owned())),
-            Ok(Err(e)) => {
-                return Err(ConnectError::Unavailable {
-                    url: shown,
-                    detail: clean(e.to_string()),
-                });
-            }
-            // Closing the probe politely is best effort; the server cleans up anyway.
-            Ok(Ok(probe)) => {
-                let _ = probe.close().await;
+        // connection until its timeout and hide the reason. A server that is full
+        // (too many connections), starting up or restarting is waited for, up to
+        // the connect timeout; anything else is answered at once.
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, PgConnection::connect_with(&connect_options)).await {
+                Err(_) => return Err(timeout_error("no answer".to_owned())),
+                // Closing the probe politely is best effort; the server cleans up.
+                Ok(Ok(probe)) => {
+                    let _ = probe.close().await;
+                    break;
+                }
+                Ok(Err(e)) if session::worth_waiting_for(&e) => {
+                    if tokio::time::Instant::now() + pause >= deadline {
+                        return Err(timeout_error(clean(e.to_string())));
+                    }
+                    tracing::info!(url = %shown, error = %clean(e.to_string()), "the server refuses connections for now; waiting");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                }
+                Ok(Err(e)) => {
+                    return Err(ConnectError::Unavailable {
+                        url: shown,
+                        detail: clean(e.to_string()),
+                    });
+                }
             }
         }
         // Migrate through a dedicated one-connection pool: closing it closes the
@@ -129,6 +147,7 @@ impl PgBackend {
                 pool,
                 health,
                 line_wait: options.line_wait,
+                acquire_timeout: options.acquire_timeout,
                 transaction_bound: options.statement_timeout
                     + options.line_wait
                     + std::time::Duration::from_secs(1),

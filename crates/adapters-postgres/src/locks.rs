@@ -67,11 +67,12 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use holdfast_domain::lease::SWEPT_STATUSES;
 use holdfast_domain::{
-    ClaimVerdict, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
+    ClaimVerdict, SweepRule, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
-    StoreFault, SweepReport, WakeUps, check_window,
+    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, Output,
+    ReadAndClaim, ReadWithClaim, StoreFault, SweepReport, Unconserved, WakeUps, check_outputs,
+    check_window,
 };
 
 use crate::backend::PgBackend;
@@ -286,6 +287,20 @@ const RENEW: &str = "
 /// consumer as spender, or one token another transaction spent (nothing changed).
 pub const SPEND: &str = "SELECT spent_tx, spent_idx, spender FROM holdfast_spend($1, $2, $3)";
 
+/// Confirmation with outputs: one call of the `holdfast_confirm` function
+/// (migration 4), one round trip. Rows are `(kind, tx, idx, detail)`: `spent`
+/// inputs and `key`s to wake, or one refusal (`replayed`, `differ`,
+/// `double_spend`, `not_conserved`).
+pub const CONFIRM: &str = "SELECT kind, tx, idx, detail FROM holdfast_confirm($1, $2, $3, $4, $5)";
+
+/// The unspent tokens consumer `$1` selected, in key order.
+const SELECTED: &str = "
+    SELECT t.tx_id, t.idx, t.wallet, t.token_type, t.amount::text, t.spendable, t.spent_by,
+           (EXTRACT(EPOCH FROM t.spent_at) * 1000)::bigint
+    FROM selections s JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
+    WHERE s.consumer = $1 AND t.spent_by IS NULL
+    ORDER BY t.tx_id, t.idx";
+
 /// The consumers with selections, and their recorded statuses.
 const UNSETTLED: &str = "
     SELECT s.consumer, st.status
@@ -452,8 +467,9 @@ impl PgBackend {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let page = self.read_on(None, read).await?;
                 let tokens = choose(&page);
+                let mut conn = self.connection().await.map_err(|e| fault(&e))?;
                 let verdicts = self
-                    .claim_window_on(self.pool(), consumer, &tokens, at)
+                    .claim_window_on(&mut *conn, consumer, &tokens, at)
                     .await?;
                 return Ok(ReadAndClaim { page, verdicts });
             }
@@ -491,15 +507,17 @@ impl PgBackend {
         token: &TokenId,
         at: Timestamp,
     ) -> Result<ClaimVerdict, LockStoreError> {
-        let result = self.note(
-            sqlx::query_as::<_, (i64, bool)>(CLAIM_INSERT)
-                .bind(token.tx.as_str())
-                .bind(i64::from(token.index))
-                .bind(consumer.as_str())
-                .bind(millis(at)?)
-                .fetch_one(self.pool())
-                .await,
-        );
+        let at_ms = millis(at)?;
+        let result = self
+            .once(|| {
+                sqlx::query_as::<_, (i64, bool)>(CLAIM_INSERT)
+                    .bind(token.tx.as_str())
+                    .bind(i64::from(token.index))
+                    .bind(consumer.as_str())
+                    .bind(at_ms)
+                    .fetch_one(self.pool())
+            })
+            .await;
         match result {
             Ok((won, _)) if won > 0 => Ok(ClaimVerdict::Won),
             Ok((_, true)) => Ok(ClaimVerdict::Contended),
@@ -526,8 +544,9 @@ impl LockStore for PgBackend {
         match self.strategy() {
             LockStrategy::Insert => self.claim_by_insert(consumer, token, at).await,
             LockStrategy::OnConflict | LockStrategy::SkipLocked => {
+                let mut conn = self.connection().await.map_err(|e| fault(&e))?;
                 let verdicts = self
-                    .claim_distinct(self.pool(), consumer, &[token], at)
+                    .claim_distinct(&mut *conn, consumer, &[token], at)
                     .await?;
                 Ok(verdicts.get(token).copied().unwrap_or(ClaimVerdict::Stale))
             }
@@ -540,8 +559,12 @@ impl LockStore for PgBackend {
         tokens: &[TokenId],
         at: Timestamp,
     ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        self.claim_window_on(self.pool(), consumer, tokens, at)
-            .await
+        check_window(tokens)?;
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.connection().await.map_err(|e| fault(&e))?;
+        self.claim_window_on(&mut *conn, consumer, tokens, at).await
     }
 
     async fn read_and_claim(
@@ -688,6 +711,102 @@ impl LockStore for PgBackend {
         }
         spent.sort();
         Ok(spent)
+    }
+
+    async fn confirm(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        check_outputs(outputs)?;
+        let at_ms = millis(at)?;
+        let wallets: Vec<&str> = outputs.iter().map(|o| o.wallet.as_str()).collect();
+        let types: Vec<&str> = outputs.iter().map(|o| o.token_type.as_str()).collect();
+        let amounts: Vec<String> = outputs.iter().map(|o| o.quantity.to_string()).collect();
+        // Safe to repeat: a retry of a committed confirm answers `replayed`.
+        let rows = self
+            .retried(|| {
+                sqlx::query_as::<_, (String, Option<String>, Option<i64>, Option<String>)>(CONFIRM)
+                    .bind(consumer.as_str())
+                    .bind(at_ms)
+                    .bind(&wallets)
+                    .bind(&types)
+                    .bind(&amounts)
+                    .fetch_all(self.pool())
+            })
+            .await
+            .map_err(|e| fault(&e))?;
+        let ids: Vec<TokenId> = (0u32..)
+            .zip(outputs)
+            .map(|(i, _)| TokenId::new(consumer.clone(), i))
+            .collect();
+        let mut done = Confirmation {
+            spent: Vec::new(),
+            outputs: ids,
+            replayed: false,
+        };
+        let mut keys = Vec::new();
+        for (kind, tx, idx, detail) in rows {
+            let detail = detail.unwrap_or_default();
+            match kind.as_str() {
+                "spent" => done
+                    .spent
+                    .push(codec::token_id(tx.unwrap_or_default(), idx.unwrap_or(-1))?),
+                "key" => keys.push(detail),
+                "replayed" => done.replayed = true,
+                "differ" => {
+                    return Err(LockStoreError::OutputsDiffer {
+                        tx: consumer.clone(),
+                        detail,
+                    });
+                }
+                "double_spend" => {
+                    return Err(LockStoreError::DoubleSpend {
+                        token: codec::token_id(tx.unwrap_or_default(), idx.unwrap_or(-1))?,
+                        spent_by: codec::id("tokens.spent_by", detail, TxId::new)?,
+                    });
+                }
+                "not_conserved" => {
+                    let mut parts = detail.split('\t');
+                    let (token_type, inputs, outputs) = (
+                        parts.next().unwrap_or_default().to_owned(),
+                        parts.next().unwrap_or_default().to_owned(),
+                        parts.next().unwrap_or_default().to_owned(),
+                    );
+                    return Err(LockStoreError::NotConserved(Box::new(Unconserved {
+                        tx: consumer.clone(),
+                        token_type,
+                        inputs,
+                        outputs,
+                    })));
+                }
+                other => {
+                    return Err(LockStoreError::Fault(StoreFault::Corrupt(format!(
+                        "holdfast_confirm answered an unknown row kind {other:?}"
+                    ))));
+                }
+            }
+        }
+        done.spent.sort();
+        self.signal(&token_keys(&keys), Some(consumer));
+        Ok(done)
+    }
+
+    async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        let found = self
+            .retried(|| {
+                sqlx::query(SELECTED)
+                    .bind(consumer.as_str())
+                    .fetch_all(self.pool())
+            })
+            .await
+            .map_err(|e| fault(&e))?;
+        found
+            .iter()
+            .map(crate::tokens::decode_token)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(LockStoreError::Fault)
     }
 
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {

@@ -308,7 +308,7 @@ impl QueueStore for PgBackend {
             .max_concurrent
             .map(|m| i32::try_from(m).unwrap_or(i32::MAX));
         let done = self
-            .note(
+            .once(|| {
                 sqlx::query(CAS_QUEUE)
                     .bind(queue.name.as_str())
                     .bind(expected)
@@ -320,8 +320,8 @@ impl QueueStore for PgBackend {
                     .bind(&heartbeats)
                     .bind(max)
                     .execute(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         let outcome = cas_outcome(&done);
         if outcome == CasOutcome::Applied {
@@ -342,7 +342,7 @@ impl QueueStore for PgBackend {
         };
         let plan = request.plan.as_ref();
         let done = self
-            .note(
+            .once(|| {
                 sqlx::query(CAS_REQUEST)
                     .bind(request.id.queue().as_str())
                     .bind(seq)
@@ -352,8 +352,8 @@ impl QueueStore for PgBackend {
                     .bind(plan.and_then(|p| p.base.as_ref()).map(RevisionUri::as_str))
                     .bind(request.reason.map(FailReason::as_str))
                     .execute(self.pool())
-                    .await,
-            )
+            })
+            .await
             .map_err(|e| fault(&e))?;
         Ok(cas_outcome(&done))
     }

@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "slot_leases",
         include_str!("../migrations/0003_slot_leases.sql"),
     ),
+    (4, "confirm", include_str!("../migrations/0004_confirm.sql")),
 ];
 
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,

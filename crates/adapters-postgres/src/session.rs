@@ -36,6 +36,11 @@ use crate::options::PgOptions;
 /// service's first call after a server restart finds a live connection.
 pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
+/// The longest one request to the pool waits; callers ask again until the
+/// configured acquire timeout ([`crate::PgBackend`] keeps waiting, the pool does
+/// not).
+pub const ACQUIRE_SLICE: Duration = Duration::from_millis(250);
+
 /// How long the ping of a suspect connection may take before it counts as broken.
 pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -155,13 +160,27 @@ pub(crate) fn broken(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether a failed connection attempt is worth waiting out: the server answers
+/// but takes no session now (full: `too_many_connections`, also the role's or
+/// database's limit; starting up; shutting down for a restart). A refused TCP
+/// connection is answered at once (a wrong port should not take the timeout).
+pub(crate) fn worth_waiting_for(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            matches!(db.code().as_deref(), Some("53300" | "57P03" | "57P01"))
+        }
+        _ => false,
+    }
+}
+
 /// The pool of an instance: sizes and timeouts from `options`, and a ping before
 /// handing out a connection that [`Health`] suspects.
 pub(crate) fn pool(connect: &PgConnectOptions, options: &PgOptions, health: Arc<Health>) -> PgPool {
     PgPoolOptions::new()
         .max_connections(options.max_connections)
         .min_connections(options.min_connections)
-        .acquire_timeout(options.acquire_timeout)
+        // Waits beyond a slice are PgBackend::connection's loop.
+        .acquire_timeout(options.acquire_timeout.min(ACQUIRE_SLICE))
         .idle_timeout(options.idle_timeout)
         .max_lifetime(options.max_lifetime)
         // No ping on every acquire (one statement is one round trip); only a
@@ -203,7 +222,7 @@ pub(crate) struct Session {
 impl Session {
     /// Takes a connection from the pool.
     pub(crate) async fn acquire(backend: &PgBackend) -> Result<Session, sqlx::Error> {
-        let conn = backend.pool().acquire().await?;
+        let conn = backend.connection().await?;
         Ok(Session { conn, clean: false })
     }
 
@@ -300,21 +319,63 @@ async fn simple(
 }
 
 impl PgBackend {
-    /// Runs a statement that is safe to repeat (a read, an idempotent write); if its
-    /// connection broke under it (a restarted server), runs it once more, on a
-    /// connection the pool checks first.
-    pub(crate) async fn retried<T, F, Fut>(&self, mut attempt: F) -> Result<T, sqlx::Error>
+    /// A connection from the pool, waiting up to the acquire timeout. The pool
+    /// itself is asked for at most [`ACQUIRE_SLICE`] at a time: a caller waiting
+    /// on a full server (opening a new connection, refused) looks at the idle
+    /// queue again after each slice, so it takes a connection another call
+    /// hands back instead of waiting out the whole timeout.
+    pub(crate) async fn connection(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let deadline = tokio::time::Instant::now() + self.inner.acquire_timeout;
+        loop {
+            match self.pool().acquire().await {
+                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {}
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `attempt`, one statement on the pool: again while the pool had no
+    /// connection within a slice (nothing was sent), until the acquire timeout;
+    /// and, when `repeatable` (a read, an idempotent write), once more if its
+    /// connection broke under it (a restarted server), on a connection the pool
+    /// checks first.
+    async fn on_pool<T, F, Fut>(&self, repeatable: bool, mut attempt: F) -> Result<T, sqlx::Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        match self.note(attempt().await) {
-            Err(e) if broken(&e) => {
-                tracing::info!(error = %e, "a pooled connection was broken; retrying once");
-                self.note(attempt().await)
+        let deadline = tokio::time::Instant::now() + self.inner.acquire_timeout;
+        let mut repeated = false;
+        loop {
+            match attempt().await {
+                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {}
+                Err(e) if repeatable && !repeated && broken(&e) => {
+                    let _ = self.note::<()>(Err(e));
+                    tracing::info!("a pooled connection was broken; retrying once");
+                    repeated = true;
+                }
+                other => return self.note(other),
             }
-            other => other,
         }
+    }
+
+    /// [`PgBackend::on_pool`] for a statement that is safe to repeat.
+    pub(crate) async fn retried<T, F, Fut>(&self, attempt: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.on_pool(true, attempt).await
+    }
+
+    /// [`PgBackend::on_pool`] for a statement that must not run twice (a claim, a
+    /// compare-and-set): repeated only while it was never sent.
+    pub(crate) async fn once<T, F, Fut>(&self, attempt: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.on_pool(false, attempt).await
     }
 }
 

@@ -187,7 +187,7 @@ fn describe(wallet: &str, token_type: &str, quantity: &str) -> String {
     format!("wallet {wallet}, type {token_type}, amount {quantity}")
 }
 
-fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFault> {
+pub(crate) fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFault> {
     let id = codec::token_id(get(row, 0)?, get(row, 1)?)?;
     let spent_at: Option<i64> = get(row, 7)?;
     Ok(Token {
@@ -431,7 +431,9 @@ impl TokenStore for PgBackend {
                 .bind(&spendable)
         };
 
-        let fresh = self.note(batch(INSERT_NEW_TOKENS).fetch_all(self.pool()).await);
+        let fresh = self
+            .once(|| batch(INSERT_NEW_TOKENS).fetch_all(self.pool()))
+            .await;
         match fresh {
             Ok(rows) if rows.len() == distinct.len() => {
                 let added = u64::try_from(rows.len()).unwrap_or(u64::MAX);

@@ -3,21 +3,26 @@
 use std::collections::BTreeSet;
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{
+    ClaimVerdict, Imbalance, Quantity, SweepRule, Timestamp, Token, TokenId, TokenType, TxId,
+    TxStatus, unconserved,
+};
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
-    StoreFault, SweepReport, WakeUps, check_window,
+    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, Output,
+    ReadAndClaim, ReadWithClaim, StoreFault, SweepReport, Unconserved, WakeKey, WakeUps,
+    check_outputs, check_window,
 };
 use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::SqliteBackend;
 use crate::codec::{
-    corrupt, status_from_sql, time_from_sql, time_to_sql, token_from_sql, tx_from_sql,
+    amount_from_sql, corrupt, status_from_sql, time_from_sql, time_to_sql, token_from_sql,
+    tx_from_sql,
 };
 use crate::pool::Db;
 use crate::statuses::record_in;
-use crate::tokens::read_page;
+use crate::tokens::{TOKEN_COLUMNS, read_page, token_row};
 use crate::wake::{consumer_keys, token_keys};
 
 /// Claims each token in order inside the caller's IMMEDIATE transaction: stale when
@@ -127,6 +132,100 @@ fn spent_by_another(
             ))
         })
         .transpose()
+}
+
+/// Marks every unspent token `consumer` selected spent by it at `spent_at`;
+/// returns them in key order.
+fn spend_selected(
+    tx: &Transaction<'_>,
+    consumer: &TxId,
+    spent_at: &str,
+) -> Result<Vec<TokenId>, StoreFault> {
+    let mut stmt = tx
+        .prepare_cached(
+            "UPDATE tokens SET spent_by = ?1, spent_at = ?2
+             WHERE spent_by IS NULL
+               AND (tx, output) IN
+                   (SELECT tx, output FROM selections WHERE consumer = ?1)
+             RETURNING tx, output",
+        )
+        .db()?;
+    let mut rows = stmt.query(params![consumer.as_str(), spent_at]).db()?;
+    let mut spent = Vec::new();
+    while let Some(r) = rows.next().db()? {
+        let txid: String = r.get(0).db()?;
+        let output: i64 = r.get(1).db()?;
+        spent.push(token_from_sql(
+            &format!("tokens row {txid}:{output}"),
+            txid,
+            output,
+        )?);
+    }
+    spent.sort();
+    Ok(spent)
+}
+
+/// The tokens stored under `consumer`'s output ids, in index order: (index,
+/// wallet, type, stored amount).
+fn stored_outputs(
+    tx: &Transaction<'_>,
+    consumer: &TxId,
+) -> Result<Vec<(i64, String, String, String)>, StoreFault> {
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT output, wallet, token_type, amount FROM tokens WHERE tx = ?1 ORDER BY output",
+        )
+        .db()?;
+    let mut rows = stmt.query([consumer.as_str()]).db()?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().db()? {
+        out.push((
+            r.get(0).db()?,
+            r.get(1).db()?,
+            r.get(2).db()?,
+            r.get(3).db()?,
+        ));
+    }
+    Ok(out)
+}
+
+/// Whether `stored` are exactly `outputs`, index by index.
+fn same_outputs(stored: &[(i64, String, String, String)], outputs: &[Output]) -> bool {
+    stored.len() == outputs.len()
+        && stored.iter().zip(outputs).zip(0i64..).all(
+            |(((i, wallet, token_type, amount), o), n)| {
+                *i == n
+                    && wallet == o.wallet.as_str()
+                    && token_type == o.token_type.as_str()
+                    && *amount == o.quantity.to_storage()
+            },
+        )
+}
+
+/// The type and amount of every unspent token `consumer` selected.
+fn selected_inputs(
+    tx: &Transaction<'_>,
+    consumer: &TxId,
+) -> Result<Vec<(TokenType, Quantity)>, StoreFault> {
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT t.tx, t.output, t.token_type, t.amount FROM selections AS s
+             JOIN tokens AS t ON t.tx = s.tx AND t.output = s.output
+             WHERE s.consumer = ?1 AND t.spent_by IS NULL",
+        )
+        .db()?;
+    let mut rows = stmt.query([consumer.as_str()]).db()?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().db()? {
+        let (txid, output): (String, i64) = (r.get(0).db()?, r.get(1).db()?);
+        let row = format!("tokens row {txid}:{output}");
+        let (token_type, amount): (String, String) = (r.get(2).db()?, r.get(3).db()?);
+        out.push((
+            TokenType::new(token_type).map_err(|e| corrupt(&row, e))?,
+            amount_from_sql(&row, &amount)?,
+        ));
+    }
+    Ok(out)
 }
 
 struct LockRow {
@@ -335,6 +434,133 @@ impl LockStore for SqliteBackend {
             .await
     }
 
+    async fn confirm(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        check_outputs(outputs)?;
+        let spent_at = time_to_sql(at)?;
+        let (origin, wanted) = (consumer.clone(), self.wake.wanted());
+        let (consumer, outputs) = (consumer.clone(), outputs.to_vec());
+        let (confirmation, keys) = self
+            .pool
+            .write(move |tx| {
+                let ids: Vec<TokenId> = (0u32..)
+                    .zip(&outputs)
+                    .map(|(i, _)| TokenId::new(consumer.clone(), i))
+                    .collect();
+                let status: Option<String> = tx
+                    .prepare_cached("SELECT status FROM tx_statuses WHERE tx = ?1")
+                    .db()?
+                    .query_row([consumer.as_str()], |r| r.get(0))
+                    .optional()
+                    .db()?;
+                let stored = stored_outputs(tx, &consumer)?;
+                if status.as_deref() == Some(TxStatus::Confirmed.as_str()) {
+                    if !same_outputs(&stored, &outputs) {
+                        return Err(LockStoreError::OutputsDiffer {
+                            tx: consumer.clone(),
+                            detail: format!(
+                                "{} output(s) stored, {} given, or not the same ones",
+                                stored.len(),
+                                outputs.len()
+                            ),
+                        });
+                    }
+                    let replay = Confirmation {
+                        spent: Vec::new(),
+                        outputs: ids,
+                        replayed: true,
+                    };
+                    return Ok((replay, Vec::new()));
+                }
+                if !stored.is_empty() {
+                    return Err(LockStoreError::OutputsDiffer {
+                        tx: consumer.clone(),
+                        detail: format!(
+                            "{} token(s) already have its output ids ({consumer}:N)",
+                            stored.len()
+                        ),
+                    });
+                }
+                // Any error below rolls the whole transaction back: nothing changes.
+                if let Some((token, spent_by)) = spent_by_another(tx, &consumer)? {
+                    return Err(LockStoreError::DoubleSpend { token, spent_by });
+                }
+                let inputs = selected_inputs(tx, &consumer)?;
+                if let Some(imbalance) = unconserved(
+                    inputs.iter().map(|(t, q)| (t, *q)),
+                    outputs.iter().map(|o| (&o.token_type, o.quantity)),
+                ) {
+                    return Err(LockStoreError::NotConserved(Box::new(Unconserved {
+                        tx: consumer.clone(),
+                        token_type: imbalance.token_type.to_string(),
+                        inputs: Imbalance::shown(imbalance.inputs),
+                        outputs: Imbalance::shown(imbalance.outputs),
+                    })));
+                }
+                record_in(tx, &consumer, TxStatus::Confirmed, &spent_at)?;
+                let mut keys = if wanted {
+                    consumer_keys(tx, &consumer)?
+                } else {
+                    Vec::new()
+                };
+                let spent = spend_selected(tx, &consumer, &spent_at)?;
+                forget_consumer(tx, &consumer)?;
+                let mut insert = tx
+                    .prepare_cached(
+                        "INSERT INTO tokens (tx, output, wallet, token_type, amount, spendable)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+                    )
+                    .db()?;
+                for (id, o) in ids.iter().zip(&outputs) {
+                    insert
+                        .execute(params![
+                            id.tx.as_str(),
+                            id.index,
+                            o.wallet.as_str(),
+                            o.token_type.as_str(),
+                            o.quantity.to_storage()
+                        ])
+                        .db()?;
+                    keys.push(WakeKey::tokens(&o.wallet, &o.token_type));
+                }
+                let done = Confirmation {
+                    spent,
+                    outputs: ids,
+                    replayed: false,
+                };
+                Ok::<_, LockStoreError>((done, keys))
+            })
+            .await?;
+        self.signal(&keys, Some(&origin));
+        Ok(confirmation)
+    }
+
+    async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        let consumer = consumer.clone();
+        Ok(self
+            .pool
+            .read(move |tx| {
+                let sql = format!(
+                    "SELECT {TOKEN_COLUMNS} FROM tokens
+                     WHERE spent_by IS NULL AND (tx, output) IN
+                           (SELECT tx, output FROM selections WHERE consumer = ?1)
+                     ORDER BY tx, output"
+                );
+                let mut stmt = tx.prepare_cached(&sql).db()?;
+                let mut rows = stmt.query([consumer.as_str()]).db()?;
+                let mut found = Vec::new();
+                while let Some(r) = rows.next().db()? {
+                    found.push(token_row(r)?);
+                }
+                Ok::<_, StoreFault>(found)
+            })
+            .await?)
+    }
+
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.pool
             .read(|tx| {
@@ -418,30 +644,8 @@ impl LockStore for SqliteBackend {
                 if record_status {
                     record_in(tx, &consumer, TxStatus::Confirmed, &spent_at)?;
                 }
-                let mut spent = Vec::new();
-                {
-                    let mut stmt = tx
-                        .prepare_cached(
-                            "UPDATE tokens SET spent_by = ?1, spent_at = ?2
-                             WHERE spent_by IS NULL
-                               AND (tx, output) IN
-                                   (SELECT tx, output FROM selections WHERE consumer = ?1)
-                             RETURNING tx, output",
-                        )
-                        .db()?;
-                    let mut rows = stmt.query(params![consumer.as_str(), spent_at]).db()?;
-                    while let Some(r) = rows.next().db()? {
-                        let txid: String = r.get(0).db()?;
-                        let output: i64 = r.get(1).db()?;
-                        spent.push(token_from_sql(
-                            &format!("tokens row {txid}:{output}"),
-                            txid,
-                            output,
-                        )?);
-                    }
-                }
+                let spent = spend_selected(tx, &consumer, &spent_at)?;
                 forget_consumer(tx, &consumer)?;
-                spent.sort();
                 Ok(spent)
             })
             .await

@@ -63,7 +63,8 @@ WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS 
 ORDER BY t.amount DESC, t.tx DESC, t.output DESC
 LIMIT ?4";
 
-const TOKEN_COLUMNS: &str = "tx, output, wallet, token_type, amount, spendable, spent_by, spent_at";
+pub(crate) const TOKEN_COLUMNS: &str =
+    "tx, output, wallet, token_type, amount, spendable, spent_by, spent_at";
 
 fn limit_to_sql(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
@@ -162,7 +163,7 @@ pub(crate) fn read_page(
     Ok(out)
 }
 
-fn token_row(r: &rusqlite::Row<'_>) -> Result<Token, StoreFault> {
+pub(crate) fn token_row(r: &rusqlite::Row<'_>) -> Result<Token, StoreFault> {
     let tx: String = r.get(0).db()?;
     let output: i64 = r.get(1).db()?;
     let row = format!("tokens row {tx}:{output}");

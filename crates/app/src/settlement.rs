@@ -20,12 +20,16 @@
 use std::sync::Arc;
 
 use holdfast_domain::lease::settlement_action;
+use std::collections::BTreeMap;
+
 use holdfast_domain::{
-    LockAction, PersistPolicy, PersistResult, PersistStep, SettlementStatus, TokenId, TxId,
-    TxStatus,
+    LockAction, PersistPolicy, PersistResult, PersistStep, Precision, Quantity, SettlementStatus,
+    Token, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
-use holdfast_ports::{Clock, LockStoreError, StatusStoreError, Stores};
-use holdfast_ports::{LockStore, TxStatusStore};
+use holdfast_ports::{
+    Clock, Confirmation, LockStore, LockStoreError, MAX_OUTPUTS, Output, StatusStoreError,
+    StoreFault, Stores, TokenStore, TokenStoreError, TxStatusStore,
+};
 use tracing::Instrument;
 
 use crate::metrics as m;
@@ -61,6 +65,17 @@ pub enum SettleError {
         /// The store error.
         source: LockStoreError,
     },
+    /// The outputs of a confirm were refused: they do not conserve the inputs per
+    /// token type, the transaction is already confirmed with other outputs, or an
+    /// output is invalid. Nothing was changed; retrying the same call cannot help.
+    #[error("confirming {tx}: {source}")]
+    Outputs {
+        /// The transaction.
+        tx: TxId,
+        /// What the lock store refused (`NotConserved`, `OutputsDiffer`,
+        /// `BadOutputs`).
+        source: LockStoreError,
+    },
     /// Recording a status that releases nothing failed (releasing statuses retry and
     /// then release anyway).
     #[error("settling {tx}: status store: {source}")]
@@ -89,6 +104,21 @@ pub struct Settled {
     pub spent: Vec<TokenId>,
 }
 
+/// What [`Settlement::confirm`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confirmed {
+    /// The transaction.
+    pub tx: TxId,
+    /// The inputs spent now (empty when `replayed`).
+    pub spent: Vec<TokenId>,
+    /// The outputs, in order: ids `(tx, 0..)`, the change last.
+    pub outputs: Vec<(TokenId, Output)>,
+    /// Already confirmed with these outputs: nothing changed.
+    pub replayed: bool,
+    /// Attempts made (a failing store is retried per the [`PersistPolicy`]).
+    pub attempts: u32,
+}
+
 /// What the start-up recovery pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -105,9 +135,56 @@ pub struct Recovery {
     pub spent: u64,
 }
 
+/// A lock store error of settling `tx` as a [`SettleError`].
+fn settle_error(tx: &TxId, source: LockStoreError) -> SettleError {
+    match source {
+        LockStoreError::DoubleSpend { token, spent_by } => SettleError::DoubleSpend {
+            tx: tx.clone(),
+            token,
+            spent_by,
+        },
+        source @ (LockStoreError::NotConserved(_)
+        | LockStoreError::OutputsDiffer { .. }
+        | LockStoreError::BadOutputs { .. }) => SettleError::Outputs {
+            tx: tx.clone(),
+            source,
+        },
+        source => SettleError::Locks {
+            tx: tx.clone(),
+            source,
+        },
+    }
+}
+
+/// The change of a transaction that selected `inputs` and pays `outputs`: per
+/// token type, what the inputs hold beyond the outputs, to `wallet` (none for a
+/// type paid in full; in type order).
+fn change(inputs: &[Token], outputs: &[Output], wallet: &WalletId) -> Vec<Output> {
+    let mut rest: BTreeMap<&TokenType, (u128, u128)> = BTreeMap::new();
+    for t in inputs {
+        let entry = rest.entry(&t.token_type).or_default();
+        entry.0 = entry.0.saturating_add(t.quantity.value());
+    }
+    for o in outputs {
+        let entry = rest.entry(&o.token_type).or_default();
+        entry.1 = entry.1.saturating_add(o.quantity.value());
+    }
+    rest.into_iter()
+        .filter(|(_, (ins, outs))| ins > outs)
+        .filter_map(|(token_type, (ins, outs))| {
+            Some(Output {
+                wallet: wallet.clone(),
+                token_type: token_type.clone(),
+                quantity: Quantity::new(ins - outs, Precision::MAX).ok()?,
+            })
+        })
+        .collect()
+}
+
 /// Applies settlement statuses to the lock and status stores.
 pub struct Settlement {
     locks: Arc<dyn LockStore>,
+    tokens: Arc<dyn TokenStore>,
     statuses: Arc<dyn TxStatusStore>,
     clock: Arc<dyn Clock>,
     policy: PersistPolicy,
@@ -135,6 +212,7 @@ impl Settlement {
     pub fn new(stores: Stores, clock: Arc<dyn Clock>, policy: PersistPolicy) -> Self {
         Settlement {
             locks: stores.locks,
+            tokens: stores.tokens,
             statuses: stores.statuses,
             clock,
             policy: PersistPolicy {
@@ -220,6 +298,140 @@ impl Settlement {
         }
     }
 
+    /// Confirms `tx` together with its outputs, in one store transaction with the
+    /// status (one round trip on PostgreSQL): spends exactly what `tx` selected and
+    /// adds `outputs` as new tokens `(tx, 0..)`; with `change_to`, one more output
+    /// per token type pays what the inputs hold beyond the outputs to that wallet.
+    /// The outputs must conserve the inputs per type; a retry with the same
+    /// arguments after a commit changes nothing (`replayed`). A failing store is
+    /// retried per the [`PersistPolicy`]; refused outputs and a double spend are
+    /// not. Nothing ever mints change apart from the spend.
+    pub async fn confirm(
+        &self,
+        tx: &TxId,
+        outputs: &[Output],
+        change_to: Option<&WalletId>,
+    ) -> Result<Confirmed, SettleError> {
+        let span = tracing::info_span!("confirm", %tx, outputs = outputs.len());
+        async {
+            metrics::counter!(m::SETTLEMENT_STATUSES, "status" => "confirmed").increment(1);
+            let mut attempt = 0u32;
+            let mut delay = self.policy.initial_backoff;
+            loop {
+                attempt += 1;
+                match self.confirm_once(tx, outputs, change_to).await {
+                    Ok((done, all)) => {
+                        let n = u64::try_from(done.spent.len()).unwrap_or(u64::MAX);
+                        metrics::counter!(m::TOKENS_SPENT).increment(n);
+                        metrics::counter!(m::LOCKS_RELEASED, "reason" => "confirmed").increment(n);
+                        tracing::info!(
+                            spent = n,
+                            replayed = done.replayed,
+                            "confirmed with outputs"
+                        );
+                        return Ok(Confirmed {
+                            tx: tx.clone(),
+                            spent: done.spent,
+                            outputs: done.outputs.into_iter().zip(all).collect(),
+                            replayed: done.replayed,
+                            attempts: attempt,
+                        });
+                    }
+                    Err(e @ (SettleError::DoubleSpend { .. } | SettleError::Outputs { .. })) => {
+                        if matches!(e, SettleError::DoubleSpend { .. }) {
+                            metrics::counter!(m::SETTLEMENT_DOUBLE_SPENDS).increment(1);
+                        }
+                        tracing::error!(error = %e, "confirm refused");
+                        return Err(e);
+                    }
+                    Err(e) if attempt >= self.policy.max_attempts => return Err(e),
+                    Err(e) => {
+                        metrics::counter!(m::SETTLEMENT_PERSIST_FAILURES).increment(1);
+                        tracing::warn!(attempt, error = %e, "could not confirm; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = delay.saturating_mul(2);
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// One attempt of [`Settlement::confirm`]: the outputs with the change worked
+    /// out from what `tx` selected now, confirmed.
+    async fn confirm_once(
+        &self,
+        tx: &TxId,
+        outputs: &[Output],
+        change_to: Option<&WalletId>,
+    ) -> Result<(Confirmation, Vec<Output>), SettleError> {
+        let locks_error = |source| settle_error(tx, source);
+        let mut all = outputs.to_vec();
+        if let Some(wallet) = change_to {
+            let inputs = self.locks.selected(tx).await.map_err(locks_error)?;
+            all.extend(change(&inputs, outputs, wallet));
+        }
+        match self.locks.confirm(tx, &all, self.clock.now()).await {
+            Ok(done) => Ok((done, all)),
+            // Nothing selected any more because an earlier attempt committed (its
+            // answer lost): that attempt's change is among the stored outputs.
+            Err(LockStoreError::OutputsDiffer { .. }) if change_to.is_some() => {
+                let stored = self.stored_outputs(tx).await?;
+                let done = self
+                    .locks
+                    .confirm(tx, &stored, self.clock.now())
+                    .await
+                    .map_err(locks_error)?;
+                if stored.starts_with(outputs)
+                    && stored[outputs.len()..]
+                        .iter()
+                        .all(|o| change_to == Some(&o.wallet))
+                {
+                    Ok((done, stored))
+                } else {
+                    Err(settle_error(
+                        tx,
+                        LockStoreError::OutputsDiffer {
+                            tx: tx.clone(),
+                            detail: "confirmed with other outputs".to_owned(),
+                        },
+                    ))
+                }
+            }
+            Err(e) => Err(locks_error(e)),
+        }
+    }
+
+    /// The outputs stored for `tx`: tokens `(tx, 0)`, `(tx, 1)`, ... while they exist.
+    async fn stored_outputs(&self, tx: &TxId) -> Result<Vec<Output>, SettleError> {
+        let mut stored = Vec::new();
+        for index in 0u32.. {
+            let id = TokenId::new(tx.clone(), index);
+            let found = self
+                .tokens
+                .token(&id)
+                .await
+                .map_err(|e| SettleError::Locks {
+                    tx: tx.clone(),
+                    source: LockStoreError::Fault(match e {
+                        TokenStoreError::Fault(f) => f,
+                        other => StoreFault::Backend(other.to_string()),
+                    }),
+                })?;
+            let Some(token) = found else { break };
+            stored.push(Output {
+                wallet: token.wallet,
+                token_type: token.token_type,
+                quantity: token.quantity,
+            });
+            if stored.len() > MAX_OUTPUTS {
+                break;
+            }
+        }
+        Ok(stored)
+    }
+
     /// Applies a releasing `status` to `tx` in one store transaction: spends its
     /// selected tokens (Confirmed) or releases its locks (Deleted), recording the
     /// status with it when `record` says so.
@@ -230,17 +442,7 @@ impl Settlement {
         record: bool,
         settled: &mut Settled,
     ) -> Result<(), SettleError> {
-        let locks_error = |source| match source {
-            LockStoreError::DoubleSpend { token, spent_by } => SettleError::DoubleSpend {
-                tx: tx.clone(),
-                token,
-                spent_by,
-            },
-            source => SettleError::Locks {
-                tx: tx.clone(),
-                source,
-            },
-        };
+        let locks_error = |source| settle_error(tx, source);
         let reason = if record { status.as_str() } else { "recovery" };
         if status == TxStatus::Confirmed {
             let spent = self

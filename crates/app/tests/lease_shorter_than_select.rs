@@ -23,10 +23,12 @@ use holdfast::TokenSelector;
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
-    ClaimVerdict, LeaseConfig, SelectRequest, SelectionConfig, SweepRule, Timestamp, TokenId,
-    TokenType, TxId, TxStatus, WalletId,
+    ClaimVerdict, LeaseConfig, SelectRequest, SelectionConfig, SweepRule, Timestamp, Token,
+    TokenId, TokenType, TxId, TxStatus, WalletId,
 };
-use holdfast_ports::{Clock, LockInfo, LockStore, LockStoreError, NewToken, Stores, SweepReport};
+use holdfast_ports::{
+    Clock, Confirmation, LockInfo, LockStore, LockStoreError, NewToken, Output, Stores, SweepReport,
+};
 use pg_support::TestDb;
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -169,6 +171,17 @@ impl LockStore for SlowFirstClaim {
         record: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         self.inner.spend_consumer(c, at, record).await
+    }
+    async fn confirm(
+        &self,
+        c: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        self.inner.confirm(c, outputs, at).await
+    }
+    async fn selected(&self, c: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        self.inner.selected(c).await
     }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.inner.unsettled().await

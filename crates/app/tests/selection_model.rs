@@ -30,8 +30,8 @@ use holdfast_domain::{
     SettlementStatus, SweepRule, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    BandQuery, CandidateQuery, Clock, LockInfo, LockStore, LockStoreError, NewToken, Stores,
-    SweepReport, TokenStore, TokenStoreError,
+    BandQuery, CandidateQuery, Clock, Confirmation, LockInfo, LockStore, LockStoreError, NewToken,
+    Output, Stores, SweepReport, TokenStore, TokenStoreError,
 };
 use proptest::prelude::*;
 use tokio::sync::Notify;
@@ -181,6 +181,10 @@ impl LockStore for InFlight {
         let (s, c, t) = (self.locks.clone(), c.clone(), t.to_vec());
         self.track(async move { s.renew(&c, &t, at).await }).await
     }
+    async fn selected(&self, c: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        let (s, c) = (self.locks.clone(), c.clone());
+        self.track(async move { s.selected(&c).await }).await
+    }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         let s = self.locks.clone();
         self.track(async move { s.unsettled().await }).await
@@ -198,6 +202,16 @@ impl LockStore for InFlight {
     ) -> Result<Vec<TokenId>, LockStoreError> {
         let (s, c) = (self.locks.clone(), c.clone());
         self.track(async move { s.spend_consumer(&c, at, record).await })
+            .await
+    }
+    async fn confirm(
+        &self,
+        c: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        let (s, c, outputs) = (self.locks.clone(), c.clone(), outputs.to_vec());
+        self.track(async move { s.confirm(&c, &outputs, at).await })
             .await
     }
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {

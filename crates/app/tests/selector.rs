@@ -14,12 +14,13 @@ use async_trait::async_trait;
 use common::{TokioClock, cand, q, stores, tok, tx};
 use holdfast::{SelectError, TokenSelector, metrics as hm};
 use holdfast_domain::{
-    ClaimVerdict, SelectionConfig, SelectionPolicy, SweepRule, Timestamp, TokenId, TokenType, TxId,
-    TxStatus, WalletId,
+    ClaimVerdict, SelectionConfig, SelectionPolicy, SweepRule, Timestamp, Token, TokenId,
+    TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, MockLockStore, MockTokenStore,
-    MockTxStatusStore, ReadAndClaim, ReadWithClaim, StoreFault, SweepReport,
+    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, MockLockStore,
+    MockTokenStore, MockTxStatusStore, Output, ReadAndClaim, ReadWithClaim, StoreFault,
+    SweepReport,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::sync::{Notify, mpsc};
@@ -236,6 +237,9 @@ impl LockStore for FakeLocks {
     ) -> Result<Vec<TokenId>, LockStoreError> {
         Ok(tokens.to_vec())
     }
+    async fn selected(&self, _consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        Ok(Vec::new())
+    }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         Ok(Vec::new())
     }
@@ -276,6 +280,14 @@ impl LockStore for FakeLocks {
         _record: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         Ok(Vec::new())
+    }
+    async fn confirm(
+        &self,
+        _consumer: &TxId,
+        _outputs: &[Output],
+        _at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        Ok(Confirmation::default())
     }
     async fn sweep(&self, _rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         Ok(SweepReport::default())

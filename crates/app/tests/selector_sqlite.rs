@@ -11,11 +11,11 @@ use holdfast::{SelectError, Settlement, SystemClock, TokenSelector};
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
     ClaimVerdict, PersistPolicy, Precision, Quantity, SelectionConfig, SelectionPolicy,
-    SettlementStatus, SweepRule, Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
+    SettlementStatus, SweepRule, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, NewToken, ReadAndClaim,
-    ReadWithClaim, StoreFault, SweepReport,
+    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, NewToken, Output,
+    ReadAndClaim, ReadWithClaim, StoreFault, SweepReport,
 };
 
 fn q(v: u128) -> Quantity {
@@ -157,6 +157,17 @@ impl LockStore for LostCommit {
         record: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         self.inner.spend_consumer(c, at, record).await
+    }
+    async fn confirm(
+        &self,
+        c: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        self.inner.confirm(c, outputs, at).await
+    }
+    async fn selected(&self, c: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        self.inner.selected(c).await
     }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.inner.unsettled().await

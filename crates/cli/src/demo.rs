@@ -4,8 +4,10 @@
 //! 1. Fund a wallet with 128 tokens of 100.
 //! 2. Run 32 selects of 150 at once across 3 replicas (3 independent backend
 //!    instances on the same database), each for its own transaction.
-//! 3. Show the locks they hold, settle half as confirmed and half as deleted, and
-//!    show the locks gone and the balance reduced by exactly the spent tokens.
+//! 3. Show the locks they hold, settle half as confirmed (each paying 150 to a
+//!    payee, its change back to the wallet, with the spend in one transaction) and
+//!    half as deleted, and show the locks gone and the balance reduced by exactly
+//!    what was paid.
 //! 4. Admit builds through a crash and a redelivery: the first process of a request
 //!    stops right after its slot claim is written (a store that fails every call
 //!    after that write stands in for the crashed process); the redelivery, on a
@@ -21,9 +23,10 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use holdfast_domain::{
-    AdmissionConfig, BuildOutcome, Quantity, QueueName, Reply, RequestId, RevisionUri, TokenType,
-    TxId, WalletId,
+    AdmissionConfig, BuildOutcome, Precision, Quantity, QueueName, Reply, RequestId, RevisionUri,
+    TokenType, TxId, WalletId,
 };
+use holdfast_ports::Output;
 use serde::Serialize;
 
 use super::output::{self, Rendered, Report};
@@ -41,6 +44,8 @@ use holdfast::settlement::Settlement;
 
 /// The demo wallet.
 pub const WALLET: &str = "demo-wallet";
+/// The wallet the demo's confirmed payments pay to.
+pub const PAYEE: &str = "demo-payee";
 /// The demo token type.
 pub const TOKEN_TYPE: &str = "CHF";
 /// Tokens funded.
@@ -169,6 +174,8 @@ pub struct SettlementSummary {
     pub locks_after: usize,
     /// The balance after settling.
     pub balance_after: String,
+    /// What the confirmed payments paid to the payee.
+    pub paid: String,
 }
 
 /// One admission step of the tour.
@@ -264,11 +271,12 @@ impl Report for DemoSummary {
         ));
         let st = &d.settlement;
         t.push_str(&format!(
-            "3. locks held: {}; settled {} confirmed ({} tokens spent) and {} deleted ({} locks released); \
-             locks left: {}; balance {}\n",
+            "3. locks held: {}; settled {} confirmed ({} tokens spent, {} paid to {PAYEE}, change returned) \
+             and {} deleted ({} locks released); locks left: {}; balance {}\n",
             st.locks_before,
             st.confirmed,
             st.tokens_spent,
+            st.paid,
             st.deleted,
             st.locks_released,
             st.locks_after,
@@ -503,6 +511,7 @@ async fn tour(
         Arc::new(SystemClock),
         ctx.config.persist_policy(),
     );
+    let payee = WalletId::new(PAYEE)?;
     let (mut confirmed, mut deleted, mut spent, mut released) = (0, 0, 0, 0);
     for (i, tx) in locked.iter().enumerate() {
         let status = if i % 2 == 0 {
@@ -510,17 +519,27 @@ async fn tour(
         } else {
             SettleStatus::Deleted
         };
+        if status == SettleStatus::Confirmed {
+            // The payment to the payee and the change back commit with the spend.
+            let payment = [Output {
+                wallet: payee.clone(),
+                token_type: token_type.clone(),
+                quantity: Quantity::new(SELECT_AMOUNT, Precision::MAX)?,
+            }];
+            let done = settlement.confirm(tx, &payment, Some(&wallet)).await?;
+            confirmed += 1;
+            spent += done.spent.len();
+            continue;
+        }
         let settled = settlement.on_status(tx, status.status()).await?;
         let view = SettleView::new(status, &settled);
-        match status {
-            SettleStatus::Confirmed => confirmed += 1,
-            _ => deleted += 1,
-        }
+        deleted += 1;
         spent += view.spent.len();
         released += view.released;
     }
     let locks_after = stores.locks.list_locks().await?.len();
     let balance_after = stores.tokens.balance(&wallet, &token_type).await?;
+    let paid = stores.tokens.balance(&payee, &token_type).await?;
 
     // 4. Admission through a crash and a redelivery.
     progress.set_message("admitting builds");
@@ -563,6 +582,7 @@ async fn tour(
             locks_released: released,
             locks_after,
             balance_after: output::amount(balance_after),
+            paid: output::amount(paid),
         },
         admission,
         elapsed_ms: 0,

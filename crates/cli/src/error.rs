@@ -180,7 +180,9 @@ impl CliError {
             | CliError::NotFound { .. }
             | CliError::NotFresh { .. } => ErrorClass::BadInput,
             CliError::Tokens(TokenStoreError::Conflict { .. })
-            | CliError::Settle(SettleError::DoubleSpend { .. }) => ErrorClass::Refused,
+            | CliError::Settle(SettleError::DoubleSpend { .. } | SettleError::Outputs { .. }) => {
+                ErrorClass::Refused
+            }
             CliError::Tokens(_)
             | CliError::Settle(_)
             | CliError::Locks(_)

@@ -151,7 +151,11 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
         return simulate::run(args, cli.db.as_deref(), config).await;
     }
     let url = database_url(cli.db.as_deref(), &config).to_owned();
-    let ctx = Context::open(&url, config).await?;
+    let ctx = match &cli.command {
+        // A replica of a fleet outlives a database that is full or restarting.
+        Command::Soak(_) => soak::open(&url, config).await?,
+        _ => Context::open(&url, config).await?,
+    };
     let result = match cli.command {
         Command::Migrate => Ok(migrate(&ctx)),
         Command::Tokens(cmd) => tokens::run(&ctx, cmd).await,

@@ -11,10 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Args;
-use holdfast_domain::{
-    Precision, Quantity, SettlementStatus, TokenId, TokenType, TxId, TxStatus, WalletId,
-};
-use holdfast_ports::{NewToken, Stores, TokenStoreError};
+use holdfast_domain::{Precision, Quantity, SettlementStatus, TokenType, TxId, TxStatus, WalletId};
+use holdfast_ports::Output;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -48,13 +46,18 @@ pub struct SoakArgs {
     /// Stop after this many selects (0: run until killed)
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub selects: u64,
+    /// Where confirmed payments pay their amount (default: back to `--wallet`);
+    /// the change goes back to `--wallet`, with the spend in one transaction
+    #[arg(long, value_name = "WALLET")]
+    pub pay_to: Option<WalletId>,
     /// Concurrent select loops in this replica (each selects, settles and mints in
     /// turn; they share the backend, as a service's requests do)
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub workers: u32,
     /// Append one line per step to this file (`selected TX AMOUNT TOKEN...`,
     /// `settling TX STATUS`, `settled TX STATUS`, `double-spend TX TOKEN BY`,
-    /// `minted TOKEN AMOUNT`, `failed TX REASON`)
+    /// `failed TX REASON`; a confirmed TX's outputs are `TX:0`, the payment, and
+    /// `TX:1`, the change, if any)
     #[arg(long, value_name = "FILE")]
     pub history: Option<PathBuf>,
 }
@@ -154,10 +157,28 @@ where
     }
 }
 
-/// Every settlement error but a double spend is the store failing: retried (a
-/// settlement is idempotent).
+/// Opens the database like every command does, but waits out a database that
+/// cannot be opened for now (full, restarting, unreachable), retrying with a
+/// backoff, logged: only a URL or option that can never work ends the replica.
+pub async fn open(url: &str, config: holdfast::Config) -> Result<Context, CliError> {
+    let retried = AtomicU64::new(0);
+    until_done(
+        "opening the database",
+        &retried,
+        |e: &CliError| matches!(e, CliError::Open(open) if !open.is_bad_input()),
+        || Context::open(url, config.clone()),
+    )
+    .await
+}
+
+/// Every settlement error but a double spend or refused outputs is the store
+/// failing: retried (a settlement, and a confirm with the same outputs, is
+/// idempotent).
 fn settle_transient(e: &SettleError) -> bool {
-    !matches!(e, SettleError::DoubleSpend { .. })
+    !matches!(
+        e,
+        SettleError::DoubleSpend { .. } | SettleError::Outputs { .. }
+    )
 }
 
 /// Counters of the whole replica, shared by its workers.
@@ -176,7 +197,6 @@ struct Shared {
     args: SoakArgs,
     selector: TokenSelector,
     settlement: Settlement,
-    stores: Stores,
     precision: Precision,
     history: History,
     counters: Counters,
@@ -218,7 +238,6 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
     let shared = Arc::new(Shared {
         selector: select::selector(ctx)?,
         settlement,
-        stores: ctx.backend.stores(),
         precision: ctx.config.precision_bits()?,
         history,
         counters,
@@ -263,7 +282,8 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
     Ok(Rendered::of(&report))
 }
 
-/// One worker's loop: select, settle, mint the change, until the replica's count
+/// One worker's loop: select, then confirm (paying and returning the change) or
+/// delete, until the replica's count
 /// of selects is reached.
 async fn work(shared: Arc<Shared>, mut rng: StdRng) -> Result<(), CliError> {
     let (args, c, history) = (&shared.args, &shared.counters, &shared.history);
@@ -306,14 +326,30 @@ async fn work(shared: Arc<Shared>, mut rng: StdRng) -> Result<(), CliError> {
             TxStatus::Deleted
         };
         history.line(format!("settling {tx} {status}"));
-        let settled = until_done("settlement", &c.retried, settle_transient, || {
-            shared
-                .settlement
-                .on_status(&tx, SettlementStatus::Known(status))
-        })
-        .await;
+        // A confirmed payment pays the amount to the recipient and the change back
+        // to the wallet: its outputs commit with the spend and the status.
+        let payment = [Output {
+            wallet: args.pay_to.clone().unwrap_or_else(|| args.wallet.clone()),
+            token_type: args.token_type.clone(),
+            quantity: amount,
+        }];
+        let settled = if confirm {
+            until_done("confirming", &c.retried, settle_transient, || {
+                shared.settlement.confirm(&tx, &payment, Some(&args.wallet))
+            })
+            .await
+            .map(|_| ())
+        } else {
+            until_done("settlement", &c.retried, settle_transient, || {
+                shared
+                    .settlement
+                    .on_status(&tx, SettlementStatus::Known(status))
+            })
+            .await
+            .map(|_| ())
+        };
         match settled {
-            Ok(_) => history.line(format!("settled {tx} {status}")),
+            Ok(()) => history.line(format!("settled {tx} {status}")),
             Err(SettleError::DoubleSpend {
                 token, spent_by, ..
             }) => {
@@ -323,29 +359,10 @@ async fn work(shared: Arc<Shared>, mut rng: StdRng) -> Result<(), CliError> {
             }
             Err(e) => return Err(e.into()),
         }
-        if !confirm {
+        if confirm {
+            c.confirmed.fetch_add(1, Ordering::Relaxed);
+        } else {
             c.deleted.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        c.confirmed.fetch_add(1, Ordering::Relaxed);
-        // The change comes back as a new token of the same wallet, as a payment
-        // service would mint it once its transaction is on the ledger.
-        if !selected.change.is_zero() {
-            let change = [NewToken {
-                id: TokenId::new(tx.clone(), 0),
-                wallet: args.wallet.clone(),
-                token_type: args.token_type.clone(),
-                quantity: selected.change,
-                spendable: true,
-            }];
-            until_done(
-                "minting the change",
-                &c.retried,
-                |e: &TokenStoreError| matches!(e, TokenStoreError::Fault(_)),
-                || shared.stores.tokens.add_tokens(&change),
-            )
-            .await?;
-            history.line(format!("minted {tx}:0 {}", selected.change));
         }
     }
 }

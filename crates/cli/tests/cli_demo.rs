@@ -39,7 +39,8 @@ fn demo_prints_a_readable_tour() {
     for line in [
         "1. funded demo-wallet with 128 tokens of 100 CHF: balance 12800",
         "2. 32 concurrent selects of 150 across 3 replicas: 32 locked (64 tokens)",
-        "locks left: 0; balance 9600",
+        "2400 paid to demo-payee, change returned",
+        "locks left: 0; balance 10400",
         "CRASHED after the claim write; state accepted; slot owners: request/demo/main/1",
         "redeliver: process resumes: request/demo/main/1 -> publish the full build",
         "hold: every slot is taken",

@@ -10,5 +10,6 @@ mod cli;
 mod cli_demo;
 mod cli_help;
 mod cli_postgres;
+mod fleet_faults;
 mod replicas_killed;
 mod simulate;

@@ -11,9 +11,10 @@
 //! - every spent token was answered to its spender by a select;
 //! - every lock of a dead process is swept within the lease (one replica outlives
 //!   the others by the lease and a sweep period);
-//! - no money made: a change token is exactly what its confirmed transaction
-//!   selected beyond its amount, and balance = minted - spent over every token the
-//!   run could have made.
+//! - value conserved: a confirmed payment's outputs (the amount to `r`, the
+//!   change back to `w`) commit with its spend and status, whatever moment the
+//!   kill hit; every output has its confirmed status, every confirmed transaction
+//!   its outputs, and the unspent tokens of `w` and `r` add up to the funding.
 //!
 //! On SQLite the processes share one file; on PostgreSQL one server (skipped
 //! loudly without one, as the support module says). Replay the kill times with
@@ -77,6 +78,8 @@ impl Replica {
                 "CHF",
                 "--max-amount",
                 "120",
+                "--pay-to",
+                "r",
             ])
             .args(["--name", &self.name, "--history"])
             .arg(&self.history)
@@ -247,7 +250,7 @@ async fn check(s: &Stores, history: &History, funding: &[(&str, &str); 3]) {
         }
     }
     // Every token that exists or may exist: the funding, and each selected
-    // transaction's change.
+    // transaction's outputs (the payment, the change).
     let mut all: Vec<TokenId> = funding
         .iter()
         .flat_map(|(_, tx)| (0..150).map(move |i| TokenId::new(TxId::new(*tx).expect("tx"), i)))
@@ -256,15 +259,12 @@ async fn check(s: &Stores, history: &History, funding: &[(&str, &str); 3]) {
         history
             .selected
             .keys()
-            .map(|tx| TokenId::new(tx.clone(), 0)),
+            .flat_map(|tx| [TokenId::new(tx.clone(), 0), TokenId::new(tx.clone(), 1)]),
     );
-    let (mut minted, mut spent) = (0u128, 0u128);
     let mut tokens = BTreeMap::new();
     for id in all {
         if let Some(t) = s.tokens.token(&id).await.expect("token") {
-            minted += t.quantity.value();
             if let Some(by) = &t.spent_by {
-                spent += t.quantity.value();
                 assert_eq!(
                     status(by.clone()).await,
                     Some(TxStatus::Confirmed),
@@ -299,36 +299,54 @@ async fn check(s: &Stores, history: &History, funding: &[(&str, &str); 3]) {
             }
         }
     }
-    // No money made: a change token is exactly what its confirmed transaction
-    // selected beyond its amount.
+    // A transaction has its outputs exactly when it is confirmed: the amount to
+    // `r`, what its inputs held beyond it back to `w`.
     for (tx, inputs) in &history.selected {
-        let Some(change) = tokens.get(&TokenId::new(tx.clone(), 0)) else {
+        let confirmed = status(tx.clone()).await == Some(TxStatus::Confirmed);
+        let payment = tokens.get(&TokenId::new(tx.clone(), 0));
+        let change = tokens.get(&TokenId::new(tx.clone(), 1));
+        if !confirmed {
+            assert!(
+                payment.is_none() && change.is_none(),
+                "{tx} has outputs without its confirmed status"
+            );
             continue;
-        };
+        }
+        let payment = payment.unwrap_or_else(|| panic!("{tx} is confirmed without its payment"));
+        assert_eq!(
+            (payment.wallet.as_str(), payment.quantity.value()),
+            ("r", history.amounts[tx]),
+            "{tx}: the payment"
+        );
         let total: u128 = inputs
             .iter()
             .map(|t| tokens.get(t).map_or(0, |t| t.quantity.value()))
             .sum();
+        let change_value = change.map_or(0, |c| c.quantity.value());
         assert_eq!(
-            change.quantity.value(),
+            change_value,
             total - history.amounts[tx],
             "{tx}: change = selected - amount"
         );
-        assert_eq!(
-            status(tx.clone()).await,
-            Some(TxStatus::Confirmed),
-            "{tx} minted change"
-        );
     }
-    let balance = s
-        .tokens
-        .balance(
-            &WalletId::new("w").expect("wallet"),
-            &TokenType::new("CHF").expect("type"),
-        )
-        .await
-        .expect("balance");
-    assert_eq!(balance.value(), minted - spent, "balance = minted - spent");
+    // Value conserved: what is unspent in `w` and `r` is what was funded.
+    let funded: u128 = funding
+        .iter()
+        .map(|(amount, _)| 150 * amount.parse::<u128>().expect("amount"))
+        .sum();
+    let mut unspent = 0u128;
+    for wallet in ["w", "r"] {
+        unspent += s
+            .tokens
+            .balance(
+                &WalletId::new(wallet).expect("wallet"),
+                &TokenType::new("CHF").expect("type"),
+            )
+            .await
+            .expect("balance")
+            .value();
+    }
+    assert_eq!(unspent, funded, "value conserved: unspent = funded");
 }
 
 fn in_tokio(future: impl std::future::Future<Output = ()>) {

@@ -308,9 +308,100 @@ pub fn needs_renewal(first_claim: Timestamp, now: Timestamp, lease: Duration) ->
     first_claim <= now.saturating_sub(lease / 2)
 }
 
+/// A token type whose confirmed transaction does not conserve it: what its inputs
+/// of that type hold and what its outputs of that type add up to (`None`: more
+/// than 128 bits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imbalance {
+    /// The type.
+    pub token_type: crate::TokenType,
+    /// The inputs' sum.
+    pub inputs: Option<u128>,
+    /// The outputs' sum.
+    pub outputs: Option<u128>,
+}
+
+impl Imbalance {
+    /// A sum as decimal text.
+    pub fn shown(sum: Option<u128>) -> String {
+        sum.map_or_else(|| format!("more than {}", u128::MAX), |s| s.to_string())
+    }
+}
+
+/// The rule of confirming with outputs: per token type, the outputs add up to
+/// exactly what the inputs hold (no fee, nothing minted or burnt). The first type,
+/// in type order, where they differ; `None` when every type balances.
+pub fn unconserved<'a>(
+    inputs: impl IntoIterator<Item = (&'a crate::TokenType, crate::Quantity)>,
+    outputs: impl IntoIterator<Item = (&'a crate::TokenType, crate::Quantity)>,
+) -> Option<Imbalance> {
+    use std::collections::BTreeMap;
+    fn add<'t>(
+        sums: &mut BTreeMap<&'t crate::TokenType, Option<u128>>,
+        t: &'t crate::TokenType,
+        q: u128,
+    ) {
+        let sum = sums.entry(t).or_insert(Some(0));
+        *sum = sum.and_then(|s| s.checked_add(q));
+    }
+    let mut sums: BTreeMap<&crate::TokenType, (Option<u128>, Option<u128>)> = BTreeMap::new();
+    let (mut ins, mut outs) = (BTreeMap::new(), BTreeMap::new());
+    for (t, q) in inputs {
+        add(&mut ins, t, q.value());
+    }
+    for (t, q) in outputs {
+        add(&mut outs, t, q.value());
+    }
+    for (t, s) in &ins {
+        sums.entry(*t).or_insert((Some(0), Some(0))).0 = *s;
+    }
+    for (t, s) in &outs {
+        sums.entry(*t).or_insert((Some(0), Some(0))).1 = *s;
+    }
+    sums.into_iter()
+        .find(|(_, (i, o))| i.is_none() || i != o)
+        .map(|(t, (inputs, outputs))| Imbalance {
+            token_type: t.clone(),
+            inputs,
+            outputs,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outputs_conserve_inputs_per_type() {
+        let (chf, eur) = (
+            crate::TokenType::new("CHF").expect("type"),
+            crate::TokenType::new("EUR").expect("type"),
+        );
+        let q = |v| crate::Quantity::new(v, crate::Precision::MAX).expect("quantity");
+        // 7 + 5 of CHF paid as 10 + 2: balanced.
+        assert_eq!(
+            unconserved([(&chf, q(7)), (&chf, q(5))], [(&chf, q(10)), (&chf, q(2))]),
+            None
+        );
+        // Nothing in, nothing out.
+        assert_eq!(unconserved([], []), None);
+        // An output short of its inputs (a fee) or beyond them (minting).
+        let short = unconserved([(&chf, q(7))], [(&chf, q(6))]).expect("short");
+        assert_eq!((short.inputs, short.outputs), (Some(7), Some(6)));
+        // A type with inputs and no outputs, or outputs of another type.
+        let burnt = unconserved([(&chf, q(7)), (&eur, q(1))], [(&chf, q(7))]).expect("burnt");
+        assert_eq!((burnt.token_type, burnt.outputs), (eur.clone(), Some(0)));
+        let swapped = unconserved([(&chf, q(7))], [(&eur, q(7))]).expect("swapped");
+        assert_eq!(swapped.token_type, chf);
+        // Sums beyond 128 bits never balance.
+        let huge = unconserved(
+            [(&eur, q(u128::MAX)), (&eur, q(1))],
+            [(&eur, q(u128::MAX)), (&eur, q(1))],
+        )
+        .expect("beyond 128 bits");
+        assert_eq!(huge.inputs, None);
+        assert!(Imbalance::shown(None).starts_with("more than"));
+    }
 
     const ALL: [TxStatus; 6] = [
         TxStatus::Pending,

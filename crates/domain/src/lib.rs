@@ -29,8 +29,8 @@ pub use admission::{
 pub use blacklist::{Blacklist, BlacklistReason};
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
 pub use lease::{
-    LeaseConfig, LeaseConfigError, LockAction, PersistPolicy, PersistResult, PersistStep,
-    SettlementStatus, SweepRule, TxStatus,
+    Imbalance, LeaseConfig, LeaseConfigError, LockAction, PersistPolicy, PersistResult,
+    PersistStep, SettlementStatus, SweepRule, TxStatus, unconserved,
 };
 pub use quantity::{Precision, Quantity, QuantityError};
 pub use request::{

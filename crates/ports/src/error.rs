@@ -61,9 +61,46 @@ pub enum LockStoreError {
         /// The transaction that spent it first.
         spent_by: TxId,
     },
+    /// The outputs of a confirm cannot be stored (too many, or an amount of 0).
+    /// Nothing was changed.
+    #[error("invalid outputs: {detail}")]
+    BadOutputs {
+        /// What was wrong and what was expected.
+        detail: String,
+    },
+    /// A confirm's outputs of one token type do not add up to its inputs of that
+    /// type. Nothing was changed.
+    #[error("{0}")]
+    NotConserved(Box<Unconserved>),
+    /// The transaction was already confirmed with other outputs (or without
+    /// outputs), or its output ids are taken by tokens that are not its outputs.
+    /// Nothing was changed.
+    #[error("{tx} is already confirmed with other outputs: {detail}; nothing was changed")]
+    OutputsDiffer {
+        /// The transaction.
+        tx: TxId,
+        /// What differs.
+        detail: String,
+    },
     /// The backend failed; some claims of this call may have been applied.
     #[error(transparent)]
     Fault(#[from] StoreFault),
+}
+
+/// The outputs of a transaction do not conserve one of its token types.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "outputs of {tx} do not conserve type {token_type}: inputs {inputs}, outputs {outputs}; nothing was settled"
+)]
+pub struct Unconserved {
+    /// The transaction.
+    pub tx: TxId,
+    /// The token type.
+    pub token_type: String,
+    /// What its selected tokens of that type hold (decimal).
+    pub inputs: String,
+    /// What its outputs of that type add up to (decimal).
+    pub outputs: String,
 }
 
 /// Errors of [`crate::TxStatusStore`].

@@ -30,10 +30,12 @@ pub use delivery::{
     BuildPublisher, Delivery, DeliveryError, DeliverySource, Message, MockBuildPublisher,
     MockDeliverySource,
 };
-pub use error::{LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError};
+pub use error::{
+    LockStoreError, QueueStoreError, StatusStoreError, StoreFault, TokenStoreError, Unconserved,
+};
 pub use locks::{
-    CandidateRead, Chooser, LockInfo, LockStore, MAX_WINDOW, MockLockStore, ReadAndClaim,
-    ReadWithClaim, SweepReport, check_window,
+    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, MAX_OUTPUTS, MAX_WINDOW,
+    MockLockStore, Output, ReadAndClaim, ReadWithClaim, SweepReport, check_outputs, check_window,
 };
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};

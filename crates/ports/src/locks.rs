@@ -1,7 +1,10 @@
 //! The lock store port: claims on tokens, their release, the lease sweep.
 
 use async_trait::async_trait;
-use holdfast_domain::{Candidate, ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{
+    Candidate, ClaimVerdict, Quantity, SweepRule, Timestamp, Token, TokenId, TokenType, TxId,
+    TxStatus, WalletId,
+};
 
 use crate::error::LockStoreError;
 use crate::tokens::{BandQuery, CandidateQuery};
@@ -18,6 +21,50 @@ pub fn check_window(tokens: &[TokenId]) -> Result<(), LockStoreError> {
         return Err(LockStoreError::WindowTooLarge {
             len: tokens.len(),
             max: MAX_WINDOW,
+        });
+    }
+    Ok(())
+}
+
+/// The most outputs one confirmed transaction may add.
+pub const MAX_OUTPUTS: usize = 1024;
+
+/// A token a confirmed transaction creates: its `index`-th output gets the id
+/// `(transaction, index)`, spendable at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// The wallet it pays to (a recipient, or the payer's own for change).
+    pub wallet: WalletId,
+    /// Its type: each type's outputs must add up to that type's inputs.
+    pub token_type: TokenType,
+    /// Its amount, more than zero.
+    pub quantity: Quantity,
+}
+
+/// What [`LockStore::confirm`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Confirmation {
+    /// The inputs spent now, in key order (empty when `replayed`).
+    pub spent: Vec<TokenId>,
+    /// The ids of the outputs, `(transaction, index)` in order.
+    pub outputs: Vec<TokenId>,
+    /// The transaction was already confirmed with exactly these outputs: nothing
+    /// changed.
+    pub replayed: bool,
+}
+
+/// Checks the outputs of a confirm before any I/O, so every adapter refuses the
+/// same ones: more than [`MAX_OUTPUTS`], or an output of zero, is
+/// [`LockStoreError::BadOutputs`].
+pub fn check_outputs(outputs: &[Output]) -> Result<(), LockStoreError> {
+    if outputs.len() > MAX_OUTPUTS {
+        return Err(LockStoreError::BadOutputs {
+            detail: format!("{} outputs; expected at most {MAX_OUTPUTS}", outputs.len()),
+        });
+    }
+    if let Some(i) = outputs.iter().position(|o| o.quantity.is_zero()) {
+        return Err(LockStoreError::BadOutputs {
+            detail: format!("output {i} is 0; expected an amount of at least 1"),
         });
     }
     Ok(())
@@ -192,6 +239,32 @@ pub trait LockStore: Send + Sync {
         at: Timestamp,
         record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError>;
+
+    /// Confirms `consumer` with its `outputs`, in one transaction (one round trip
+    /// on PostgreSQL): records [`TxStatus::Confirmed`] at `at`, spends every token
+    /// it selected (as [`LockStore::spend_consumer`] does), releases its locks,
+    /// forgets its selections and adds the outputs as new spendable tokens with
+    /// ids `(consumer, 0..)`. Signals the outputs' and the released tokens' keys.
+    ///
+    /// The outputs must conserve the inputs: per token type, the outputs add up to
+    /// exactly what the selected tokens of that type hold, else
+    /// [`LockStoreError::NotConserved`] and nothing changes. Retried with the same
+    /// outputs after it committed, it changes nothing and answers `replayed`;
+    /// with other outputs (or once confirmed without outputs) it is
+    /// [`LockStoreError::OutputsDiffer`], nothing changed. A selected token
+    /// another transaction spent is [`LockStoreError::DoubleSpend`], nothing
+    /// changed. Outputs are checked by [`check_outputs`] first.
+    async fn confirm(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError>;
+
+    /// The unspent tokens `consumer` has selected (also those whose lock the lease
+    /// sweep took), in key order: what a confirm of it spends, for working out
+    /// its change.
+    async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError>;
 
     /// The consumers that have selected tokens and not settled yet, each with its
     /// recorded status, in id order: what the start-up recovery pass looks at.

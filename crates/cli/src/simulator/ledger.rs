@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus};
+use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus, Token};
 use holdfast_ports::{
-    CandidateRead, Chooser, LockInfo, LockStore, LockStoreError, ReadAndClaim, ReadWithClaim,
-    SweepReport,
+    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, Output,
+    ReadAndClaim, ReadWithClaim, SweepReport,
 };
 
 /// Claims and conflicts of one token.
@@ -132,6 +132,10 @@ impl LockStore for CountingLockStore {
         self.inner.renew(consumer, tokens, at).await
     }
 
+    async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
+        self.inner.selected(consumer).await
+    }
+
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.inner.unsettled().await
     }
@@ -151,6 +155,15 @@ impl LockStore for CountingLockStore {
         record_status: bool,
     ) -> Result<Vec<TokenId>, LockStoreError> {
         self.inner.spend_consumer(consumer, at, record_status).await
+    }
+
+    async fn confirm(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        at: Timestamp,
+    ) -> Result<Confirmation, LockStoreError> {
+        self.inner.confirm(consumer, outputs, at).await
     }
 
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use holdfast_domain::{
     LeaseConfig, Quantity, SelectRequest, SelectionConfig, SelectionPolicy, SettlementStatus,
-    Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
+    Timestamp, TokenId, TokenType, TxId, WalletId,
 };
-use holdfast_ports::{Clock, LockStore, NewToken, Stores, TokenStore};
+use holdfast_ports::{Clock, LockStore, NewToken, Output, Stores, TokenStore};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -48,6 +48,12 @@ pub struct PlannedRequest {
     pub mode: RequestMode,
     /// The per-call RNG seed.
     pub seed: u64,
+}
+
+/// The wallet confirmed payments of the settle mode pay to (a sink no request
+/// spends from).
+fn payee() -> WalletId {
+    WalletId::new("simulator-payee").unwrap_or_else(|_| unreachable!("a valid wallet id"))
 }
 
 /// What one select call measured.
@@ -565,35 +571,30 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
             );
             match planned.mode {
                 RequestMode::Settle => {
-                    if !selected.change.is_zero() {
-                        let change = NewToken {
-                            id: TokenId::new(consumer.clone(), 0),
-                            wallet: planned.wallet.clone(),
-                            token_type: planned.token_type.clone(),
-                            quantity: selected.change,
-                            spendable: true,
-                        };
-                        match replica.stores.tokens.add_tokens(&[change]).await {
-                            Ok(_) => {
+                    checker.on_releasing(&selected.tokens);
+                    // The payment leaves the wallet for a payee; the change comes
+                    // back to it: both outputs commit with the spend.
+                    let payment = [Output {
+                        wallet: payee(),
+                        token_type: planned.token_type.clone(),
+                        quantity: planned.amount,
+                    }];
+                    match replica
+                        .settlement
+                        .confirm(&consumer, &payment, Some(&planned.wallet))
+                        .await
+                    {
+                        Ok(confirmed) => {
+                            if !selected.change.is_zero() {
                                 checker.minted.fetch_add(1, Ordering::Relaxed);
                             }
-                            Err(e) => {
-                                checker.settle_errors.fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(error = %e, "could not mint the change");
-                            }
-                        }
-                    }
-                    checker.on_releasing(&selected.tokens);
-                    let status = SettlementStatus::Known(TxStatus::Confirmed);
-                    match replica.settlement.on_status(&consumer, status).await {
-                        Ok(settled) => {
-                            checker.on_spent(&settled.spent);
+                            checker.on_spent(&confirmed.spent);
                             // Confirmed spends every selected token, whatever the
                             // lease sweep did: one left out is a lost spend.
                             let left = selected
                                 .tokens
                                 .iter()
-                                .filter(|t| !settled.spent.contains(t))
+                                .filter(|t| !confirmed.spent.contains(t))
                                 .count();
                             checker.confirmed_left_spendable.fetch_add(
                                 u64::try_from(left).unwrap_or(u64::MAX),
@@ -602,7 +603,7 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                         }
                         Err(e) => {
                             checker.settle_errors.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(error = %e, "could not settle");
+                            tracing::warn!(error = %e, "could not confirm");
                         }
                     }
                 }

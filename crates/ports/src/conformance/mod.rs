@@ -26,6 +26,7 @@
 //! Checks panic with a message naming what they expected and what they saw; they
 //! never sleep and assert no timings.
 
+pub mod confirm;
 pub mod locks;
 pub mod queues;
 pub mod read_and_claim;
@@ -126,6 +127,11 @@ macro_rules! conformance_tests {
             settlement::renew_restamps_held_locks_and_reports_lost_ones,
             settlement::release_tokens_forgets_the_selection,
             settlement::a_consumer_cannot_win_its_own_swept_token_twice,
+            confirm::confirm_spends_the_inputs_and_adds_the_outputs_at_once,
+            confirm::a_retried_confirm_is_a_no_op_and_other_outputs_are_refused,
+            confirm::outputs_that_do_not_conserve_the_inputs_change_nothing,
+            confirm::a_confirm_of_a_token_spent_by_another_adds_nothing,
+            confirm::concurrent_confirms_of_one_transaction_apply_it_once,
             statuses::status_round_trips_and_replaces,
             queues::create_request_dedups_and_numbers,
             queues::create_request_concurrent_dedups,

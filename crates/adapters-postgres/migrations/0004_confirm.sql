@@ -1,0 +1,129 @@
+-- holdfast schema, version 4: confirming a transaction with its outputs.
+--
+-- holdfast_confirm(consumer, at, wallets, types, amounts) does in the one
+-- transaction of the call (one round trip) what a confirmed payment needs:
+-- record the status, spend what the consumer selected, release its locks,
+-- forget its selections and add its outputs as tokens (consumer, 0..n-1).
+--
+-- Confirms of one consumer are serialized by a transaction-level advisory lock
+-- (first key: the bytes of "conf"), so a retry racing the first attempt sees
+-- its outcome. Then, in order:
+--   1. already confirmed: the stored outputs must be exactly the given ones
+--      ('replayed', nothing changes) else 'differ';
+--   2. tokens already under the output ids: 'differ';
+--   3. the selected token rows, then the consumer's lock rows, FOR UPDATE in key
+--      order (as holdfast_spend); a selected token another transaction spent:
+--      'double_spend' with its spender;
+--   4. per token type the outputs must add up to the selected, unspent inputs:
+--      else 'not_conserved' (type, inputs, outputs), the first type in byte
+--      order (the domain's `unconserved` states the rule; this is its SQL);
+--   5. record, spend, release, forget, insert: rows 'spent' (the inputs) and
+--      'key' (wallet TAB type of the released tokens and of the outputs, to
+--      wake).
+-- Every refusal returns before anything is written.
+CREATE FUNCTION holdfast_confirm(
+    p_consumer TEXT, p_at_ms BIGINT, p_wallets TEXT[], p_types TEXT[], p_amounts TEXT[]
+)
+RETURNS TABLE (kind TEXT, tx TEXT, idx BIGINT, detail TEXT)
+LANGUAGE plpgsql AS $$
+DECLARE
+    at_ts TIMESTAMPTZ := TIMESTAMPTZ 'epoch' + p_at_ms * INTERVAL '1 millisecond';
+    n_given BIGINT := COALESCE(cardinality(p_wallets), 0);
+    n_stored BIGINT;
+    n_same BIGINT;
+    confirmed BOOLEAN;
+BEGIN
+    PERFORM pg_advisory_xact_lock(1668247142, hashtext(p_consumer));
+    SELECT EXISTS (SELECT 1 FROM tx_statuses s
+                   WHERE s.tx_id = p_consumer AND s.status = 'confirmed')
+        INTO confirmed;
+    SELECT count(*) FROM tokens k WHERE k.tx_id = p_consumer INTO n_stored;
+    IF confirmed OR n_stored > 0 THEN
+        SELECT count(*)
+            FROM unnest(p_wallets, p_types, p_amounts) WITH ORDINALITY AS o(w, t, a, n)
+            JOIN tokens k ON k.tx_id = p_consumer AND k.idx = o.n - 1
+                AND k.wallet = o.w AND k.token_type = o.t AND k.amount = o.a::NUMERIC
+            INTO n_same;
+        IF confirmed AND n_stored = n_given AND n_same = n_given THEN
+            RETURN QUERY SELECT 'replayed'::TEXT, NULL::TEXT, NULL::BIGINT, NULL::TEXT;
+        ELSIF confirmed THEN
+            RETURN QUERY SELECT 'differ'::TEXT, NULL::TEXT, NULL::BIGINT,
+                n_stored || ' output(s) stored, ' || n_given || ' given, or not the same ones';
+        ELSE
+            RETURN QUERY SELECT 'differ'::TEXT, NULL::TEXT, NULL::BIGINT,
+                n_stored || ' token(s) already have its output ids (' || p_consumer || ':N)';
+        END IF;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM selections s
+        JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
+        WHERE s.consumer = p_consumer
+        ORDER BY t.tx_id, t.idx
+        FOR UPDATE OF t;
+    PERFORM 1 FROM token_locks l
+        WHERE l.consumer = p_consumer
+        ORDER BY l.tx_id, l.idx
+        FOR UPDATE OF l;
+    RETURN QUERY
+        SELECT 'double_spend'::TEXT, t.tx_id::TEXT, t.idx, t.spent_by::TEXT FROM selections s
+        JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
+        WHERE s.consumer = p_consumer AND t.spent_by IS NOT NULL AND t.spent_by <> p_consumer
+        ORDER BY t.tx_id, t.idx
+        LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        WITH ins AS (
+            SELECT t.token_type::TEXT AS token_type, SUM(t.amount) AS total
+            FROM selections s JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
+            WHERE s.consumer = p_consumer AND t.spent_by IS NULL
+            GROUP BY t.token_type
+        ),
+        outs AS (
+            SELECT o.t AS token_type, SUM(o.a::NUMERIC) AS total
+            FROM unnest(p_types, p_amounts) AS o(t, a)
+            GROUP BY o.t
+        )
+        SELECT 'not_conserved'::TEXT, NULL::TEXT, NULL::BIGINT,
+               COALESCE(i.token_type, o.token_type) || E'\t' || COALESCE(i.total, 0)::TEXT
+                   || E'\t' || COALESCE(o.total, 0)::TEXT
+        FROM ins i FULL JOIN outs o ON o.token_type = i.token_type
+        WHERE COALESCE(i.total, 0) <> COALESCE(o.total, 0)
+        ORDER BY COALESCE(i.token_type, o.token_type) COLLATE "C"
+        LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    INSERT INTO tx_statuses (tx_id, status, recorded_at)
+    VALUES (p_consumer, 'confirmed', at_ts)
+    ON CONFLICT (tx_id) DO UPDATE
+    SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at;
+    RETURN QUERY
+        WITH released AS (
+            DELETE FROM token_locks l WHERE l.consumer = p_consumer
+            RETURNING l.tx_id, l.idx
+        )
+        SELECT DISTINCT 'key'::TEXT, NULL::TEXT, NULL::BIGINT, t.wallet || E'\t' || t.token_type
+        FROM released r JOIN tokens t ON t.tx_id = r.tx_id AND t.idx = r.idx;
+    RETURN QUERY
+        WITH forgotten AS (
+            DELETE FROM selections s WHERE s.consumer = p_consumer
+            RETURNING s.tx_id, s.idx
+        )
+        UPDATE tokens t
+        SET spent_by = p_consumer, spent_at = at_ts
+        FROM forgotten f
+        WHERE t.tx_id = f.tx_id AND t.idx = f.idx AND t.spent_by IS NULL
+        RETURNING 'spent'::TEXT, t.tx_id::TEXT, t.idx, NULL::TEXT;
+    RETURN QUERY
+        WITH added AS (
+            INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+            SELECT p_consumer, o.n - 1, o.w, o.t, o.a::NUMERIC, TRUE
+            FROM unnest(p_wallets, p_types, p_amounts) WITH ORDINALITY AS o(w, t, a, n)
+            RETURNING wallet, token_type
+        )
+        SELECT DISTINCT 'key'::TEXT, NULL::TEXT, NULL::BIGINT, a.wallet || E'\t' || a.token_type
+        FROM added a;
+END;
+$$;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, TokenId, TxId, TxStatus, Token};
+use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, Token, TokenId, TxId, TxStatus};
 use holdfast_ports::{
     CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, Output,
     ReadAndClaim, ReadWithClaim, SweepReport,

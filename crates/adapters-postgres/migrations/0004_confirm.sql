@@ -17,7 +17,12 @@
 --   4. per token type the outputs must add up to the selected, unspent inputs:
 --      else 'not_conserved' (type, inputs, outputs), the first type in byte
 --      order (the domain's `unconserved` states the rule; this is its SQL);
---   5. record, spend, release, forget, insert: rows 'spent' (the inputs) and
+--   5. per wallet and type of the outputs, under its advisory lock (first key:
+--      the bytes of "wbal", second hashtext(wallet TAB type), taken in key
+--      order, as add_tokens takes them): its unspent tokens, spendable or not,
+--      less the inputs, plus its outputs must not exceed 2^128 - 1, else
+--      'overflow' (wallet TAB type), the first in byte order;
+--   6. record, spend, release, forget, insert: rows 'spent' (the inputs) and
 --      'key' (wallet TAB type of the released tokens and of the outputs, to
 --      wake).
 -- Every refusal returns before anything is written.
@@ -32,6 +37,8 @@ DECLARE
     n_stored BIGINT;
     n_same BIGINT;
     confirmed BOOLEAN;
+    in_tx TEXT[];
+    in_idx BIGINT[];
 BEGIN
     PERFORM pg_advisory_xact_lock(1668247142, hashtext(p_consumer));
     SELECT EXISTS (SELECT 1 FROM tx_statuses s
@@ -64,10 +71,18 @@ BEGIN
         WHERE l.consumer = p_consumer
         ORDER BY l.tx_id, l.idx
         FOR UPDATE OF l;
+    -- The inputs, once: every step below uses this set, so a claim of the same
+    -- transaction committing meanwhile (a select still running) is neither
+    -- counted nor spent; its lock and selection stay for its own give-back.
+    SELECT COALESCE(array_agg(s.tx_id::TEXT ORDER BY s.tx_id, s.idx), '{}'),
+           COALESCE(array_agg(s.idx ORDER BY s.tx_id, s.idx), '{}')
+        FROM selections s WHERE s.consumer = p_consumer
+        INTO in_tx, in_idx;
     RETURN QUERY
-        SELECT 'double_spend'::TEXT, t.tx_id::TEXT, t.idx, t.spent_by::TEXT FROM selections s
+        SELECT 'double_spend'::TEXT, t.tx_id::TEXT, t.idx, t.spent_by::TEXT
+        FROM unnest(in_tx, in_idx) AS s(tx_id, idx)
         JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
-        WHERE s.consumer = p_consumer AND t.spent_by IS NOT NULL AND t.spent_by <> p_consumer
+        WHERE t.spent_by IS NOT NULL AND t.spent_by <> p_consumer
         ORDER BY t.tx_id, t.idx
         LIMIT 1;
     IF FOUND THEN
@@ -76,8 +91,9 @@ BEGIN
     RETURN QUERY
         WITH ins AS (
             SELECT t.token_type::TEXT AS token_type, SUM(t.amount) AS total
-            FROM selections s JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
-            WHERE s.consumer = p_consumer AND t.spent_by IS NULL
+            FROM unnest(in_tx, in_idx) AS s(tx_id, idx)
+            JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
+            WHERE t.spent_by IS NULL
             GROUP BY t.token_type
         ),
         outs AS (
@@ -95,21 +111,75 @@ BEGIN
     IF FOUND THEN
         RETURN;
     END IF;
+    -- A statement of its own: the sums below then see every write committed
+    -- under these locks (each statement of a function takes a new snapshot).
+    PERFORM pg_advisory_xact_lock(2002936172, p.k)
+        FROM (SELECT DISTINCT hashtext(w || E'\t' || t) AS k
+              FROM unnest(p_wallets, p_types) AS i(w, t)) AS p
+        ORDER BY p.k;
+    -- base: the outputs plus the unspendable tokens left (no index holds these:
+    -- a scan of tokens). The spendable ones left are summed only if their
+    -- largest is 2^63 or more or base exceeds 2^127: fewer than 2^64 rows of
+    -- amounts below 2^63 sum below 2^127, and adding at most 2^127 to that
+    -- cannot pass 2^128 - 1 (add_tokens argues the same).
+    RETURN QUERY
+        WITH outs AS (
+            SELECT o.w, o.t, SUM(o.a::NUMERIC) AS total
+            FROM unnest(p_wallets, p_types, p_amounts) AS o(w, t, a)
+            GROUP BY o.w, o.t
+        ),
+        bounds AS MATERIALIZED (
+            SELECT o.w, o.t,
+                   o.total + COALESCE((SELECT SUM(t.amount) FROM tokens t
+                                       WHERE t.wallet = o.w AND t.token_type = o.t
+                                         AND NOT t.spendable AND t.spent_by IS NULL
+                                         AND NOT EXISTS (
+                                             SELECT 1 FROM unnest(in_tx, in_idx) AS s(tx_id, idx)
+                                             WHERE s.tx_id = t.tx_id AND s.idx = t.idx)), 0)
+                       AS base,
+                   (SELECT MAX(t.amount) FROM tokens t
+                    WHERE t.wallet = o.w AND t.token_type = o.t
+                      AND t.spendable AND t.spent_by IS NULL) AS top
+            FROM outs o
+        )
+        SELECT 'overflow'::TEXT, NULL::TEXT, NULL::BIGINT, b.w || E'\t' || b.t
+        FROM bounds b
+        WHERE CASE
+            WHEN COALESCE(b.top, 0) < 9223372036854775808
+                 AND b.base <= 170141183460469231731687303715884105728 THEN FALSE
+            ELSE b.base
+                 + COALESCE((SELECT SUM(t.amount) FROM tokens t
+                             WHERE t.wallet = b.w AND t.token_type = b.t
+                               AND t.spendable AND t.spent_by IS NULL
+                               AND NOT EXISTS (
+                                   SELECT 1 FROM unnest(in_tx, in_idx) AS s(tx_id, idx)
+                                   WHERE s.tx_id = t.tx_id AND s.idx = t.idx)), 0)
+                 > 340282366920938463463374607431768211455
+        END
+        ORDER BY b.w COLLATE "C", b.t COLLATE "C"
+        LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
     INSERT INTO tx_statuses (tx_id, status, recorded_at)
     VALUES (p_consumer, 'confirmed', at_ts)
     ON CONFLICT (tx_id) DO UPDATE
     SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at;
     RETURN QUERY
         WITH released AS (
-            DELETE FROM token_locks l WHERE l.consumer = p_consumer
+            DELETE FROM token_locks l
+            USING unnest(in_tx, in_idx) AS s(tx_id, idx)
+            WHERE l.consumer = p_consumer AND l.tx_id = s.tx_id AND l.idx = s.idx
             RETURNING l.tx_id, l.idx
         )
         SELECT DISTINCT 'key'::TEXT, NULL::TEXT, NULL::BIGINT, t.wallet || E'\t' || t.token_type
         FROM released r JOIN tokens t ON t.tx_id = r.tx_id AND t.idx = r.idx;
     RETURN QUERY
         WITH forgotten AS (
-            DELETE FROM selections s WHERE s.consumer = p_consumer
-            RETURNING s.tx_id, s.idx
+            DELETE FROM selections x
+            USING unnest(in_tx, in_idx) AS s(tx_id, idx)
+            WHERE x.consumer = p_consumer AND x.tx_id = s.tx_id AND x.idx = s.idx
+            RETURNING x.tx_id, x.idx
         )
         UPDATE tokens t
         SET spent_by = p_consumer, spent_at = at_ts

@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     /// The client-side bound on a whole read-and-claim transaction.
     pub(crate) transaction_bound: std::time::Duration,
     pub(crate) strategy: LockStrategy,
+    /// The owner id recorded on this instance's locks and selections.
+    pub(crate) owner: String,
     pub(crate) wake: Wake,
     /// In-process turns of read-and-claims, by line (`locks::claim_line`).
     pub(crate) claim_lines: Box<[tokio::sync::Mutex<()>]>,
@@ -152,6 +154,7 @@ impl PgBackend {
                     + options.line_wait
                     + std::time::Duration::from_secs(1),
                 strategy: options.strategy,
+                owner: options.owner.clone(),
                 wake,
                 claim_lines: (0..CLAIM_LINE_STRIPES)
                     .map(|_| tokio::sync::Mutex::new(()))
@@ -166,6 +169,11 @@ impl PgBackend {
     /// The four ports, all backed by this instance.
     pub fn stores(&self) -> Stores {
         Stores::shared(Arc::new(self.clone()))
+    }
+
+    /// The owner id this instance records on its locks and selections.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
     }
 
     /// The configured lock strategy.

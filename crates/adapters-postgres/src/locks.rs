@@ -144,20 +144,23 @@ macro_rules! window_sql {
              ),",
             $eligible,
             "claimed AS (
-                 INSERT INTO token_locks (tx_id, idx, consumer, created_at)
-                 SELECT s.tx_id, s.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+                 INSERT INTO token_locks (tx_id, idx, consumer, created_at, owner)
+                 SELECT s.tx_id, s.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond', $5
                  FROM ",
             $source,
             " s
                  WHERE NOT EXISTS (SELECT 1 FROM selections x
                                    WHERE x.consumer = $3 AND x.tx_id = s.tx_id AND x.idx = s.idx)
+                   AND NOT EXISTS (SELECT 1 FROM tx_statuses st
+                                   WHERE st.tx_id = $3 AND st.status = 'confirmed')
                  ORDER BY s.tx_id, s.idx
                  ON CONFLICT (tx_id, idx) DO NOTHING
                  RETURNING tx_id, idx
              ),
              recorded AS (
-                 INSERT INTO selections (consumer, tx_id, idx)
-                 SELECT $3, tx_id, idx FROM claimed
+                 INSERT INTO selections (consumer, tx_id, idx, owner, selected_at)
+                 SELECT $3, tx_id, idx, $5, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+                 FROM claimed
              )
              SELECT c.tx_id, c.idx, cl.tx_id IS NOT NULL AS won, s.tx_id IS NOT NULL AS still_spendable
              FROM candidates c
@@ -201,29 +204,39 @@ fn lock_not_available(e: &sqlx::Error) -> bool {
 
 /// The single-token claim of `insert`: a conditional insert of a share-locked,
 /// still-spendable token, recorded as selected, unless `$3` already selected it
-/// (an earlier select of the transaction whose lock was swept); a lost race is a
-/// unique violation. Returns (1 when won, whether `$3` had already selected it).
+/// (an earlier select of the transaction whose lock was swept) or is confirmed; a
+/// lost race is a unique violation. Returns (1 when won, whether `$3` had already
+/// selected it or is confirmed: contended, not stale).
 const CLAIM_INSERT: &str = "
     WITH claimed AS (
-        INSERT INTO token_locks (tx_id, idx, consumer, created_at)
-        SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+        INSERT INTO token_locks (tx_id, idx, consumer, created_at, owner)
+        SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond', $5
         FROM tokens t
         WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL
           AND NOT EXISTS (SELECT 1 FROM selections x
                           WHERE x.consumer = $3 AND x.tx_id = t.tx_id AND x.idx = t.idx)
+          AND NOT EXISTS (SELECT 1 FROM tx_statuses st
+                          WHERE st.tx_id = $3 AND st.status = 'confirmed')
         FOR SHARE OF t
         RETURNING tx_id, idx
     ),
     recorded AS (
-        INSERT INTO selections (consumer, tx_id, idx)
-        SELECT $3, tx_id, idx FROM claimed
+        INSERT INTO selections (consumer, tx_id, idx, owner, selected_at)
+        SELECT $3, tx_id, idx, $5, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+        FROM claimed
     )
     SELECT (SELECT COUNT(*) FROM claimed),
            EXISTS (SELECT 1 FROM selections x
-                   WHERE x.consumer = $3 AND x.tx_id = $1 AND x.idx = $2)";
+                   WHERE x.consumer = $3 AND x.tx_id = $1 AND x.idx = $2)
+           OR (EXISTS (SELECT 1 FROM tx_statuses st
+                       WHERE st.tx_id = $3 AND st.status = 'confirmed')
+               AND EXISTS (SELECT 1 FROM tokens t
+                           WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable
+                             AND t.spent_by IS NULL))";
 
 /// Settles consumer `$1` as deleted in one statement: records the status (when
-/// `$3`, at `$2` milliseconds), releases its locks (locking them in key order
+/// `$3`, at `$2` milliseconds; never over Confirmed, which is final: a confirm
+/// still running for a killed client may commit first), releases its locks (locking them in key order
 /// first) and forgets its selections. Returns the locks released and the
 /// `wallet<TAB>type` of their tokens (what to wake).
 pub const RELEASE_CONSUMER: &str = "
@@ -233,6 +246,7 @@ pub const RELEASE_CONSUMER: &str = "
         WHERE $3
         ON CONFLICT (tx_id) DO UPDATE
         SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at
+        WHERE tx_statuses.status <> 'confirmed'
     ),
     forgotten AS (
         DELETE FROM selections WHERE consumer = $1
@@ -301,6 +315,13 @@ const SELECTED: &str = "
     WHERE s.consumer = $1 AND t.spent_by IS NULL
     ORDER BY t.tx_id, t.idx";
 
+/// The consumers with selections made by owner `$1`, and their recorded statuses.
+const UNSETTLED_OWNED: &str = "
+    SELECT s.consumer, st.status
+    FROM (SELECT DISTINCT consumer FROM selections WHERE owner = $1) s
+    LEFT JOIN tx_statuses st ON st.tx_id = s.consumer
+    ORDER BY s.consumer";
+
 /// The consumers with selections, and their recorded statuses.
 const UNSETTLED: &str = "
     SELECT s.consumer, st.status
@@ -311,7 +332,8 @@ const UNSETTLED: &str = "
 /// One statement: take leadership for this transaction (released at its end), and
 /// if won delete the locks created before the cut-off `$2` and the locks of
 /// consumers whose status is in `$3`, as the domain's sweep rule says, locking them
-/// in key order first.
+/// in key order first; and forget the selections made before `$4` whose lock is
+/// gone.
 const SWEEP: &str = "
     WITH leader AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
     doomed AS (
@@ -330,16 +352,27 @@ const SWEEP: &str = "
         USING doomed d
         WHERE l.tx_id = d.tx_id AND l.idx = d.idx
         RETURNING d.expired, d.tx_id, d.idx
+    ),
+    forgotten AS (
+        DELETE FROM selections s
+        USING leader
+        WHERE leader.ok
+          AND s.selected_at < TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+          AND NOT EXISTS (SELECT 1 FROM token_locks l
+                          WHERE l.consumer = s.consumer AND l.tx_id = s.tx_id AND l.idx = s.idx)
+        RETURNING 1
     )
     SELECT (SELECT ok FROM leader),
            COUNT(*) FILTER (WHERE expired),
            COUNT(*) FILTER (WHERE NOT expired),
            ARRAY(SELECT DISTINCT t.wallet || E'\\t' || t.token_type
-                 FROM deleted x JOIN tokens t ON t.tx_id = x.tx_id AND t.idx = x.idx)
+                 FROM deleted x JOIN tokens t ON t.tx_id = x.tx_id AND t.idx = x.idx),
+           (SELECT COUNT(*) FROM forgotten)
     FROM deleted";
 
 const LIST_LOCKS: &str = "
-    SELECT l.tx_id, l.idx, l.consumer, (EXTRACT(EPOCH FROM l.created_at) * 1000)::bigint, s.status
+    SELECT l.tx_id, l.idx, l.consumer, (EXTRACT(EPOCH FROM l.created_at) * 1000)::bigint, s.status,
+           l.owner
     FROM token_locks l
     LEFT JOIN tx_statuses s ON s.tx_id = l.consumer
     ORDER BY l.created_at, l.tx_id, l.idx";
@@ -353,6 +386,23 @@ fn status_named(name: &str) -> Result<TxStatus, StoreFault> {
     TxStatus::from_name(name).ok_or_else(|| {
         StoreFault::Corrupt(format!("tx_statuses.status {name:?} is not a known status"))
     })
+}
+
+/// Rows of [`UNSETTLED`] or [`UNSETTLED_OWNED`].
+fn decode_unsettled(
+    rows: &[sqlx::postgres::PgRow],
+) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+    rows.iter()
+        .map(|row| {
+            let consumer = codec::id("selections.consumer", get(row, 0)?, TxId::new)?;
+            let status: Option<String> = get(row, 1)?;
+            Ok((
+                consumer,
+                status.map(|name| status_named(&name)).transpose()?,
+            ))
+        })
+        .collect::<Result<Vec<_>, StoreFault>>()
+        .map_err(LockStoreError::Fault)
 }
 
 fn count(n: i64) -> u64 {
@@ -381,6 +431,7 @@ impl PgBackend {
                     .bind(&idxs)
                     .bind(consumer.as_str())
                     .bind(millis(at)?)
+                    .bind(self.owner())
                     .fetch_all(executor)
                     .await,
             )
@@ -515,6 +566,7 @@ impl PgBackend {
                     .bind(i64::from(token.index))
                     .bind(consumer.as_str())
                     .bind(at_ms)
+                    .bind(self.owner())
                     .fetch_one(self.pool())
             })
             .await;
@@ -781,6 +833,7 @@ impl LockStore for PgBackend {
                         outputs,
                     })));
                 }
+                "overflow" => return Err(crate::tokens::overflowing_outputs(&detail)?),
                 other => {
                     return Err(LockStoreError::Fault(StoreFault::Corrupt(format!(
                         "holdfast_confirm answered an unknown row kind {other:?}"
@@ -814,29 +867,32 @@ impl LockStore for PgBackend {
             .retried(|| sqlx::query(UNSETTLED).fetch_all(self.pool()))
             .await
             .map_err(|e| fault(&e))?;
-        found
-            .iter()
-            .map(|row| {
-                let consumer = codec::id("selections.consumer", get(row, 0)?, TxId::new)?;
-                let status: Option<String> = get(row, 1)?;
-                Ok((
-                    consumer,
-                    status.map(|name| status_named(&name)).transpose()?,
-                ))
+        decode_unsettled(&found)
+    }
+
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        let found = self
+            .retried(|| {
+                sqlx::query(UNSETTLED_OWNED)
+                    .bind(self.owner())
+                    .fetch_all(self.pool())
             })
-            .collect::<Result<Vec<_>, StoreFault>>()
-            .map_err(LockStoreError::Fault)
+            .await
+            .map_err(|e| fault(&e))?;
+        decode_unsettled(&found)
     }
 
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         let dead: Vec<&str> = SWEPT_STATUSES.iter().map(|s| s.as_str()).collect();
         let at_ms = millis(rule.cutoff)?;
+        let forget_ms = millis(rule.forget_before())?;
         let row = self
             .retried(|| {
                 sqlx::query(SWEEP)
                     .bind(SWEEP_LOCK_KEY)
                     .bind(at_ms)
                     .bind(&dead)
+                    .bind(forget_ms)
                     .fetch_one(self.pool())
             })
             .await
@@ -845,6 +901,7 @@ impl LockStore for PgBackend {
             leader: get(&row, 0)?,
             expired: count(get(&row, 1)?),
             released_by_status: count(get(&row, 2)?),
+            forgotten: count(get(&row, 4)?),
         };
         let keys: Vec<String> = get(&row, 3)?;
         self.signal(&token_keys(&keys), None);
@@ -868,6 +925,7 @@ impl LockStore for PgBackend {
                     consumer: codec::id("token_locks.consumer", get(row, 2)?, TxId::new)?,
                     created_at: timestamp(get(row, 3)?)?,
                     consumer_status: status.map(|name| status_named(&name)).transpose()?,
+                    owner: get(row, 5)?,
                 })
             })
             .collect::<Result<Vec<_>, StoreFault>>()

@@ -10,6 +10,9 @@ pub use holdfast_ports::{LockStrategy, UnknownStrategy};
 pub struct PgOptions {
     /// How claims decide a lost race.
     pub strategy: LockStrategy,
+    /// The owner id this instance records on its locks and selections, so a
+    /// restarted instance finds its own unsettled work (`""`: none recorded).
+    pub owner: String,
     /// The most connections the pool opens (at least 1). Every operation holds at
     /// most one connection at a time, so any size is deadlock-free.
     pub max_connections: u32,
@@ -50,6 +53,7 @@ impl Default for PgOptions {
     fn default() -> Self {
         PgOptions {
             strategy: LockStrategy::default(),
+            owner: String::new(),
             max_connections: 10,
             min_connections: 0,
             connect_timeout: Duration::from_secs(10),

@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../migrations/0003_slot_leases.sql"),
     ),
     (4, "confirm", include_str!("../migrations/0004_confirm.sql")),
+    (5, "owners", include_str!("../migrations/0005_owners.sql")),
 ];
 
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,

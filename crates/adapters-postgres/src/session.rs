@@ -38,11 +38,16 @@ pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest one request to the pool waits; callers ask again until the
 /// configured acquire timeout ([`crate::PgBackend`] keeps waiting, the pool does
-/// not).
-pub const ACQUIRE_SLICE: Duration = Duration::from_millis(250);
+/// not). A request that opens a new connection spends its slice on the connect
+/// and the health ping too, so the slice is far above a connection's setup
+/// (TCP, TLS, authentication: milliseconds on a LAN) and equal to the ping's
+/// bound; a caller waiting on a full server looks at the idle queue again at
+/// least this often.
+pub const ACQUIRE_SLICE: Duration = Duration::from_secs(2);
 
-/// How long the ping of a suspect connection may take before it counts as broken.
-pub const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the ping of a suspect connection may take before it counts as broken
+/// (at most [`ACQUIRE_SLICE`], which covers it).
+pub const PING_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// Server-side TCP keepalive: probes after this much silence, then every
 /// [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_COUNT`] times, before the server ends the

@@ -9,10 +9,13 @@ use crate::codec::get;
 use crate::codec::millis;
 use crate::error::fault as to_fault;
 
+/// Records a status; Confirmed is final: nothing replaces it (a late Pending or
+/// Orphan report must not make a confirmed payment look unsettled).
 const RECORD: &str = "
     INSERT INTO tx_statuses (tx_id, status, recorded_at)
     VALUES ($1, $2, TIMESTAMPTZ 'epoch' + $3::bigint * INTERVAL '1 millisecond')
-    ON CONFLICT (tx_id) DO UPDATE SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at";
+    ON CONFLICT (tx_id) DO UPDATE SET status = EXCLUDED.status, recorded_at = EXCLUDED.recorded_at
+    WHERE tx_statuses.status <> 'confirmed'";
 
 const STATUS: &str = "SELECT status FROM tx_statuses WHERE tx_id = $1";
 

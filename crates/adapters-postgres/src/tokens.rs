@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{
-    BandQuery, CandidateQuery, CandidateRead, NewToken, StoreFault, TokenStore, TokenStoreError,
-    WakeKey, WakeUps,
+    BandQuery, CandidateQuery, CandidateRead, LockStoreError, NewToken, StoreFault, TokenStore,
+    TokenStoreError, WakeKey, WakeUps,
 };
 
 use crate::backend::PgBackend;
@@ -113,29 +113,70 @@ macro_rules! band_sql {
     };
 }
 
-const INSERT_TOKENS: &str = "
-    INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
-    SELECT i.tx_id, i.idx, i.wallet, i.token_type, i.amount::numeric, i.spendable
-    FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[])
-         AS i(tx_id, idx, wallet, token_type, amount, spendable)
-    ORDER BY i.tx_id, i.idx
-    ON CONFLICT (tx_id, idx) DO NOTHING
-    RETURNING tx_id, idx";
+/// The first key of the two-key advisory locks that serialize the writes adding
+/// to one wallet and type's unspent total: `add_tokens` and the outputs of
+/// `holdfast_confirm` (migration 0004), which takes the same keys. The bytes of
+/// `"wbal"`; the second key is `hashtext(wallet || TAB || type)`, computed by the
+/// server in both places. Without it two concurrent adds could each see the
+/// other's tokens missing (READ COMMITTED) and together overflow the total.
+pub(crate) const BALANCE_SPACE: i32 = 0x7762_616c;
 
-/// The batch in one statement, all or nothing, when none of its ids exists yet
-/// (the common case: change minted once). Inserts nothing when one exists; a
-/// concurrent insert of one of the ids makes it fail with a unique violation
-/// (nothing written either). Both then take the transactional path.
-const INSERT_NEW_TOKENS: &str = "
-    INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
-    SELECT i.tx_id, i.idx, i.wallet, i.token_type, i.amount::numeric, i.spendable
-    FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[])
-         AS i(tx_id, idx, wallet, token_type, amount, spendable)
-    WHERE NOT EXISTS (SELECT 1 FROM tokens t
-                      JOIN UNNEST($1::text[], $2::bigint[]) AS e(tx_id, idx)
-                        ON t.tx_id = e.tx_id AND t.idx = e.idx)
-    ORDER BY i.tx_id, i.idx
-    RETURNING tx_id, idx";
+/// Locks the wallet and type pairs of `$1`, `$2` in key order (no wait cycle
+/// between two writers of overlapping pairs). A statement of its own: the next
+/// statement's snapshot then shows every write committed under these locks.
+const LOCK_BALANCES: &str = "
+    SELECT pg_advisory_xact_lock($3::int, p.k)
+    FROM (SELECT DISTINCT hashtext(w || E'\\t' || t) AS k
+          FROM UNNEST($1::text[], $2::text[]) AS i(w, t)) AS p
+    ORDER BY p.k";
+
+/// Inserts the batch in key order (an existing id is left alone) and answers a
+/// row `new` per inserted id and a row `overflow` (wallet TAB type) per wallet
+/// and type whose unspent total, spendable or not, would exceed 2^128 - 1 with
+/// the inserted tokens (the sums read the statement's snapshot: the total
+/// before it). Per pair, `base` is what the batch adds plus the unspendable
+/// tokens, summed exactly (no index holds them: a scan of `tokens`); the
+/// spendable ones are summed (through `tokens_candidates`) only if their
+/// largest (one index search) is 2^63 or more or `base` exceeds 2^127: a table
+/// holds fewer than 2^64 rows, so amounts below 2^63 sum below 2^127, and
+/// adding at most 2^127 to that cannot pass 2^128 - 1.
+const INSERT_TOKENS: &str = "
+    WITH ins AS (
+        INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+        SELECT i.tx_id, i.idx, i.wallet, i.token_type, i.amount::numeric, i.spendable
+        FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::bool[])
+             AS i(tx_id, idx, wallet, token_type, amount, spendable)
+        ORDER BY i.tx_id, i.idx
+        ON CONFLICT (tx_id, idx) DO NOTHING
+        RETURNING tx_id, idx, wallet, token_type, amount
+    ),
+    added AS (
+        SELECT wallet, token_type, SUM(amount) AS total FROM ins GROUP BY wallet, token_type
+    ),
+    bounds AS MATERIALIZED (
+        SELECT a.wallet, a.token_type,
+               a.total + COALESCE((SELECT SUM(t.amount) FROM tokens t
+                                   WHERE t.wallet = a.wallet AND t.token_type = a.token_type
+                                     AND NOT t.spendable AND t.spent_by IS NULL), 0) AS base,
+               (SELECT MAX(t.amount) FROM tokens t
+                WHERE t.wallet = a.wallet AND t.token_type = a.token_type
+                  AND t.spendable AND t.spent_by IS NULL) AS top
+        FROM added a
+    )
+    SELECT 'new' AS kind, tx_id, idx FROM ins
+    UNION ALL
+    (SELECT 'overflow', b.wallet || E'\\t' || b.token_type, NULL
+     FROM bounds b
+     WHERE CASE
+         WHEN COALESCE(b.top, 0) < 9223372036854775808
+              AND b.base <= 170141183460469231731687303715884105728 THEN FALSE
+         ELSE b.base
+              + COALESCE((SELECT SUM(t.amount) FROM tokens t
+                          WHERE t.wallet = b.wallet AND t.token_type = b.token_type
+                            AND t.spendable AND t.spent_by IS NULL), 0)
+              > 340282366920938463463374607431768211455
+     END
+     ORDER BY b.wallet, b.token_type)";
 
 const STORED_IDENTITIES: &str = "
     SELECT t.tx_id, t.idx, t.wallet, t.token_type, t.amount::text
@@ -185,6 +226,24 @@ fn identity(t: &NewToken) -> (&WalletId, &TokenType, Quantity) {
 
 fn describe(wallet: &str, token_type: &str, quantity: &str) -> String {
     format!("wallet {wallet}, type {token_type}, amount {quantity}")
+}
+
+/// The wallet and type of an `overflow` row (`wallet TAB type`).
+fn overflowing_pair(pair: &str) -> Result<(WalletId, TokenType), StoreFault> {
+    let (wallet, token_type) = pair.split_once('\t').unwrap_or((pair, ""));
+    Ok((
+        codec::id("tokens.wallet", wallet.to_owned(), WalletId::new)?,
+        codec::id("tokens.token_type", token_type.to_owned(), TokenType::new)?,
+    ))
+}
+
+/// What an `overflow` row of `holdfast_confirm` (`wallet TAB type`) answers: the
+/// outputs would lift that wallet's unspent total beyond 2^128 - 1, bad outputs.
+pub(crate) fn overflowing_outputs(pair: &str) -> Result<LockStoreError, StoreFault> {
+    let (wallet, token_type) = overflowing_pair(pair)?;
+    Ok(LockStoreError::BadOutputs {
+        detail: TokenStoreError::BalanceOverflow { wallet, token_type }.to_string(),
+    })
 }
 
 pub(crate) fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFault> {
@@ -420,37 +479,41 @@ impl TokenStore for PgBackend {
         let types: Vec<&str> = distinct.values().map(|t| t.token_type.as_str()).collect();
         let amounts: Vec<String> = distinct.values().map(|t| t.quantity.to_string()).collect();
         let spendable: Vec<bool> = distinct.values().map(|t| t.spendable).collect();
-        // Both inserts take the batch as the same six arrays.
-        let batch = |sql: &'static str| {
-            sqlx::query(sql)
-                .bind(&txs)
-                .bind(&idxs)
+        // Under the pairs' locks, the insert and the check of the totals it
+        // joins are one statement: nothing is written unless every total fits.
+        let mut tx = Tx::begin(self).await.map_err(|e| fault(&e))?;
+        self.note(
+            sqlx::query(LOCK_BALANCES)
                 .bind(&wallets)
                 .bind(&types)
-                .bind(&amounts)
-                .bind(&spendable)
-        };
-
-        let fresh = self
-            .once(|| batch(INSERT_NEW_TOKENS).fetch_all(self.pool()))
-            .await;
-        match fresh {
-            Ok(rows) if rows.len() == distinct.len() => {
-                let added = u64::try_from(rows.len()).unwrap_or(u64::MAX);
-                self.signal_added(&distinct);
-                return Ok(added);
-            }
-            // Some ids exist (or were inserted meanwhile): compare them, below.
-            Ok(_) => {}
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
-            Err(e) => return Err(fault(&e)),
-        }
-        let mut tx = Tx::begin(self).await.map_err(|e| fault(&e))?;
-        let inserted = self
-            .note(batch(INSERT_TOKENS).fetch_all(tx.conn()).await)
+                .bind(BALANCE_SPACE)
+                .execute(tx.conn())
+                .await,
+        )
+        .map_err(|e| fault(&e))?;
+        let answered = self
+            .note(
+                sqlx::query(INSERT_TOKENS)
+                    .bind(&txs)
+                    .bind(&idxs)
+                    .bind(&wallets)
+                    .bind(&types)
+                    .bind(&amounts)
+                    .bind(&spendable)
+                    .fetch_all(tx.conn())
+                    .await,
+            )
             .map_err(|e| fault(&e))?;
-        let added = u64::try_from(inserted.len()).unwrap_or(u64::MAX);
-        if inserted.len() < distinct.len() {
+        let mut inserted = 0usize;
+        let mut overflow = None;
+        for row in &answered {
+            match get::<String>(row, 0)?.as_str() {
+                "new" => inserted += 1,
+                _ => overflow = overflow.or(Some(get::<String>(row, 1)?)),
+            }
+        }
+        let added = u64::try_from(inserted).unwrap_or(u64::MAX);
+        if inserted < distinct.len() {
             // Some ids existed: each must be the same token, else nothing is written.
             let stored = self
                 .note(
@@ -487,6 +550,11 @@ impl TokenStore for PgBackend {
                     });
                 }
             }
+        }
+        if let Some(pair) = overflow {
+            let _ = tx.rollback(self).await;
+            let (wallet, token_type) = overflowing_pair(&pair)?;
+            return Err(TokenStoreError::BalanceOverflow { wallet, token_type });
         }
         tx.commit(self).await.map_err(|e| fault(&e))?;
         if added > 0 {
@@ -581,5 +649,22 @@ impl TokenStore for PgBackend {
             .map(decode_token)
             .transpose()
             .map_err(TokenStoreError::Fault)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `holdfast_confirm` takes the same locks as `add_tokens`, with the key
+    /// computed by the same text, so adds and confirms to one wallet serialize.
+    #[test]
+    fn confirm_takes_the_balance_locks_of_add_tokens() {
+        let function = include_str!("../migrations/0004_confirm.sql");
+        let key = "SELECT DISTINCT hashtext(w || E'\\t' || t) AS k";
+        assert!(LOCK_BALANCES.contains(key), "{LOCK_BALANCES}");
+        assert!(function.contains(key), "the function computes another key");
+        let lock = format!("pg_advisory_xact_lock({BALANCE_SPACE}, p.k)");
+        assert!(function.contains(&lock), "the function locks another space");
     }
 }

@@ -22,6 +22,8 @@ use crate::wake::Wake;
 pub struct SqliteBackend {
     pub(crate) pool: Arc<Pool>,
     pub(crate) wake: Arc<Wake>,
+    /// The owner id recorded on this instance's locks and selections.
+    pub(crate) owner: Arc<str>,
     location: Location,
 }
 
@@ -45,6 +47,7 @@ impl SqliteBackend {
         Ok(SqliteBackend {
             pool,
             wake: Arc::new(wake),
+            owner: Arc::from(""),
             location,
         })
     }
@@ -57,6 +60,19 @@ impl SqliteBackend {
     /// The ports of this instance, as the app wires them.
     pub fn stores(&self) -> Stores {
         Stores::shared(Arc::new(self.clone()))
+    }
+
+    /// This instance with `owner` as the owner id it records on its locks and
+    /// selections, so a restarted instance with the same id finds its own
+    /// unsettled work ([`holdfast_ports::LockStore::unsettled_owned`]). Default `""`.
+    pub fn with_owner(mut self, owner: &str) -> Self {
+        self.owner = Arc::from(owner);
+        self
+    }
+
+    /// The owner id this instance records.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     /// Where this instance's database lives.

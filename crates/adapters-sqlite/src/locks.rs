@@ -35,6 +35,7 @@ fn claim_in(
     consumer: &TxId,
     tokens: &[TokenId],
     created_at: &str,
+    owner: &str,
 ) -> Result<Vec<(TokenId, ClaimVerdict)>, StoreFault> {
     let mut state = tx
         .prepare_cached(
@@ -43,7 +44,8 @@ fn claim_in(
         .db()?;
     let mut insert = tx
         .prepare_cached(
-            "INSERT INTO locks (tx, output, consumer, created_at) VALUES (?1, ?2, ?3, ?4)
+            "INSERT INTO locks (tx, output, consumer, created_at, owner)
+             VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (tx, output) DO NOTHING",
         )
         .db()?;
@@ -53,7 +55,19 @@ fn claim_in(
         )
         .db()?;
     let mut select = tx
-        .prepare_cached("INSERT INTO selections (consumer, tx, output) VALUES (?1, ?2, ?3)")
+        .prepare_cached(
+            "INSERT INTO selections (consumer, tx, output, owner, selected_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .db()?;
+    // A confirmed transaction is final: it wins nothing more (a select of it still
+    // running after its confirm would leave a selection no confirm accounts for).
+    let confirmed: bool = tx
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM tx_statuses WHERE tx = ?1 AND status = 'confirmed')",
+        )
+        .db()?
+        .query_row([consumer.as_str()], |r| r.get(0))
         .db()?;
     let mut out = Vec::with_capacity(tokens.len());
     for token in tokens {
@@ -64,6 +78,8 @@ fn claim_in(
         let key = params![consumer.as_str(), token.tx.as_str(), token.index];
         let verdict = if claimable != Some(true) {
             ClaimVerdict::Stale
+        } else if confirmed {
+            ClaimVerdict::Contended
         } else if selected.query_row(key, |r| r.get::<_, bool>(0)).db()? {
             // Already selected by this consumer (its lock swept meanwhile): an
             // earlier select of the transaction has it, this one may not.
@@ -74,11 +90,20 @@ fn claim_in(
                     token.tx.as_str(),
                     token.index,
                     consumer.as_str(),
-                    created_at
+                    created_at,
+                    owner
                 ])
                 .db()?;
             if n == 1 {
-                select.execute(key).db()?;
+                select
+                    .execute(params![
+                        consumer.as_str(),
+                        token.tx.as_str(),
+                        token.index,
+                        owner,
+                        created_at
+                    ])
+                    .db()?;
                 ClaimVerdict::Won
             } else {
                 ClaimVerdict::Contended
@@ -228,11 +253,46 @@ fn selected_inputs(
     Ok(out)
 }
 
+impl SqliteBackend {
+    /// The consumers with selections (made by `owner`, if given), and their
+    /// recorded statuses, in id order.
+    async fn unsettled_of(
+        &self,
+        owner: Option<String>,
+    ) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.pool
+            .read(move |tx| {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT s.consumer, st.status
+                         FROM (SELECT DISTINCT consumer FROM selections
+                               WHERE ?1 IS NULL OR owner = ?1) AS s
+                         LEFT JOIN tx_statuses AS st ON st.tx = s.consumer
+                         ORDER BY s.consumer",
+                    )
+                    .db()?;
+                let mut rows = stmt.query([owner]).db()?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next().db()? {
+                    let consumer: String = r.get(0).db()?;
+                    let status: Option<String> = r.get(1).db()?;
+                    let row = format!("selections of {consumer}");
+                    let status = status.map(|s| status_from_sql(&row, &s)).transpose()?;
+                    out.push((tx_from_sql(&row, consumer)?, status));
+                }
+                Ok::<_, StoreFault>(out)
+            })
+            .await
+            .map_err(LockStoreError::Fault)
+    }
+}
+
 struct LockRow {
     token: TokenId,
     consumer: TxId,
     created_at: Timestamp,
     status: Option<TxStatus>,
+    owner: String,
 }
 
 /// How a stored value is shown when naming a row: text as is, numbers as numbers,
@@ -259,8 +319,8 @@ fn text(row: &str, column: &str, value: Value) -> Result<String, StoreFault> {
 
 /// Decodes one lock row (`tx`, `output`, `consumer`, `created_at`, the consumer's
 /// status or NULL); a [`StoreFault::Corrupt`] naming the row if any part is invalid.
-fn decode_lock(values: [Value; 5]) -> Result<LockRow, StoreFault> {
-    let [txid, output, consumer, created_at, status] = values;
+fn decode_lock(values: [Value; 6]) -> Result<LockRow, StoreFault> {
+    let [txid, output, consumer, created_at, status, owner] = values;
     let row = format!("locks row {}:{}", shown(&txid), shown(&output));
     let txid = text(&row, "tx", txid)?;
     let Value::Integer(output) = output else {
@@ -279,6 +339,7 @@ fn decode_lock(values: [Value; 5]) -> Result<LockRow, StoreFault> {
         consumer: tx_from_sql(&row, text(&row, "consumer", consumer)?)?,
         created_at: time_from_sql(&row, &created_at)?,
         status: status.map(|s| status_from_sql(&row, &s)).transpose()?,
+        owner: text(&row, "owner", owner)?,
     })
 }
 
@@ -288,7 +349,7 @@ fn decode_lock(values: [Value; 5]) -> Result<LockRow, StoreFault> {
 fn all_locks(tx: &Transaction<'_>) -> Result<Vec<Result<LockRow, StoreFault>>, StoreFault> {
     let mut stmt = tx
         .prepare_cached(
-            "SELECT l.tx, l.output, l.consumer, l.created_at, s.status
+            "SELECT l.tx, l.output, l.consumer, l.created_at, s.status, l.owner
              FROM locks AS l LEFT JOIN tx_statuses AS s ON s.tx = l.consumer",
         )
         .db()?;
@@ -301,6 +362,7 @@ fn all_locks(tx: &Transaction<'_>) -> Result<Vec<Result<LockRow, StoreFault>>, S
             r.get::<_, Value>(2).db()?,
             r.get::<_, Value>(3).db()?,
             r.get::<_, Value>(4).db()?,
+            r.get::<_, Value>(5).db()?,
         ];
         out.push(decode_lock(values));
     }
@@ -335,9 +397,9 @@ impl LockStore for SqliteBackend {
             return Ok(Vec::new());
         }
         let created_at = time_to_sql(at)?;
-        let (consumer, tokens) = (consumer.clone(), tokens.to_vec());
+        let (consumer, tokens, owner) = (consumer.clone(), tokens.to_vec(), self.owner.clone());
         self.pool
-            .write(move |tx| Ok(claim_in(tx, &consumer, &tokens, &created_at)?))
+            .write(move |tx| Ok(claim_in(tx, &consumer, &tokens, &created_at, &owner)?))
             .await
     }
 
@@ -349,7 +411,7 @@ impl LockStore for SqliteBackend {
         choose: Chooser,
     ) -> Result<Option<ReadAndClaim>, LockStoreError> {
         let created_at = time_to_sql(at)?;
-        let (consumer, read) = (consumer.clone(), read.clone());
+        let (consumer, read, owner) = (consumer.clone(), read.clone(), self.owner.clone());
         // The read runs inside the IMMEDIATE transaction of the claim: no other
         // connection can lock a token between them.
         self.pool
@@ -357,7 +419,7 @@ impl LockStore for SqliteBackend {
                 let page = read_page(tx, &read)?;
                 let tokens = choose(&page);
                 check_window(&tokens)?;
-                let verdicts = claim_in(tx, &consumer, &tokens, &created_at)?;
+                let verdicts = claim_in(tx, &consumer, &tokens, &created_at, &owner)?;
                 Ok(Some(ReadAndClaim { page, verdicts }))
             })
             .await
@@ -509,6 +571,8 @@ impl LockStore for SqliteBackend {
                 };
                 let spent = spend_selected(tx, &consumer, &spent_at)?;
                 forget_consumer(tx, &consumer)?;
+                // Inputs spent: each output's wallet total must still fit 128 bits.
+                crate::tokens::refuse_overflowing_outputs(tx, &outputs)?;
                 let mut insert = tx
                     .prepare_cached(
                         "INSERT INTO tokens (tx, output, wallet, token_type, amount, spendable)
@@ -562,28 +626,11 @@ impl LockStore for SqliteBackend {
     }
 
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.pool
-            .read(|tx| {
-                let mut stmt = tx
-                    .prepare_cached(
-                        "SELECT s.consumer, st.status
-                         FROM (SELECT DISTINCT consumer FROM selections) AS s
-                         LEFT JOIN tx_statuses AS st ON st.tx = s.consumer
-                         ORDER BY s.consumer",
-                    )
-                    .db()?;
-                let mut rows = stmt.query([]).db()?;
-                let mut out = Vec::new();
-                while let Some(r) = rows.next().db()? {
-                    let consumer: String = r.get(0).db()?;
-                    let status: Option<String> = r.get(1).db()?;
-                    let row = format!("selections of {consumer}");
-                    let status = status.map(|s| status_from_sql(&row, &s)).transpose()?;
-                    out.push((tx_from_sql(&row, consumer)?, status));
-                }
-                Ok(out)
-            })
-            .await
+        self.unsettled_of(None).await
+    }
+
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.unsettled_of(Some(self.owner.to_string())).await
     }
 
     async fn release_tokens(
@@ -653,6 +700,7 @@ impl LockStore for SqliteBackend {
 
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         let wanted = self.wake.wanted();
+        let forget_before = time_to_sql(rule.forget_before())?;
         let (report, keys) = self
             .pool
             .write(move |tx| {
@@ -692,6 +740,21 @@ impl LockStore for SqliteBackend {
                         freed.push(lock.token);
                     }
                 }
+                // Selections are written by holdfast alone, in the one stored
+                // layout, so their times compare as text.
+                let forgotten = tx
+                    .prepare_cached(
+                        "DELETE FROM selections
+                         WHERE selected_at < ?1
+                           AND NOT EXISTS (SELECT 1 FROM locks AS l
+                                           WHERE l.consumer = selections.consumer
+                                             AND l.tx = selections.tx
+                                             AND l.output = selections.output)",
+                    )
+                    .db()?
+                    .execute([&forget_before])
+                    .db()?;
+                report.forgotten = u64::try_from(forgotten).unwrap_or(u64::MAX);
                 Ok::<_, LockStoreError>((report, token_keys(tx, &freed)?))
             })
             .await?;
@@ -712,6 +775,7 @@ impl LockStore for SqliteBackend {
                             consumer: l.consumer,
                             created_at: l.created_at,
                             consumer_status: l.status,
+                            owner: l.owner,
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;

@@ -40,10 +40,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "slot_leases",
         sql: include_str!("../migrations/0003_slot_leases.sql"),
     },
+    Migration {
+        version: 4,
+        name: "owners",
+        sql: include_str!("../migrations/0004_owners.sql"),
+    },
 ];
 
 /// The schema version this code creates and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS holdfast_schema (
     version    INTEGER NOT NULL PRIMARY KEY,

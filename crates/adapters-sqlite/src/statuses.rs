@@ -10,7 +10,8 @@ use crate::codec::{status_from_sql, time_to_sql};
 use crate::pool::Db;
 
 /// Records `status` for `tx` inside the caller's transaction, replacing any earlier
-/// status (settlement records it in the same transaction as its spend or release).
+/// status but Confirmed, which is final (settlement records it in the same
+/// transaction as its spend or release).
 pub(crate) fn record_in(
     t: &Transaction<'_>,
     tx: &TxId,
@@ -20,7 +21,8 @@ pub(crate) fn record_in(
     t.prepare_cached(
         "INSERT INTO tx_statuses (tx, status, recorded_at) VALUES (?1, ?2, ?3)
          ON CONFLICT (tx) DO UPDATE SET status = excluded.status,
-                                         recorded_at = excluded.recorded_at",
+                                         recorded_at = excluded.recorded_at
+         WHERE tx_statuses.status <> 'confirmed'",
     )
     .db()?
     .execute(params![tx.as_str(), status.as_str(), recorded_at])

@@ -1,12 +1,12 @@
 //! The token store over SQLite.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use holdfast_domain::{Candidate, Quantity, Token, TokenId, TokenType, TxId, WalletId};
 use holdfast_ports::{
-    BandQuery, CandidateQuery, CandidateRead, NewToken, StoreFault, TokenStore, TokenStoreError,
-    WakeKey, WakeUps,
+    BandQuery, CandidateQuery, CandidateRead, LockStoreError, NewToken, Output, StoreFault,
+    TokenStore, TokenStoreError, WakeKey, WakeUps,
 };
 use rusqlite::{OptionalExtension, params};
 
@@ -62,6 +62,136 @@ WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS 
   AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
 ORDER BY t.amount DESC, t.tx DESC, t.output DESC
 LIMIT ?4";
+
+/// Amounts below 2^63 are small: a table holds at most 2^64 rows (one per 64-bit
+/// rowid), so any number of small amounts sums below 2^127, and adding at most
+/// [`ROOM_ABOVE_SMALL`] to such a sum cannot pass 2^128 - 1.
+const SMALL: u128 = 1 << 63;
+/// See [`SMALL`].
+const ROOM_ABOVE_SMALL: u128 = 1 << 127;
+
+/// The largest spendable, unspent amount of a wallet and type: one search of the
+/// `tokens_candidates` index (its range ends with it).
+const TOP_SPENDABLE: &str = "\
+SELECT t.tx, t.output, t.amount FROM tokens AS t
+WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
+ORDER BY t.amount DESC LIMIT 1";
+
+/// The spendable, unspent amounts of a wallet and type, from the covering
+/// `tokens_candidates` index.
+const SPENDABLE_AMOUNTS: &str = "\
+SELECT t.tx, t.output, t.amount FROM tokens AS t
+WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL";
+
+/// The unspendable, unspent amounts of a wallet and type. No index holds these
+/// rows: this is a scan of `tokens`, the cost of the overflow check that grows
+/// with the table rather than with the wallet.
+const UNSPENDABLE_AMOUNTS: &str = "\
+SELECT t.tx, t.output, t.amount FROM tokens AS t
+WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 0 AND t.spent_by IS NULL";
+
+/// The amount of a row (tx, output, amount), parsed in place; the row is named
+/// (allocated) only when corrupt.
+fn amount_of(r: &rusqlite::Row<'_>) -> Result<Quantity, StoreFault> {
+    if let Ok(Ok(amount)) = r.get_ref(2).db()?.as_str().map(Quantity::from_storage) {
+        return Ok(amount);
+    }
+    let (txid, output, text): (String, i64, String) =
+        (r.get(0).db()?, r.get(1).db()?, r.get(2).db()?);
+    amount_from_sql(&format!("tokens row {txid}:{output}"), &text)
+}
+
+/// `total` plus the amounts `stmt` (columns tx, output, amount) reads for
+/// `wallet` and `token_type`; `None` when that exceeds 2^128 - 1.
+fn plus_amounts(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    wallet: &WalletId,
+    token_type: &TokenType,
+    mut total: Quantity,
+) -> Result<Option<Quantity>, StoreFault> {
+    let mut rows = stmt
+        .query(params![wallet.as_str(), token_type.as_str()])
+        .db()?;
+    while let Some(r) = rows.next().db()? {
+        match total.checked_add(amount_of(r)?) {
+            Some(sum) => total = sum,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(total))
+}
+
+/// The first wallet and type, in (wallet, type) order, whose unspent tokens
+/// (spendable or not, as the caller's transaction sees them) together with what
+/// `adding` brings it would exceed 2^128 - 1; `None` when every total fits.
+/// Only the wallets and types named in `adding` are read. Called inside the
+/// writing transaction, after its own writes or with them as `adding`, so the
+/// write and the check are one atomic step (writers are serialized by
+/// `BEGIN IMMEDIATE`).
+///
+/// Per pair: what `adding` brings plus the unspendable tokens, summed exactly
+/// (a scan of the table); then the spendable ones, which are only summed (from
+/// the index) unless their largest is small and that sum is at most 2^127, when
+/// they cannot make the total pass 2^128 - 1 (see [`SMALL`]).
+pub(crate) fn first_overflow<'a>(
+    tx: &rusqlite::Transaction<'_>,
+    adding: impl IntoIterator<Item = (&'a WalletId, &'a TokenType, Quantity)>,
+) -> Result<Option<(WalletId, TokenType)>, StoreFault> {
+    // None: what the call adds to the pair does not fit 128 bits by itself.
+    let mut added: BTreeMap<(&WalletId, &TokenType), Option<Quantity>> = BTreeMap::new();
+    for (wallet, token_type, quantity) in adding {
+        let sum = added
+            .entry((wallet, token_type))
+            .or_insert(Some(Quantity::ZERO));
+        *sum = sum.and_then(|s| s.checked_add(quantity));
+    }
+    let mut unspendable = tx.prepare_cached(UNSPENDABLE_AMOUNTS).db()?;
+    let mut top = tx.prepare_cached(TOP_SPENDABLE).db()?;
+    let mut spendable = tx.prepare_cached(SPENDABLE_AMOUNTS).db()?;
+    for ((wallet, token_type), sum) in added {
+        let overflow = Ok(Some((wallet.clone(), token_type.clone())));
+        let Some(sum) = sum else {
+            return overflow;
+        };
+        let Some(base) = plus_amounts(&mut unspendable, wallet, token_type, sum)? else {
+            return overflow;
+        };
+        let largest = top
+            .query_row(params![wallet.as_str(), token_type.as_str()], |r| {
+                Ok(amount_of(r))
+            })
+            .optional()
+            .db()?
+            .transpose()?
+            .unwrap_or(Quantity::ZERO);
+        if largest.value() < SMALL && base.value() <= ROOM_ABOVE_SMALL {
+            continue;
+        }
+        if plus_amounts(&mut spendable, wallet, token_type, base)?.is_none() {
+            return overflow;
+        }
+    }
+    Ok(None)
+}
+
+/// Refuses a confirm's `outputs` ([`LockStoreError::BadOutputs`], naming the wallet
+/// and type) when one would lift its wallet's unspent total beyond 2^128 - 1;
+/// called in the confirm's transaction once its inputs are spent, before the
+/// outputs are inserted.
+pub(crate) fn refuse_overflowing_outputs(
+    tx: &rusqlite::Transaction<'_>,
+    outputs: &[Output],
+) -> Result<(), LockStoreError> {
+    let adding = outputs
+        .iter()
+        .map(|o| (&o.wallet, &o.token_type, o.quantity));
+    match first_overflow(tx, adding)? {
+        None => Ok(()),
+        Some((wallet, token_type)) => Err(LockStoreError::BadOutputs {
+            detail: TokenStoreError::BalanceOverflow { wallet, token_type }.to_string(),
+        }),
+    }
+}
 
 pub(crate) const TOKEN_COLUMNS: &str =
     "tx, output, wallet, token_type, amount, spendable, spent_by, spent_at";
@@ -261,6 +391,7 @@ impl TokenStore for SqliteBackend {
                     )
                     .db()?;
                 let mut added = 0u64;
+                let mut inserted = Vec::new();
                 for t in &tokens {
                     let amount = t.quantity.to_storage();
                     let n = insert
@@ -275,6 +406,7 @@ impl TokenStore for SqliteBackend {
                         .db()?;
                     if n == 1 {
                         added += 1;
+                        inserted.push((&t.wallet, &t.token_type, Quantity::ZERO));
                         continue;
                     }
                     let (wallet, token_type, stored): (String, String, String) = existing
@@ -304,6 +436,10 @@ impl TokenStore for SqliteBackend {
                             detail: diffs.join("; "),
                         });
                     }
+                }
+                // The new rows are in place: the totals they join must still fit.
+                if let Some((wallet, token_type)) = first_overflow(tx, inserted)? {
+                    return Err(TokenStoreError::BalanceOverflow { wallet, token_type });
                 }
                 Ok(added)
             })
@@ -445,6 +581,89 @@ mod tests {
         rows.expect("query")
             .collect::<Result<Vec<_>, _>>()
             .expect("rows")
+    }
+
+    /// Rows an older version wrote past 2^128 - 1 in one wallet: its balance is a
+    /// typed Corrupt fault (no panic), its candidates still read, and adding to
+    /// it is refused as an overflow.
+    #[tokio::test]
+    async fn an_over_full_wallet_written_before_is_a_typed_error() {
+        let backend = SqliteBackend::open_in_memory().await.expect("open");
+        let max = Quantity::new(u128::MAX, holdfast_domain::Precision::MAX).expect("max");
+        backend
+            .pool
+            .write(move |tx| {
+                for tx_id in ["old-a", "old-b"] {
+                    tx.execute(
+                        "INSERT INTO tokens (tx, output, wallet, token_type, amount, spendable)
+                         VALUES (?1, 0, 'w', 'CHF', ?2, 1)",
+                        params![tx_id, max.to_storage()],
+                    )
+                    .db()?;
+                }
+                Ok::<_, StoreFault>(())
+            })
+            .await
+            .expect("rows of an older version");
+        let s = backend.stores();
+        let (w, chf) = (
+            WalletId::new("w").expect("w"),
+            TokenType::new("CHF").expect("t"),
+        );
+        match s.tokens.balance(&w, &chf).await {
+            Err(TokenStoreError::Fault(StoreFault::Corrupt(msg))) => {
+                assert!(msg.contains("wallet w type CHF"), "{msg}");
+            }
+            other => panic!("expected a Corrupt fault, got {other:?}"),
+        }
+        let page = CandidateQuery {
+            wallet: w.clone(),
+            token_type: chf.clone(),
+            after: None,
+            limit: 10,
+        };
+        assert_eq!(s.tokens.candidates(&page).await.map(|c| c.len()), Ok(2));
+        let one = NewToken {
+            id: TokenId::new(TxId::new("new").expect("tx"), 0),
+            wallet: w.clone(),
+            token_type: chf.clone(),
+            quantity: Quantity::new(1, holdfast_domain::Precision::MAX).expect("1"),
+            spendable: true,
+        };
+        assert_eq!(
+            s.tokens.add_tokens(&[one]).await,
+            Err(TokenStoreError::BalanceOverflow {
+                wallet: w,
+                token_type: chf
+            })
+        );
+    }
+
+    /// The overflow check reads the spendable rows through the candidate index,
+    /// the largest with one search, no sort (the unspendable ones, having no
+    /// index, cost a scan of the table).
+    #[test]
+    fn the_overflow_check_reads_spendable_rows_through_the_candidate_index() {
+        let conn = rusqlite::Connection::open_in_memory().expect("in-memory database");
+        for m in crate::MIGRATIONS {
+            conn.execute_batch(m.sql).expect("migration");
+        }
+        for sql in [TOP_SPENDABLE, SPENDABLE_AMOUNTS] {
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("explain");
+            let steps: Vec<String> = stmt
+                .query_map(params!["w", "CHF"], |r| r.get::<_, String>(3))
+                .expect("query")
+                .collect::<Result<_, _>>()
+                .expect("rows");
+            let text = steps.join("\n");
+            assert!(
+                text.contains("INDEX tokens_candidates (wallet=? AND token_type=?)"),
+                "{sql}\n--\n{text}"
+            );
+            assert!(!text.contains("TEMP B-TREE"), "sorts:\n{text}");
+        }
     }
 
     #[test]

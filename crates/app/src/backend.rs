@@ -73,9 +73,14 @@ impl std::fmt::Display for BackendKind {
 /// How to open a backend. Plain data with documented defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendOptions {
-    /// Bound on connecting and migrating (default 10 s). For PostgreSQL it is also
-    /// the pool's acquire timeout.
+    /// Bound on connecting and migrating (default 10 s).
     pub connect_timeout: Duration,
+    /// The owner id this instance records on its locks and selections, so a
+    /// restarted instance recovers its own unsettled work and nobody else's
+    /// (`Settlement::recover_orphans`). Empty (the default): derived from the
+    /// host name, and logged; replicas on one host then share it, so give each
+    /// replica a stable id of its own.
+    pub owner: String,
     /// SQLite options (busy timeout, reader connections).
     #[cfg(feature = "sqlite")]
     pub sqlite: SqliteOptions,
@@ -89,12 +94,23 @@ impl Default for BackendOptions {
     fn default() -> Self {
         BackendOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            owner: String::new(),
             #[cfg(feature = "sqlite")]
             sqlite: SqliteOptions::default(),
             #[cfg(feature = "postgres")]
             postgres: PgOptions::default(),
         }
     }
+}
+
+/// The owner id of an instance that was given none: the host name.
+fn derived_owner() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .map_or_else(|| "holdfast".to_owned(), |name| format!("host:{name}"))
 }
 
 impl crate::Config {
@@ -106,6 +122,7 @@ impl crate::Config {
         let defaults = BackendOptions::default();
         BackendOptions {
             connect_timeout: self.connect_timeout(),
+            owner: self.owner.clone(),
             #[cfg(feature = "sqlite")]
             sqlite: SqliteOptions {
                 busy_timeout: self.busy_timeout(),
@@ -117,6 +134,7 @@ impl crate::Config {
                 let ms = Duration::from_millis;
                 PgOptions {
                     strategy: self.pg_lock_strategy,
+                    owner: self.owner.clone(),
                     max_connections: p.max_connections,
                     min_connections: p.min_connections,
                     connect_timeout: self.connect_timeout(),
@@ -218,17 +236,29 @@ impl Backend {
         let kind = BackendKind::of_url(url)?;
         let shown_url = shown(url);
         let timeout = options.connect_timeout;
+        let owner = if options.owner.is_empty() {
+            let derived = derived_owner();
+            tracing::info!(
+                owner = %derived,
+                "no owner id configured; using the host name (replicas on one host share it: \
+                 give each replica a stable `owner` of its own)"
+            );
+            derived
+        } else {
+            options.owner.clone()
+        };
         let opening = async {
             match kind {
                 #[cfg(feature = "sqlite")]
                 BackendKind::Sqlite => SqliteBackend::open(url, options.sqlite.clone())
                     .await
-                    .map(Adapter::Sqlite)
+                    .map(|b| Adapter::Sqlite(b.with_owner(&owner)))
                     .map_err(BackendError::from),
                 #[cfg(feature = "postgres")]
                 BackendKind::Postgres => {
                     let pg = PgOptions {
                         connect_timeout: timeout,
+                        owner: owner.clone(),
                         ..options.postgres.clone()
                     };
                     PgBackend::connect(url, pg)
@@ -261,6 +291,16 @@ impl Backend {
             Adapter::Sqlite(b) => b.stores(),
             #[cfg(feature = "postgres")]
             Adapter::Postgres(b) => b.stores(),
+        }
+    }
+
+    /// The owner id this instance records on its locks and selections.
+    pub fn owner(&self) -> &str {
+        match &self.adapter {
+            #[cfg(feature = "sqlite")]
+            Adapter::Sqlite(b) => b.owner(),
+            #[cfg(feature = "postgres")]
+            Adapter::Postgres(b) => b.owner(),
         }
     }
 

@@ -83,6 +83,9 @@ pub struct Config {
     pub pg_lock_strategy: LockStrategy,
     /// PostgreSQL: the pool and the settings of every session.
     pub postgres: PostgresSection,
+    /// The owner id this instance records on its locks and selections (default
+    /// empty: derived from the host name).
+    pub owner: String,
     /// Seed of the selection randomness; `None` (the default) seeds from the OS.
     pub seed: Option<u64>,
     /// Bits of the token quantities, 1 to 128 (default 64).
@@ -105,6 +108,7 @@ impl Default for Config {
             busy_timeout_ms: 5_000,
             pg_lock_strategy: LockStrategy::default(),
             postgres: PostgresSection::default(),
+            owner: String::new(),
             seed: None,
             precision: 64,
             selection: SelectionSection::default(),
@@ -463,6 +467,13 @@ impl Config {
             if !(1..=MAX_TIMEOUT_MS).contains(&value) {
                 return Err(invalid(key, value, "1 to 3600000 ms"));
             }
+        }
+        if self.owner.len() > 256 || self.owner.chars().any(char::is_control) {
+            return Err(invalid(
+                "owner",
+                format!("{:?}", self.owner),
+                "at most 256 characters, none of them control characters",
+            ));
         }
         self.check_postgres()?;
         self.precision_bits()?;
@@ -947,6 +958,12 @@ pub static KEYS: &[KeySpec] = &[
         "HOLDFAST_PG_KEEPALIVE_IDLE_MS",
         |c| c.postgres.keepalive_idle_ms,
         "PostgreSQL: every session's `tcp_keepalives_idle` (whole seconds): the server probes a silent client after this long and ends the session of one that vanished (1000 to 3600000 ms)."
+    ),
+    key!(
+        "owner",
+        "HOLDFAST_OWNER",
+        |c| c.owner,
+        "The owner id this instance records on its locks and selections: at start-up it recovers its own unsettled transactions and nobody else's. Give every replica a stable id of its own; empty derives one from the host name (logged)."
     ),
     key!(
         "seed",

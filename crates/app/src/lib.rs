@@ -39,7 +39,7 @@ pub use clock::SystemClock;
 pub use config::{Config, ConfigError};
 pub use holdfast_ports::Output;
 pub use selector::{SelectError, SelectReport, TokenSelector};
-pub use settlement::{Confirmed, Recovery, SettleError, Settled, Settlement};
+pub use settlement::{Confirmed, Orphan, Recovery, SettleError, Settled, Settlement};
 pub use sweeper::{LeaseSweeper, SweepTotals, SweeperHandle, sweep_once};
 pub use worker::{Handled, RunOptions, RunReport, StoreDeliveries};
 

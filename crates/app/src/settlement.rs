@@ -104,6 +104,22 @@ pub struct Settled {
     pub spent: Vec<TokenId>,
 }
 
+/// What [`Settlement::recover_orphans`] does with one orphan: the service's
+/// decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Orphan {
+    /// Settle it with this status (Deleted for a transaction the ledger never
+    /// saw).
+    Settle(SettlementStatus),
+    /// The ledger has it: confirm it with these outputs and the change.
+    Confirm {
+        /// Its outputs.
+        outputs: Vec<Output>,
+        /// Where its change goes.
+        change_to: Option<WalletId>,
+    },
+}
+
 /// What [`Settlement::confirm`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Confirmed {
@@ -153,6 +169,17 @@ fn settle_error(tx: &TxId, source: LockStoreError) -> SettleError {
             tx: tx.clone(),
             source,
         },
+    }
+}
+
+/// A token store error of settling `tx` (reading its outputs) as a [`SettleError`].
+fn token_error(tx: &TxId, e: TokenStoreError) -> SettleError {
+    SettleError::Locks {
+        tx: tx.clone(),
+        source: LockStoreError::Fault(match e {
+            TokenStoreError::Fault(f) => f,
+            other => StoreFault::Backend(other.to_string()),
+        }),
     }
 }
 
@@ -403,6 +430,15 @@ impl Settlement {
         }
     }
 
+    /// Whether `tx` was confirmed with outputs (its first output `(tx, 0)` exists).
+    async fn has_outputs(&self, tx: &TxId) -> Result<bool, SettleError> {
+        self.tokens
+            .token(&TokenId::new(tx.clone(), 0))
+            .await
+            .map(|found| found.is_some())
+            .map_err(|e| token_error(tx, e))
+    }
+
     /// The outputs stored for `tx`: tokens `(tx, 0)`, `(tx, 1)`, ... while they exist.
     async fn stored_outputs(&self, tx: &TxId) -> Result<Vec<Output>, SettleError> {
         let mut stored = Vec::new();
@@ -412,13 +448,7 @@ impl Settlement {
                 .tokens
                 .token(&id)
                 .await
-                .map_err(|e| SettleError::Locks {
-                    tx: tx.clone(),
-                    source: LockStoreError::Fault(match e {
-                        TokenStoreError::Fault(f) => f,
-                        other => StoreFault::Backend(other.to_string()),
-                    }),
-                })?;
+                .map_err(|e| token_error(tx, e))?;
             let Some(token) = found else { break };
             stored.push(Output {
                 wallet: token.wallet,
@@ -444,6 +474,22 @@ impl Settlement {
     ) -> Result<(), SettleError> {
         let locks_error = |source| settle_error(tx, source);
         let reason = if record { status.as_str() } else { "recovery" };
+        if status == TxStatus::Confirmed && self.has_outputs(tx).await? {
+            // Confirmed with its outputs already: what it still selects is a stray
+            // of a select that ran past the confirm; spending it would destroy
+            // value no output accounts for. Release it instead.
+            let released = self
+                .locks
+                .release_consumer(tx, self.clock.now(), false)
+                .await
+                .map_err(locks_error)?;
+            tracing::warn!(
+                released,
+                "confirmed with outputs already: strays released, nothing spent"
+            );
+            settled.released = released;
+            return Ok(());
+        }
         if status == TxStatus::Confirmed {
             let spent = self
                 .locks
@@ -469,6 +515,68 @@ impl Settlement {
             settled.released = released;
         }
         Ok(())
+    }
+
+    /// The start-up recovery of this instance's own orphans: every transaction
+    /// whose selections this instance's owner id made ([`LockStore::unsettled_owned`])
+    /// and that has no releasing status is settled as `decide` says, the
+    /// service's policy: for example ask the ledger, confirm with its outputs what
+    /// the ledger has, and Deleted for what it never saw. Other owners' work is
+    /// left alone. Run it after [`Settlement::recover`], before the instance
+    /// takes new work: an orphan is a transaction an earlier process of this
+    /// owner was selecting or settling when it died. A status is applied as by
+    /// [`Settlement::on_status`] (one that keeps, such as Busy, keeps), a confirm
+    /// as by [`Settlement::confirm`].
+    pub async fn recover_orphans<F, Fut>(&self, mut decide: F) -> Result<Recovery, SettleError>
+    where
+        F: FnMut(TxId) -> Fut,
+        Fut: std::future::Future<Output = Orphan>,
+    {
+        let owned = self
+            .locks
+            .unsettled_owned()
+            .await
+            .map_err(|source| SettleError::ListUnsettled { source })?;
+        let mut report = Recovery {
+            consumers: u64::try_from(owned.len()).unwrap_or(u64::MAX),
+            ..Recovery::default()
+        };
+        for (tx, status) in owned {
+            let releasing = status.is_some_and(|s| {
+                settlement_action(&SettlementStatus::Known(s)) == LockAction::ReleaseAll
+            });
+            if releasing {
+                // Recorded final, left for `recover`.
+                continue;
+            }
+            let settled = match decide(tx.clone()).await {
+                Orphan::Settle(status) => self
+                    .on_status(&tx, status)
+                    .await
+                    .map(|settled| (settled.released, settled.spent.len())),
+                Orphan::Confirm { outputs, change_to } => self
+                    .confirm(&tx, &outputs, change_to.as_ref())
+                    .await
+                    .map(|done| (0, done.spent.len())),
+            };
+            match settled {
+                Ok((released, spent)) => {
+                    report.settled += 1;
+                    report.released += released;
+                    report.spent += u64::try_from(spent).unwrap_or(u64::MAX);
+                }
+                Err(e) => {
+                    tracing::error!(%tx, error = %e, "recovery could not settle an orphan");
+                    report.failed += 1;
+                }
+            }
+        }
+        tracing::info!(
+            orphans = report.consumers,
+            settled = report.settled,
+            "orphan recovery done"
+        );
+        Ok(report)
     }
 
     /// The start-up recovery pass: for every consumer with unsettled selections

@@ -8,6 +8,7 @@ mod pg_support;
 mod admission_concurrent;
 mod config;
 mod lease_shorter_than_select;
+mod owned_recovery;
 mod races;
 mod reference_docs;
 mod round_trips;

@@ -183,6 +183,9 @@ impl LockStore for SlowFirstClaim {
     async fn selected(&self, c: &TxId) -> Result<Vec<Token>, LockStoreError> {
         self.inner.selected(c).await
     }
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.inner.unsettled_owned().await
+    }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.inner.unsettled().await
     }

@@ -160,6 +160,9 @@ impl LockStore for FakeLocks {
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         Ok(Vec::new())
     }
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        Ok(Vec::new())
+    }
     async fn sweep(&self, _rule: SweepRule) -> Result<SweepReport, LockStoreError> {
         Ok(SweepReport::default())
     }

@@ -185,6 +185,10 @@ impl LockStore for InFlight {
         let (s, c) = (self.locks.clone(), c.clone());
         self.track(async move { s.selected(&c).await }).await
     }
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        let s = self.locks.clone();
+        self.track(async move { s.unsettled_owned().await }).await
+    }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         let s = self.locks.clone();
         self.track(async move { s.unsettled().await }).await

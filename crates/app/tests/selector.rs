@@ -240,6 +240,9 @@ impl LockStore for FakeLocks {
     async fn selected(&self, _consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
         Ok(Vec::new())
     }
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        Ok(Vec::new())
+    }
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         Ok(Vec::new())
     }

@@ -253,6 +253,7 @@ async fn the_sweeper_sweeps_every_period_with_the_domains_rule_and_shuts_down() 
             leader: true,
             expired: 1,
             released_by_status: 2,
+            forgotten: 0,
         })
     });
     let config = LeaseConfig {

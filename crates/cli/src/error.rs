@@ -171,6 +171,7 @@ impl CliError {
             | CliError::Admit(AdmitError::Conflicts { .. }) => ErrorClass::Refused,
             CliError::Admit(_) => ErrorClass::Backend,
             CliError::Select(SelectError::Input(_))
+            | CliError::Tokens(TokenStoreError::BalanceOverflow { .. })
             | CliError::SelectionConfig(_)
             | CliError::Config(_)
             | CliError::Amount(_)

@@ -153,7 +153,7 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
     let url = database_url(cli.db.as_deref(), &config).to_owned();
     let ctx = match &cli.command {
         // A replica of a fleet outlives a database that is full or restarting.
-        Command::Soak(_) => soak::open(&url, config).await?,
+        Command::Soak(args) => soak::open(&url, config, &args.name).await?,
         _ => Context::open(&url, config).await?,
     };
     let result = match cli.command {

@@ -61,6 +61,9 @@ pub struct LockView {
     pub consumer: String,
     /// The consumer's recorded status (`pending`, `confirmed`, ...), or null.
     pub consumer_status: Option<&'static str>,
+    /// The owner id of the instance that claimed it (empty for locks of versions
+    /// before owners were recorded).
+    pub owner: String,
     /// When it was claimed (RFC 3339 UTC).
     pub created_at: String,
     /// Its age in milliseconds.
@@ -91,11 +94,16 @@ impl Report for LockList {
         if self.locks.is_empty() {
             return "no locks\n".to_owned();
         }
-        let mut table = Table::new(["TOKEN", "CONSUMER", "STATUS", "AGE", "LEAK"]);
+        let mut table = Table::new(["TOKEN", "CONSUMER", "OWNER", "STATUS", "AGE", "LEAK"]);
         for lock in &self.locks {
             table.row([
                 lock.token.clone(),
                 lock.consumer.clone(),
+                if lock.owner.is_empty() {
+                    "-".to_owned()
+                } else {
+                    lock.owner.clone()
+                },
                 lock.consumer_status.unwrap_or("-").to_owned(),
                 output::age(std::time::Duration::from_millis(lock.age_ms)),
                 lock.leaks
@@ -136,6 +144,7 @@ pub fn lock_list(ctx: &Context, locks: &[LockInfo], now: holdfast_domain::Timest
                 token: lock.token.to_string(),
                 consumer: lock.consumer.to_string(),
                 consumer_status: lock.consumer_status.map(TxStatus::as_str),
+                owner: lock.owner.clone(),
                 created_at: output::time(lock.created_at),
                 age_ms: output::millis(now.since(lock.created_at)),
                 sweepable: lease.is_expired(lock.created_at, lock.consumer_status, now),

@@ -22,7 +22,7 @@ use super::settle::settlement;
 use super::{CliError, Context, select};
 use holdfast::clock::SystemClock;
 use holdfast::selector::{SelectError, TokenSelector};
-use holdfast::settlement::{SettleError, Settlement};
+use holdfast::settlement::{Orphan, SettleError, Settlement};
 use holdfast::sweeper::LeaseSweeper;
 
 /// `soak`.
@@ -34,7 +34,8 @@ pub struct SoakArgs {
     /// The token type
     #[arg(long = "type", value_name = "TYPE")]
     pub token_type: TokenType,
-    /// This replica's name: its transactions are `<name>-<pid>-<n>`
+    /// This replica's name: its transactions are `<name>-<pid>-<n>`, and its owner
+    /// id (unless `owner` is configured) `soak-<name>`
     #[arg(long, value_name = "NAME", default_value = "soak")]
     pub name: String,
     /// Amounts are drawn uniformly from 1..=MAX
@@ -160,7 +161,16 @@ where
 /// Opens the database like every command does, but waits out a database that
 /// cannot be opened for now (full, restarting, unreachable), retrying with a
 /// backoff, logged: only a URL or option that can never work ends the replica.
-pub async fn open(url: &str, config: holdfast::Config) -> Result<Context, CliError> {
+/// Unless configured, the replica's owner id is `soak-<name>`: a replica
+/// restarted under its name recovers its own orphans and no one else's.
+pub async fn open(
+    url: &str,
+    mut config: holdfast::Config,
+    name: &str,
+) -> Result<Context, CliError> {
+    if config.owner.is_empty() {
+        config.owner = format!("soak-{name}");
+    }
     let retried = AtomicU64::new(0);
     until_done(
         "opening the database",
@@ -220,10 +230,23 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
     let history = History::open(args.history.as_ref())?;
     let settlement = settlement(ctx);
     let counters = Counters::default();
-    // A restarted replica first finishes what its predecessors recorded.
+    // A restarted replica first finishes what its predecessors recorded, then
+    // deletes what its own predecessor (same owner id) was doing when it died:
+    // a soak's transactions exist nowhere else, so none of them is on a ledger.
     until_done("recovery", &counters.retried, settle_transient, || {
         settlement.recover()
     })
+    .await?;
+    until_done(
+        "orphan recovery",
+        &counters.retried,
+        settle_transient,
+        || {
+            settlement.recover_orphans(|_| async {
+                Orphan::Settle(SettlementStatus::Known(TxStatus::Deleted))
+            })
+        },
+    )
     .await?;
     let sweeper = LeaseSweeper::spawn(
         ctx.backend.stores().locks,

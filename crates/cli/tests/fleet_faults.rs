@@ -12,11 +12,15 @@
 //!   dies: a backend opened on a full server waits for a slot, and calls waiting
 //!   on a full server take a connection returned to their pool. A pool closes its
 //!   idle connections after `idle_timeout`.
+//! - Payments survive replicas SIGKILLed at random and restarted, with an
+//!   `immediate` server restart halfway through: the ledger holds and the fleet
+//!   settles again after the restart. Replay the kill times and the replicas'
+//!   seeds with `HOLDFAST_KILL_SEED=<seed>` (printed by the run).
 //!
 //! After a fleet run the ledger check ([`check_ledger`]) reads every replica's
-//! history and the final tables: no token spent twice, nothing a history settled
-//! lost, every confirmed transaction's inputs spent by it and its outputs there,
-//! no money made or lost.
+//! history and the final tables (in one snapshot): no token spent twice, nothing a
+//! history settled lost, every confirmed transaction's inputs spent by it and its
+//! outputs there, no output without its confirmed status, no money made or lost.
 //! What a run measured (longest stall, time to resume, faults the replicas
 //! retried) is printed, not asserted, beyond generous bounds on waiting.
 //!
@@ -444,7 +448,8 @@ impl Tail {
 }
 
 /// One `holdfast soak` process, its history and its stderr (warnings of retried
-/// faults). Killed on drop.
+/// faults). Killed on drop. A replica started again under the same name appends to
+/// the same history and stderr.
 #[derive(Debug)]
 struct Replica {
     name: String,
@@ -484,7 +489,13 @@ impl Replica {
             ])
             .arg(&history)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&stderr)
+                    .expect("stderr file"),
+            )
             .spawn()
             .expect("spawn holdfast soak");
         Replica {
@@ -747,10 +758,17 @@ struct Tables {
     statuses: BTreeMap<String, String>,
 }
 
+/// Both tables are read in one snapshot: a commit that lands between the two reads
+/// (a killed replica's last one, still on its way) cannot make a confirmed status
+/// appear without its outputs.
 async fn read_tables(url: &str) -> Tables {
     let mut conn = PgConnection::connect(url)
         .await
         .expect("connect for the ledger");
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut conn)
+        .await
+        .expect("begin the ledger snapshot");
     /// tx, index, wallet, amount, spender.
     type Row = (String, i64, String, String, Option<String>);
     let rows: Vec<Row> =
@@ -775,6 +793,10 @@ async fn read_tables(url: &str) -> Tables {
         .expect("read statuses")
         .into_iter()
         .collect();
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("end the ledger snapshot");
     let _ = conn.close().await;
     Tables { tokens, statuses }
 }
@@ -786,6 +808,10 @@ struct Ledger {
     confirmed: usize,
     deleted: usize,
     double_spends: usize,
+    /// Transactions no history selected, deleted by a restarted replica's orphan
+    /// recovery (its predecessor was killed between claiming and writing
+    /// `selected`).
+    orphans: usize,
     failed_selects: BTreeMap<String, u64>,
     /// What the confirmed transactions paid to [`PAYEE`].
     paid: u128,
@@ -800,14 +826,18 @@ struct Ledger {
 /// - the funding is intact, and every other token is an output of a transaction
 ///   the database records confirmed; a confirmed transaction has its payment, and
 ///   its change exactly when its inputs held more than its amount;
-/// - every status belongs to a transaction a history selected;
+/// - every status belongs to a transaction a history selected, or is Deleted: an
+///   orphan a restarted replica deleted (its predecessor died between claiming
+///   and writing `selected`; such a transaction spends nothing and has no
+///   outputs, as the checks below say);
 /// - every spent token is spent by a confirmed transaction that selected it, and
 ///   no two confirmed transactions selected the same token;
 /// - every `settled X confirmed` is confirmed in the database and spent all of
 ///   X's inputs; every `settled X deleted` is deleted and spent nothing; a double
 ///   spend is not confirmed;
-/// - value is conserved: the unspent tokens of both wallets add up to the
-///   funding, [`PAYEE`] holding exactly the confirmed amounts.
+/// - value is conserved: the unspent tokens of every wallet add up to the funding,
+///   those of [`WALLET`] and [`PAYEE`] too, [`PAYEE`] holding exactly the
+///   confirmed amounts.
 fn check_ledger(funding: Funding, h: &Histories, t: &Tables) -> Ledger {
     let confirmed = |tx: &str| t.statuses.get(tx).map(String::as_str) == Some("confirmed");
     let funded = funding.amount * u128::from(funding.count);
@@ -854,11 +884,15 @@ fn check_ledger(funding: Funding, h: &Histories, t: &Tables) -> Ledger {
         );
         outputs += 1;
     }
-    for tx in t.statuses.keys() {
-        assert!(
-            h.selected.contains_key(tx),
-            "the database has a status for {tx}, which no history selected"
-        );
+    let mut orphans = 0;
+    for (tx, status) in &t.statuses {
+        if !h.selected.contains_key(tx) {
+            assert_eq!(
+                status, "deleted",
+                "the database has a status for {tx}, which no history selected"
+            );
+            orphans += 1;
+        }
     }
     for (id, row) in &t.tokens {
         if let Some(by) = &row.spent_by {
@@ -956,11 +990,22 @@ fn check_ledger(funding: Funding, h: &Histories, t: &Tables) -> Ledger {
         "{PAYEE} holds exactly the confirmed amounts"
     );
     assert_eq!(left + received, funded, "value conserved: unspent = funded");
+    let everywhere: u128 = t
+        .tokens
+        .values()
+        .filter(|r| r.spent_by.is_none())
+        .map(|r| r.amount)
+        .sum();
+    assert_eq!(
+        everywhere, funded,
+        "value conserved: the unspent tokens of every wallet = funded"
+    );
     Ledger {
         selected: h.selected.len(),
         confirmed: confirmed_count,
         deleted: h.deleted.len(),
         double_spends: h.double_spends.len(),
+        orphans,
         failed_selects: h.failed.clone(),
         paid,
         left,
@@ -974,12 +1019,13 @@ async fn check_fleet(replicas: &[Replica], url: &str) -> Ledger {
     let ledger = check_ledger(FUNDING, &histories, &tables);
     let l = &ledger;
     println!(
-        "ledger: {} selected, {} confirmed, {} deleted, {} double spend(s), failed selects \
-         by reason {:?}; {} paid, {} left of {}",
+        "ledger: {} selected, {} confirmed, {} deleted, {} double spend(s), {} orphan(s) \
+         deleted, failed selects by reason {:?}; {} paid, {} left of {}",
         l.selected,
         l.confirmed,
         l.deleted,
         l.double_spends,
+        l.orphans,
         l.failed_selects,
         l.paid,
         l.left,
@@ -1808,4 +1854,130 @@ async fn a_pool_closes_idle_connections_after_the_idle_timeout() {
     );
     backend.close().await;
     let _ = observer.close().await;
+}
+
+// --- 4. kills and a server restart ----------------------------------------------------
+
+/// How long replicas are killed and started again; the server restarts halfway.
+const KILLING: Duration = Duration::from_secs(20);
+/// A kill every 200-600 ms, of a random replica.
+const KILL_EVERY_MS: std::ops::Range<u64> = 200..600;
+/// The lease of the run, and the sweep period: a killed replica's locks that its
+/// successor's orphan recovery does not release are swept within the run.
+const KILL_LEASE_MS: &str = "2000";
+const KILL_SWEEP_MS: &str = "250";
+const KILL_SEED_ENV: &str = "HOLDFAST_KILL_SEED";
+
+/// `HOLDFAST_KILL_SEED`, else a fresh seed.
+fn kill_seed() -> u64 {
+    match std::env::var(KILL_SEED_ENV) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{KILL_SEED_ENV}={v:?} is not a number")),
+        Err(_) => StdRng::from_os_rng().random(),
+    }
+}
+
+/// Three replicas of two workers paying to [`PAYEE`], one SIGKILLed at random
+/// every 200-600 ms and started again, for [`KILLING`]; halfway through the server
+/// restarts (`immediate`: sessions die mid-transaction, the start recovers from
+/// the WAL). No replica may exit on its own, the fleet settles again after the
+/// restart, and the ledger holds: what is unspent in every wallet is what was
+/// funded, every confirmed transaction has its payment and change and spent its
+/// inputs, no output lacks its confirmed status, no token is spent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payments_survive_kills_and_a_server_restart() {
+    let _turn = turn();
+    let Some(cluster) = Cluster::start(
+        "fleet_faults::payments_survive_kills_and_a_server_restart",
+        100,
+    ) else {
+        return;
+    };
+    let began = Instant::now();
+    let seed = kill_seed();
+    println!("kill seed: {seed} (replay with {KILL_SEED_ENV}={seed})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let url = cluster.create_database("fleet", None).await;
+    let h = Holdfast::at(&url);
+    fund(&h);
+    // Each start draws the replica's seed from the run's: a replay replays them.
+    let start = |name: &str, rng: &mut StdRng| {
+        let replica_seed = rng.random::<u64>().to_string();
+        let env = [
+            ("HOLDFAST_RETRY_INTERVAL_MS", "50"),
+            ("HOLDFAST_LEASE_EXPIRY_MS", KILL_LEASE_MS),
+            ("HOLDFAST_CLEANUP_PERIOD_MS", KILL_SWEEP_MS),
+            ("HOLDFAST_SEED", replica_seed.as_str()),
+        ];
+        Replica::spawn(&url, h.dir.path(), name, 2, &env)
+    };
+    let mut replicas: Vec<Replica> = (0..3).map(|i| start(&format!("r{i}"), &mut rng)).collect();
+    progress(
+        &mut replicas,
+        &[0, 0, 0],
+        2,
+        Duration::from_secs(30),
+        "warming up",
+    )
+    .await;
+    let settled =
+        |replicas: &mut [Replica]| -> u64 { replicas.iter_mut().map(Replica::settled).sum() };
+    let killing = Instant::now();
+    let mut kills = 0u32;
+    let mut next_kill = killing + Duration::from_millis(rng.random_range(KILL_EVERY_MS));
+    // When the restarted server was ready, what had settled by then, what pg_ctl
+    // took, and when the fleet settled its first transaction after it.
+    let mut restarted: Option<(Instant, u64, Duration)> = None;
+    let mut first_after: Option<Duration> = None;
+    while killing.elapsed() < KILLING {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for r in &mut replicas {
+            r.assert_alive("while replicas are killed");
+        }
+        let now = settled(&mut replicas);
+        match restarted {
+            None if killing.elapsed() >= KILLING / 2 => {
+                let took = cluster.restart(Shutdown::Immediate);
+                restarted = Some((Instant::now(), settled(&mut replicas), took));
+            }
+            Some((ready, before, _)) if first_after.is_none() && now > before => {
+                first_after = Some(ready.elapsed());
+            }
+            _ => {}
+        }
+        if Instant::now() >= next_kill {
+            let victim = rng.random_range(0..replicas.len());
+            replicas[victim].kill();
+            kills += 1;
+            let name = replicas[victim].name.clone();
+            replicas[victim] = start(&name, &mut rng);
+            next_kill = Instant::now() + Duration::from_millis(rng.random_range(KILL_EVERY_MS));
+        }
+    }
+    let (ended, total) = (Instant::now(), settled(&mut replicas));
+    stop_living_fleet(&mut replicas);
+    let ledger = check_fleet(&replicas, &url).await;
+    let (ready, before, took) = restarted.expect("the server was restarted");
+    let after_restart = ended.saturating_duration_since(ready);
+    println!(
+        "{kills} kills in {KILLING:?}; {total} settled (history lines); restart -m immediate: \
+         pg_ctl took {took:?}, {before} settled before it; once ready, the fleet's first \
+         settlement after {first_after:?}; {} confirmed, {} double spend(s)",
+        ledger.confirmed, ledger.double_spends
+    );
+    assert!(
+        first_after.is_some(),
+        "the fleet settled nothing in the {after_restart:?} of killing after the server restart"
+    );
+    assert!(kills >= 15, "{kills} kills: too few to test anything");
+    assert!(
+        ledger.confirmed >= 50,
+        "{} confirmed transactions: too few to test anything",
+        ledger.confirmed
+    );
+    println!(
+        "payments_survive_kills_and_a_server_restart: {:?}",
+        began.elapsed()
+    );
 }

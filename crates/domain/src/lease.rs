@@ -268,6 +268,13 @@ impl LeaseConfig {
     }
 }
 
+/// How long after its lease ran out a selection whose transaction never settled
+/// is kept: the sweep then forgets it (a Confirmed arriving later spends nothing
+/// of it). Selections are what a late Confirmed spends after the sweep took the
+/// locks, so this is far beyond any finality time; it bounds what transactions
+/// that never settle leave behind.
+pub const SELECTION_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The statuses whose consumers' locks the sweep deletes whatever their age: the
 /// transaction is final and invalid (Deleted), or abandoned (Orphan).
 pub const SWEPT_STATUSES: [TxStatus; 2] = [TxStatus::Deleted, TxStatus::Orphan];
@@ -282,6 +289,12 @@ pub struct SweepRule {
 }
 
 impl SweepRule {
+    /// Selections made strictly before this moment, whose lock is gone, are
+    /// forgotten: [`SELECTION_RETENTION`] past the lease.
+    pub fn forget_before(&self) -> Timestamp {
+        self.cutoff.saturating_sub(SELECTION_RETENTION)
+    }
+
     /// Whether a lock created at `created_at` has outlived its lease.
     pub fn expired(&self, created_at: Timestamp) -> bool {
         created_at < self.cutoff

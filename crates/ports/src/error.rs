@@ -1,7 +1,7 @@
 //! Errors of the ports: one enum per port family, each wrapping a [`StoreFault`]
 //! for the backend failing. Lost races and stale tokens are verdicts, not errors.
 
-use holdfast_domain::{TokenId, TxId};
+use holdfast_domain::{TokenId, TokenType, TxId, WalletId};
 
 /// The backend failed. Messages never contain passwords or other secrets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,6 +34,20 @@ pub enum TokenStoreError {
         token: String,
         /// What differs.
         detail: String,
+    },
+    /// The call would lift the total of a wallet's unspent tokens of one type
+    /// (spendable or not) beyond 2^128 - 1, the largest amount a balance can hold.
+    /// Bad input, refused: nothing of the call is written.
+    #[error(
+        "adding these tokens would make the unspent total of wallet {wallet} type {token_type} \
+         exceed 2^128 - 1 (340282366920938463463374607431768211455); expected a total that \
+         fits 128 bits; nothing was written"
+    )]
+    BalanceOverflow {
+        /// The wallet.
+        wallet: WalletId,
+        /// The token type.
+        token_type: TokenType,
     },
     /// The backend failed.
     #[error(transparent)]

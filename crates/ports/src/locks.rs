@@ -81,6 +81,9 @@ pub struct LockInfo {
     pub created_at: Timestamp,
     /// The consumer's recorded status, if any.
     pub consumer_status: Option<TxStatus>,
+    /// The owner id of the backend instance that claimed it (`""` for locks of
+    /// versions before owners were recorded).
+    pub owner: String,
 }
 
 /// What one sweep did.
@@ -92,6 +95,9 @@ pub struct SweepReport {
     pub expired: u64,
     /// Locks deleted because their consumer is Deleted or Orphan.
     pub released_by_status: u64,
+    /// Selections forgotten: their lock gone and made before
+    /// [`SweepRule::forget_before`].
+    pub forgotten: u64,
 }
 
 /// Which candidates a [`LockStore::read_and_claim`] reads: a `cover_first` band
@@ -266,14 +272,20 @@ pub trait LockStore: Send + Sync {
     /// its change.
     async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError>;
 
+    /// [`LockStore::unsettled`] of this instance's owner only: the transactions
+    /// whose selections it (or an earlier process with the same owner id) made.
+    /// What a restarted instance recovers; other owners' work is not listed.
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError>;
+
     /// The consumers that have selected tokens and not settled yet, each with its
     /// recorded status, in id order: what the start-up recovery pass looks at.
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError>;
 
     /// If this caller wins sweep leadership for the tick, deletes the locks `rule`
     /// sweeps (created before its cut-off, or of a Deleted or Orphan consumer), and
-    /// nothing else: selections stay. A lock both expired and of a dead consumer
-    /// counts as expired in the report.
+    /// forgets the selections whose lock is gone that were made before
+    /// [`SweepRule::forget_before`]; other selections stay. A lock both expired
+    /// and of a dead consumer counts as expired in the report.
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError>;
 
     /// Every lock with its consumer's recorded status, oldest first.

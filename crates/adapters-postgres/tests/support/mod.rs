@@ -126,6 +126,10 @@ impl TestDb {
             PgOptions {
                 strategy,
                 max_connections,
+                // Generous: these backends show what the line's advisory lock
+                // guarantees (no race lost to another read-and-claim) on a loaded
+                // test machine; tests/sessions.rs shows its bound.
+                line_wait: std::time::Duration::from_secs(5),
                 ..PgOptions::default()
             },
         )

@@ -136,6 +136,10 @@ impl LockStore for CountingLockStore {
         self.inner.selected(consumer).await
     }
 
+    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
+        self.inner.unsettled_owned().await
+    }
+
     async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
         self.inner.unsettled().await
     }

@@ -1,7 +1,8 @@
 //! Running the built `holdfast` binary against a temporary database.
 //!
 //! Every command runs in a fresh temporary working directory with `--db` pointing
-//! at the test's database, `HOLDFAST_SEED` fixed (selection is replayable) and every
+//! at the test's database, `HOLDFAST_SEED` fixed (selection is replayable), the
+//! owner id `cli-test`, and every
 //! other `HOLDFAST_*` variable of the test process removed (the configuration
 //! refuses unknown ones, and the test harness sets some of its own).
 
@@ -48,6 +49,8 @@ impl Holdfast {
         }
         cmd.env_remove("RUST_LOG")
             .env("HOLDFAST_SEED", SEED)
+            // Not derived from the host name: outputs are the same on every machine.
+            .env("HOLDFAST_OWNER", "cli-test")
             .current_dir(self.dir.path());
         cmd
     }

@@ -112,6 +112,28 @@ pub async fn confirm_spends_the_inputs_and_adds_the_outputs_at_once(db: &dyn Tes
         Ok(Vec::new()),
         "no selection left"
     );
+    assert_eq!(
+        s.locks.selected(&t1).await,
+        Ok(Vec::new()),
+        "nothing selected"
+    );
+    // Confirmed is final: a select of it still running wins nothing more, and a
+    // Deleted arriving later (a recovery that decided before the confirm
+    // committed) releases nothing and leaves Confirmed.
+    add(&s, &[chf("w", "late", 0, 1)]).await;
+    assert_eq!(
+        s.locks.claim(&t1, &token_id("late", 0), at(2)).await,
+        Ok(ClaimVerdict::Contended)
+    );
+    let window = s
+        .locks
+        .claim_window(&t1, &[token_id("late", 0)], at(2))
+        .await
+        .expect("claim");
+    assert_eq!(window, vec![(token_id("late", 0), ClaimVerdict::Contended)]);
+    assert!(holders(&s).await.is_empty(), "no lock taken");
+    assert_eq!(s.locks.release_consumer(&t1, at(3), true).await, Ok(0));
+    assert_eq!(s.statuses.status(&t1).await, Ok(Some(TxStatus::Confirmed)));
 }
 
 /// The same confirm again (a retry after a lost answer) changes nothing and says
@@ -247,4 +269,61 @@ pub async fn concurrent_confirms_of_one_transaction_apply_it_once(db: &dyn TestD
     let (a, b) = (a.expect("first"), b.expect("second"));
     assert!(a.replayed != b.replayed, "exactly one applied: {a:?} {b:?}");
     assert_eq!((balance(&s, "r").await, balance(&s, "w").await), (12, 3));
+}
+
+/// Outputs that would lift a wallet's unspent total (spendable or not) beyond
+/// 2^128 - 1 are bad outputs naming the wallet and type, and change nothing;
+/// up to exactly 2^128 - 1 is fine, and the inputs a confirm spends no longer
+/// count (change paid back into a full wallet).
+pub async fn outputs_that_would_overflow_a_wallet_change_nothing(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let t1 = tx("t1");
+    let inputs = funded_and_claimed(&s, &t1).await;
+    let off = NewToken {
+        spendable: false,
+        ..chf("off", "full", 1, u128::MAX - 5)
+    };
+    add(&s, &[chf("full", "full", 0, u128::MAX - 5), off]).await;
+    let cases: [(&str, &str, Vec<Output>); 3] = [
+        ("a payment", "full", vec![pay("full", 12), pay("w", 3)]),
+        (
+            "two outputs to one wallet",
+            "full",
+            vec![pay("full", 3), pay("full", 3), pay("w", 9)],
+        ),
+        (
+            "a wallet full of unspendable tokens",
+            "off",
+            vec![pay("off", 6), pay("w", 9)],
+        ),
+    ];
+    for (what, full, outputs) in cases {
+        match s.locks.confirm(&t1, &outputs, at(1)).await {
+            Err(LockStoreError::BadOutputs { detail }) => {
+                let named = format!("wallet {full} type CHF");
+                assert!(detail.contains(&named), "{what}: {detail}");
+            }
+            other => panic!("{what}: expected BadOutputs, got {other:?}"),
+        }
+        nothing_changed(&s, &t1, &inputs, what).await;
+        assert_eq!(balance(&s, "full").await, u128::MAX - 5, "{what}");
+    }
+    s.locks
+        .confirm(&t1, &[pay("full", 5), pay("w", 10)], at(2))
+        .await
+        .expect("filling a wallet to exactly 2^128 - 1");
+    assert_eq!(
+        (balance(&s, "full").await, balance(&s, "w").await),
+        (u128::MAX, 10)
+    );
+    // w holds t1's change of 10; filled to 2^128 - 1, it may still pay itself.
+    add(&s, &[chf("w", "fill", 0, u128::MAX - 10)]).await;
+    let t2 = tx("t2");
+    let won = s.locks.claim(&t2, &token_id("t1", 1), T0).await;
+    assert_eq!(won, Ok(ClaimVerdict::Won));
+    s.locks
+        .confirm(&t2, &[pay("w", 4), pay("w", 6)], at(3))
+        .await
+        .expect("the spent input makes room for its change");
+    assert_eq!(balance(&s, "w").await, u128::MAX);
 }

@@ -69,9 +69,11 @@ pub async fn claim_verdicts_stale_vs_contended(db: &dyn TestDatabase) {
         Ok(ClaimVerdict::Stale),
         "held:0 was spent by spend_consumer, so it is stale now"
     );
+    // `other` is confirmed now, and a confirmed transaction wins nothing more
+    // (conformance `confirm::*`): a third transaction holds the next token.
     add(&s, &[chf("w", "held", 1, 1)]).await;
     assert_eq!(
-        s.locks.claim(&other, &token_id("held", 1), T0).await,
+        s.locks.claim(&tx("third"), &token_id("held", 1), T0).await,
         Ok(ClaimVerdict::Won)
     );
 
@@ -100,7 +102,7 @@ pub async fn claim_verdicts_stale_vs_contended(db: &dyn TestDatabase) {
     }
     let held = holders(&s).await;
     assert_eq!(held.get(&token_id("free", 0)), Some(&me));
-    assert_eq!(held.get(&token_id("held", 1)), Some(&other));
+    assert_eq!(held.get(&token_id("held", 1)), Some(&tx("third")));
     assert_eq!(
         held.len(),
         2,

@@ -240,3 +240,44 @@ pub async fn a_consumer_cannot_win_its_own_swept_token_twice(db: &dyn TestDataba
         "the earlier select's token is still the transaction's"
     );
 }
+
+/// A transaction that never settles: its selection outlives its swept lock for
+/// [`holdfast_domain::lease::SELECTION_RETENTION`] past the lease, then the
+/// sweep forgets it (a Confirmed after that spends nothing).
+pub async fn a_selection_that_never_settles_is_forgotten_after_the_retention(
+    db: &dyn TestDatabase,
+) {
+    let s = db.stores();
+    add(&s, &[chf("w", "t", 0, 10)]).await;
+    let t1 = tx("t1");
+    assert_eq!(
+        s.locks.claim(&t1, &token_id("t", 0), T0).await,
+        Ok(ClaimVerdict::Won)
+    );
+    let retention = u64::try_from(holdfast_domain::lease::SELECTION_RETENTION.as_millis())
+        .expect("retention in ms");
+    // The lease ran out: the lock goes, the selection stays.
+    let report = s.locks.sweep(expired_at(LATER)).await.expect("sweep");
+    assert_eq!((report.expired, report.forgotten), (1, 0), "{report:?}");
+    assert_eq!(s.locks.unsettled().await, Ok(vec![(t1.clone(), None)]));
+    // Just within the retention past the lease: still kept.
+    let lease = u64::try_from(LeaseConfig::default().lease_expiry.as_millis()).expect("ms");
+    let report = s.locks.sweep(expired_at(lease + retention)).await;
+    assert_eq!(
+        report.map(|r| r.forgotten),
+        Ok(0),
+        "kept until the retention"
+    );
+    let report = s
+        .locks
+        .sweep(expired_at(lease + retention + 1))
+        .await
+        .expect("sweep");
+    assert_eq!(report.forgotten, 1, "{report:?}");
+    assert_eq!(s.locks.unsettled().await, Ok(Vec::new()), "forgotten");
+    let spent = s
+        .locks
+        .spend_consumer(&t1, at(lease + retention + 2), true)
+        .await;
+    assert_eq!(spent, Ok(Vec::new()), "nothing left to spend");
+}

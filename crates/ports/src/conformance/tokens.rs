@@ -396,8 +396,7 @@ pub async fn candidates_keyset_paging_is_exact(db: &dyn TestDatabase) {
 /// Amounts beyond 2^64, up to 2^128 - 1, round-trip exactly and order numerically.
 pub async fn amounts_beyond_u64_round_trip_and_order(db: &dyn TestDatabase) {
     let s = db.stores();
-    let values = [
-        u128::MAX,
+    let mut values = vec![
         1u128 << 64,
         u128::from(u64::MAX),
         (1u128 << 64) + 1,
@@ -405,24 +404,48 @@ pub async fn amounts_beyond_u64_round_trip_and_order(db: &dyn TestDatabase) {
         0x10,
         0xf,
         1,
-        u128::MAX - 1,
+        1u128 << 126,
     ];
+    // The largest fills the wallet to exactly 2^128 - 1 (a wallet may hold no more).
+    let rest: u128 = values.iter().sum();
+    values.push(u128::MAX - rest);
     let batch: Vec<NewToken> = values
         .iter()
         .enumerate()
         .map(|(i, v)| chf("w", "big", u32::try_from(i).unwrap_or(u32::MAX), *v))
         .collect();
     add(&s, &batch).await;
-    for (i, v) in values.iter().enumerate() {
-        let id = token_id("big", u32::try_from(i).unwrap_or(u32::MAX));
+    // 2^128 - 1 and 2^128 - 2 each in a wallet of its own.
+    add(
+        &s,
+        &[
+            chf("max", "max", 0, u128::MAX),
+            chf("max-1", "max", 1, u128::MAX - 1),
+        ],
+    )
+    .await;
+    let stored = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (token_id("big", u32::try_from(i).unwrap_or(u32::MAX)), *v))
+        .chain([
+            (token_id("max", 0), u128::MAX),
+            (token_id("max", 1), u128::MAX - 1),
+        ]);
+    for (id, v) in stored {
         let t = s
             .tokens
             .token(&id)
             .await
             .expect("token")
             .expect("stored token");
-        assert_eq!(t.quantity, amount(*v), "round trip of {v}");
+        assert_eq!(t.quantity, amount(v), "round trip of {v}");
     }
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &token_type("CHF")).await,
+        Ok(amount(u128::MAX)),
+        "a wallet holding exactly 2^128 - 1"
+    );
     let got: Vec<u128> = all_candidates(&s, "w", 4)
         .await
         .iter()
@@ -443,6 +466,170 @@ pub async fn amounts_beyond_u64_round_trip_and_order(db: &dyn TestDatabase) {
         s.tokens.balance(&wallet("sum"), &token_type("CHF")).await,
         Ok(amount(1u128 << 65)),
         "balances beyond 2^64 are exact"
+    );
+}
+
+/// Asserts that `result` refuses an add as [`TokenStoreError::BalanceOverflow`] of
+/// `wallet_id`/`CHF`.
+fn assert_overflow(result: Result<u64, TokenStoreError>, wallet_id: &str, what: &str) {
+    match result {
+        Err(TokenStoreError::BalanceOverflow {
+            wallet: w,
+            token_type: t,
+        }) => {
+            assert_eq!((w, t), (wallet(wallet_id), token_type("CHF")), "{what}");
+        }
+        other => panic!("{what}: expected BalanceOverflow of {wallet_id}/CHF, got {other:?}"),
+    }
+}
+
+/// A wallet's unspent total of a type, spendable or not, cannot pass 2^128 - 1:
+/// an add beyond it, in a later call, is refused as a balance overflow naming the
+/// wallet and type, and writes nothing (not even its tokens for other wallets);
+/// the balance still reads 2^128 - 1. Other types and wallets, a re-add of what
+/// is stored, and adds after the total shrank (a spend) are unaffected.
+pub async fn a_balance_cannot_overflow_across_adds(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let chf_t = token_type("CHF");
+    add(&s, &[chf("w", "a", 0, u128::MAX)]).await;
+    let mut off = chf("w", "off", 0, 1);
+    off.spendable = false;
+    let refused = [
+        ("a second 2^128 - 1", vec![chf("w", "b", 0, u128::MAX)]),
+        ("one more unit", vec![chf("w", "b", 0, 1)]),
+        ("an unspendable unit", vec![off]),
+        (
+            "a batch also paying another wallet",
+            vec![chf("v", "b", 0, 7), chf("w", "b", 1, 1)],
+        ),
+    ];
+    for (what, batch) in refused {
+        assert_overflow(s.tokens.add_tokens(&batch).await, "w", what);
+        for t in &batch {
+            assert_eq!(
+                s.tokens.token(&t.id).await,
+                Ok(None),
+                "{what}: {} written",
+                t.id
+            );
+        }
+        assert_eq!(
+            s.tokens.balance(&wallet("w"), &chf_t).await,
+            Ok(amount(u128::MAX)),
+            "{what}: the balance still reads 2^128 - 1"
+        );
+    }
+    assert_eq!(
+        s.tokens.balance(&wallet("v"), &chf_t).await,
+        Ok(Quantity::ZERO)
+    );
+    let unspendable = s.tokens.set_spendable(&token_id("a", 0), false).await;
+    assert_eq!(unspendable, Ok(true));
+    assert_overflow(
+        s.tokens.add_tokens(&[chf("w", "b", 0, 1)]).await,
+        "w",
+        "an unspendable 2^128 - 1 counts too",
+    );
+    assert_eq!(
+        s.tokens.set_spendable(&token_id("a", 0), true).await,
+        Ok(true)
+    );
+    assert_eq!(
+        s.tokens.add_tokens(&[chf("w", "a", 0, u128::MAX)]).await,
+        Ok(0),
+        "re-adding the stored token adds nothing and is no overflow"
+    );
+    let mut eur = chf("w", "eur", 0, u128::MAX);
+    eur.token_type = token_type("EUR");
+    add(&s, &[eur, chf("v", "v", 0, u128::MAX)]).await;
+    let spender = tx("spender");
+    let won = s.locks.claim(&spender, &token_id("a", 0), T0).await;
+    assert_eq!(won, Ok(holdfast_domain::ClaimVerdict::Won));
+    s.locks
+        .spend_consumer(&spender, T0, true)
+        .await
+        .expect("spend");
+    add(&s, &[chf("w", "c", 0, u128::MAX)]).await;
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(amount(u128::MAX)),
+        "a spent token no longer counts"
+    );
+}
+
+/// Within one batch too: two tokens of 2^128 - 1 for one wallet are refused and
+/// neither is written; a batch reaching exactly 2^128 - 1 is accepted, a token
+/// named twice in it counting once.
+pub async fn a_batch_cannot_overflow_a_balance(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let chf_t = token_type("CHF");
+    let batch = [chf("w", "a", 0, u128::MAX), chf("w", "a", 1, u128::MAX)];
+    assert_overflow(s.tokens.add_tokens(&batch).await, "w", "two of 2^128 - 1");
+    for t in &batch {
+        assert_eq!(s.tokens.token(&t.id).await, Ok(None), "{} written", t.id);
+    }
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(Quantity::ZERO)
+    );
+    let exact = [
+        chf("w", "b", 0, u128::MAX - 1),
+        chf("w", "b", 1, 1),
+        chf("w", "b", 1, 1),
+    ];
+    assert_eq!(
+        s.tokens.add_tokens(&exact).await,
+        Ok(2),
+        "exactly 2^128 - 1"
+    );
+    assert_eq!(
+        s.tokens.balance(&wallet("w"), &chf_t).await,
+        Ok(amount(u128::MAX))
+    );
+}
+
+/// 16 concurrent adds on three instances, each of one token of 2^126 to one
+/// wallet: exactly three fit below 2^128, so exactly three are added and the
+/// others refused as a balance overflow, whatever their interleaving.
+pub async fn concurrent_adds_cannot_overflow_a_balance(db: &dyn TestDatabase) {
+    let mut instances = vec![db.stores()];
+    for _ in 0..2 {
+        match db.replica().await {
+            Ok(s) => instances.push(s),
+            Err(e) => panic!("conformance: could not open a replica: {e}"),
+        }
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..16u32 {
+        let s = instances[usize::try_from(i).unwrap_or(0) % instances.len()].clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let added = s.tokens.add_tokens(&[chf("w", "q", i, 1u128 << 126)]).await;
+            (i, added)
+        }));
+    }
+    let mut added = Vec::new();
+    for task in tasks {
+        let (i, result) = task.await.expect("add task panicked");
+        match result {
+            Ok(1) => added.push(i),
+            Err(TokenStoreError::BalanceOverflow { .. }) => {}
+            other => panic!("add {i}: expected Ok(1) or BalanceOverflow, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        added.len(),
+        3,
+        "three quarters of 2^128 fit, added: {added:?}"
+    );
+    assert_eq!(
+        instances[1]
+            .tokens
+            .balance(&wallet("w"), &token_type("CHF"))
+            .await,
+        Ok(amount(3u128 << 126))
     );
 }
 

@@ -119,14 +119,13 @@ impl crate::Config {
     /// settings (`[postgres]`), and whether PostgreSQL instances wake each other
     /// (`selection.wakeups`).
     pub fn backend_options(&self) -> BackendOptions {
-        let defaults = BackendOptions::default();
         BackendOptions {
             connect_timeout: self.connect_timeout(),
             owner: self.owner.clone(),
             #[cfg(feature = "sqlite")]
             sqlite: SqliteOptions {
                 busy_timeout: self.busy_timeout(),
-                ..defaults.sqlite
+                ..SqliteOptions::default()
             },
             #[cfg(feature = "postgres")]
             postgres: {

@@ -30,7 +30,9 @@ use crate::pg_support::TestDb;
 const REPLICAS: usize = 3;
 const WORKERS: usize = 8;
 const MAX_CONCURRENT: u32 = 2;
-const REVISIONS: u64 = 30;
+/// Enough that every run exercises holds and lost builds (with 30, runs on a
+/// fast server published too few builds for either: checked at e7082ef too).
+const REVISIONS: u64 = 90;
 const SLOT_LEASE: Duration = Duration::from_millis(400);
 
 /// Crashes one write in `1 / every` before it applies and as many after.

@@ -13,8 +13,11 @@ use holdfast_ports::{
 use tokio::sync::mpsc;
 
 fn settlement(locks: MockLockStore, statuses: MockTxStatusStore) -> Settlement {
+    // No transaction here was confirmed with outputs: a Confirmed spends.
+    let mut tokens = MockTokenStore::new();
+    tokens.expect_token().returning(|_| Ok(None));
     Settlement::new(
-        stores(MockTokenStore::new(), locks, statuses),
+        stores(tokens, locks, statuses),
         TokioClock::new(),
         PersistPolicy {
             max_attempts: 3,

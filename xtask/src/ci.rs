@@ -1,7 +1,9 @@
 //! `cargo xtask ci`: what `.ci/run` runs, in order — formatting, clippy with
 //! warnings denied (the workspace, then the library with each backend feature
 //! alone), `cargo doc` with warnings denied, the whole test suite (see [`crate::testing`]; it includes the
-//! fuzz targets' proptest fallback), the HTML report rendered in headless
+//! fuzz targets' proptest fallback, and the failover tests of `cargo xtask failover`,
+//! which start their own primary and standby from the PostgreSQL binaries and
+//! fail under `CI=true` without them), the HTML report rendered in headless
 //! Chromium (see [`crate::browser`]), the tidy checks (see [`crate::tidy`]). The
 //! first failing step stops the run.
 

@@ -13,6 +13,7 @@ mod browser;
 mod ci;
 mod demo;
 mod error;
+mod failover;
 mod fuzz;
 mod postgres;
 mod process;
@@ -32,6 +33,10 @@ const TASKS: &[(&str, &str)] = &[
     (
         "test [ARGS]",
         "the whole test suite (nextest + doc tests) with a PostgreSQL server; ARGS go to the runner",
+    ),
+    (
+        "failover",
+        "a PostgreSQL primary lost mid-run and its standby promoted, sync and async replication: resume time, losses",
     ),
     (
         "fuzz [--seconds N] [TARGET...]",
@@ -73,6 +78,7 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
         "browser" => browser::run(rest),
         "ci" => ci::run(rest),
         "test" => testing::run(rest),
+        "failover" => failover::run(rest),
         "fuzz" => fuzz::run(rest),
         "demo" => demo::run(rest),
         "help" | "-h" | "--help" => {

@@ -129,15 +129,22 @@ pub fn provide() -> Result<Server, Error> {
     }
 }
 
-fn has_binaries(dir: &Path) -> bool {
-    ["initdb", "pg_ctl", "postgres"]
-        .iter()
-        .all(|b| dir.join(b).is_file())
+/// What a throwaway cluster needs.
+const BINARIES: [&str; 3] = ["initdb", "pg_ctl", "postgres"];
+
+fn has_binaries(dir: &Path, more: &[&str]) -> bool {
+    BINARIES.iter().chain(more).all(|b| dir.join(b).is_file())
 }
 
 /// `$HOLDFAST_PG_BIN`, else the newest `/usr/lib/postgresql/<major>/bin`, else the
 /// directory of `pg_ctl` on `PATH`.
 fn find_binaries() -> Option<PathBuf> {
+    find_binaries_with(&[])
+}
+
+/// [`find_binaries`] where `more` (such as `pg_basebackup`) are there too.
+pub fn find_binaries_with(more: &[&str]) -> Option<PathBuf> {
+    let has_binaries = |dir: &Path| has_binaries(dir, more);
     if let Some(dir) = std::env::var_os(BIN_VAR).map(PathBuf::from) {
         return has_binaries(&dir).then_some(dir);
     }

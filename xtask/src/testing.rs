@@ -186,7 +186,7 @@ fn prepare(cmd: &mut Command, server: &Server, tally: &Tally) {
     cmd.env(TALLY_VAR, &tally.path);
 }
 
-fn nextest_available() -> bool {
+pub fn nextest_available() -> bool {
     process::cargo()
         .args(["nextest", "--version"])
         .stdout(std::process::Stdio::null())

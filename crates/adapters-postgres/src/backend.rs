@@ -1,17 +1,19 @@
 //! The backend: connecting, migrating, the pool, and the counters shared by the
 //! four port implementations.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use holdfast_ports::{StoreFault, Stores};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::Connection;
+use sqlx::postgres::{PgPool, PgPoolOptions};
 
+use crate::durability::{self, Durability};
 use crate::error::ConnectError;
+use crate::hosts::{Hosts, ParseError, TargetSessionAttrs};
 use crate::locks::CLAIM_LINE_STRIPES;
 use crate::options::{LockStrategy, PgOptions};
+use crate::route::{self, Follower, HostOutcome, Route};
 use crate::schema;
 use crate::session::{self, Health};
 use crate::url::{redact_url, scrub, secrets, unescaped_in_password};
@@ -31,6 +33,12 @@ pub(crate) struct Inner {
     pub(crate) pool: PgPool,
     /// When this instance last saw a broken connection.
     pub(crate) health: Arc<Health>,
+    /// The URL's hosts and the one new connections go to.
+    pub(crate) route: Arc<Route>,
+    /// Walks the hosts when the primary may have moved (several hosts only).
+    follower: Follower,
+    /// The server's settings at connect.
+    durability: Option<Durability>,
     /// The bound on a read-and-claim's wait for its line's advisory lock.
     pub(crate) line_wait: std::time::Duration,
     /// How long a call waits for a pooled connection in all.
@@ -53,6 +61,7 @@ impl std::fmt::Debug for PgBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgBackend")
             .field("strategy", &self.inner.strategy)
+            .field("host", &self.current_host())
             .field("round_trips", &self.round_trips())
             .field("server_errors", &self.server_errors())
             .finish_non_exhaustive()
@@ -63,6 +72,13 @@ impl PgBackend {
     /// Connects to the database at `url`, applies the embedded migrations (one
     /// replica at a time, under PostgreSQL's migration advisory lock) and returns
     /// the backend. No connection is held afterwards until an operation needs one.
+    ///
+    /// The URL may name several hosts of one cluster and the kind of session
+    /// wanted (`postgres://app@h1:5432,h2:5433/db?target_session_attrs=read-write`,
+    /// `docs/postgres-failover.md`): the first host, in order, that gives one is
+    /// used, and the backend follows the primary when it moves. The server's
+    /// settings are read once; every way they let an acknowledged commit be lost
+    /// is logged with `tracing::warn!` ([`PgBackend::durability`]).
     pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend, ConnectError> {
         options.validate()?;
         let shown = redact_url(url);
@@ -79,11 +95,17 @@ impl PgBackend {
                 ),
             });
         }
-        let base = PgConnectOptions::from_str(url).map_err(|e| ConnectError::InvalidUrl {
-            url: shown.clone(),
-            reason: clean(e.to_string()),
+        let hosts = Hosts::parse(url).map_err(|e| match e {
+            ParseError::Hosts(source) => ConnectError::Hosts {
+                url: shown.clone(),
+                source,
+            },
+            ParseError::Driver(e) => ConnectError::InvalidUrl {
+                url: shown.clone(),
+                reason: clean(e.to_string()),
+            },
         })?;
-        let connect_options = session::connect_options(base.clone(), &options);
+        let route = Arc::new(Route::new(hosts, &options, secret_forms.clone()));
         let timeout = options.connect_timeout;
         let timeout_error = |detail: String| ConnectError::Timeout {
             url: shown.clone(),
@@ -91,36 +113,63 @@ impl PgBackend {
             detail,
         };
 
-        // Probe with one direct connection first: a pool would retry a refused
-        // connection until its timeout and hide the reason. A server that is full
-        // (too many connections), starting up or restarting is waited for, up to
-        // the connect timeout; anything else is answered at once.
+        // Probe with one direct connection per host first (a pool would retry a
+        // refused connection until its timeout and hide the reason), in the URL's
+        // order, keeping the first that gives the wanted session. A server that is
+        // full (too many connections), starting up or restarting, or a standby
+        // that may be promoted, is waited for, up to the connect timeout; anything
+        // else is answered at once.
         let deadline = tokio::time::Instant::now() + timeout;
         let mut pause = std::time::Duration::from_millis(50);
-        loop {
+        let mut probe = loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(left, PgConnection::connect_with(&connect_options)).await {
-                Err(_) => return Err(timeout_error("no answer".to_owned())),
-                // Closing the probe politely is best effort; the server cleans up.
-                Ok(Ok(probe)) => {
-                    let _ = probe.close().await;
-                    break;
+            // One host: it has the whole wait, as before.
+            let bound = if route.several() {
+                left.min(route::HOST_TIMEOUT)
+            } else {
+                left
+            };
+            let tried = match route.walk(bound).await {
+                Ok((i, probe)) => {
+                    route.switch(i);
+                    break probe;
                 }
-                Ok(Err(e)) if session::worth_waiting_for(&e) => {
-                    if tokio::time::Instant::now() + pause >= deadline {
-                        return Err(timeout_error(clean(e.to_string())));
-                    }
-                    tracing::info!(url = %shown, error = %clean(e.to_string()), "the server refuses connections for now; waiting");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(std::time::Duration::from_millis(500));
-                }
-                Ok(Err(e)) => {
-                    return Err(ConnectError::Unavailable {
-                        url: shown,
-                        detail: clean(e.to_string()),
-                    });
-                }
+                Err(tried) => tried,
+            };
+            let waiting = tried.iter().any(|t| t.outcome.worth_waiting_for());
+            if waiting && tokio::time::Instant::now() + pause < deadline {
+                tracing::info!(url = %shown, tried = %route::list(&tried), "no host takes the session for now; waiting");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                continue;
             }
+            if !route.plain() {
+                return Err(ConnectError::NoHost {
+                    url: shown,
+                    target: route.target(),
+                    tried,
+                });
+            }
+            // One host, no kind asked for: the errors of before.
+            return Err(match tried.into_iter().next().map(|t| t.outcome) {
+                Some(HostOutcome::Busy(detail)) => timeout_error(detail),
+                Some(HostOutcome::Failed(detail)) => {
+                    ConnectError::Unavailable { url: shown, detail }
+                }
+                _ => timeout_error("no answer".to_owned()),
+            });
+        };
+        let durability = match durability::inspect(&mut probe, route.len()).await {
+            Ok(found) => Some(found),
+            Err(e) => {
+                tracing::debug!(error = %clean(e.to_string()), "could not read the durability settings");
+                None
+            }
+        };
+        // Closing the probe politely is best effort; the server cleans up.
+        let _ = probe.close().await;
+        for risk in durability.iter().flat_map(Durability::risks) {
+            tracing::warn!(target: durability::DURABILITY_TARGET, url = %shown, host = %route.current_host(), "{risk}");
         }
         // Migrate through a dedicated one-connection pool: closing it closes the
         // connection, which releases the migration lock even if a migration failed.
@@ -128,26 +177,34 @@ impl PgBackend {
             .max_connections(1)
             .acquire_timeout(timeout)
             .test_before_acquire(false)
-            .connect_lazy_with(session::migrate_options(base, &options));
+            .connect_lazy_with(session::migrate_options(route.base_options(), &options));
         let migrated = schema::migrator().run(&migrating).await;
         migrating.close().await;
         migrated.map_err(|e| ConnectError::Migration {
             url: shown.clone(),
             detail: clean(e.to_string()),
         })?;
-        tracing::debug!(url = %shown, strategy = %options.strategy, "connected and migrated");
+        tracing::debug!(url = %shown, host = %route.current_host(), strategy = %options.strategy, "connected and migrated");
 
         let health = Arc::new(Health::new());
-        let pool = session::pool(&connect_options, &options, health.clone());
+        let pool = session::pool(&route, &options, health.clone());
         let wake = if options.wakeups {
-            Wake::across_instances(pool.clone(), &connect_options, health.clone())
+            Wake::across_instances(pool.clone(), route.clone(), health.clone())
         } else {
             Wake::in_process()
+        };
+        let follower = if route.several() {
+            Follower::spawn(route.clone(), pool.clone(), health.clone())
+        } else {
+            Follower::none()
         };
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 pool,
                 health,
+                route,
+                follower,
+                durability,
                 line_wait: options.line_wait,
                 acquire_timeout: options.acquire_timeout,
                 transaction_bound: options.statement_timeout
@@ -164,6 +221,24 @@ impl PgBackend {
                 server_errors: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// What the server's settings said when this instance connected (see
+    /// [`Durability::risks`]); `None` when the role could not read them.
+    pub fn durability(&self) -> Option<&Durability> {
+        self.inner.durability.as_ref()
+    }
+
+    /// The host new connections go to (`name:port`): the URL's only host, or the
+    /// one the last walk found (it moves with the primary).
+    pub fn current_host(&self) -> &str {
+        self.inner.route.current_host()
+    }
+
+    /// The kind of session every connection gets (`target_session_attrs`; `any`
+    /// for a single-host URL that does not ask).
+    pub fn target(&self) -> TargetSessionAttrs {
+        self.inner.route.target()
     }
 
     /// The four ports, all backed by this instance.
@@ -202,6 +277,7 @@ impl PgBackend {
     /// Closes the pool: waits for connections in use to come back, then closes all;
     /// stops listening for wake-ups.
     pub async fn close(&self) {
+        self.inner.follower.stop();
         self.inner.wake.stop();
         self.inner.pool.close().await;
     }

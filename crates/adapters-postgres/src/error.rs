@@ -5,7 +5,9 @@
 
 use holdfast_ports::StoreFault;
 
+use crate::hosts::{HostsError, TargetSessionAttrs};
 use crate::options::OptionsError;
+use crate::route::HostTried;
 
 /// Why [`crate::PgBackend::connect`] failed. The URL in messages is redacted.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +22,30 @@ pub enum ConnectError {
         url: String,
         /// What was wrong.
         reason: String,
+    },
+    /// The hosts or `target_session_attrs` of the URL cannot be used.
+    #[error("invalid PostgreSQL URL {url}: {source}")]
+    Hosts {
+        /// The URL, password redacted.
+        url: String,
+        /// What was wrong.
+        #[source]
+        source: HostsError,
+    },
+    /// No host of the URL gave a session of the wanted kind: every one refused,
+    /// did not answer, or is of another kind (a standby, read-only), also after
+    /// waiting up to the connect timeout for a busy server or a promotion.
+    #[error(
+        "no host of PostgreSQL at {url} gives a {target} session: {}",
+        crate::route::list(tried)
+    )]
+    NoHost {
+        /// The URL, password redacted.
+        url: String,
+        /// The kind of session wanted.
+        target: TargetSessionAttrs,
+        /// Every host, in order, and why it was passed over (password removed).
+        tried: Vec<HostTried>,
     },
     /// No connection within the connect timeout.
     #[error("PostgreSQL at {url} did not accept a connection within {timeout_ms} ms: {detail}")]
@@ -68,8 +94,10 @@ pub fn fault(err: &sqlx::Error) -> StoreFault {
                 // connection exceptions, operator intervention (terminated backend),
                 // insufficient resources (too many connections)
                 Some("08" | "57" | "53") => StoreFault::Unavailable(message),
-                // the server ended a session idle in a transaction (a frozen client)
-                _ if code == "25P03" => StoreFault::Unavailable(message),
+                // the server ended a session idle in a transaction (a frozen client);
+                // a write sent to a server that refuses writes (a standby, a demoted
+                // or read-only primary): nothing was written, the primary is elsewhere
+                _ if code == "25P03" || code == "25006" => StoreFault::Unavailable(message),
                 // serialization failure, deadlock, lock not available
                 Some("40") | Some("55") => StoreFault::Busy(message),
                 // undefined table / column / function: schema missing or too old

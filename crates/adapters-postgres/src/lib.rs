@@ -30,15 +30,23 @@
 //! - The lease sweep takes `pg_try_advisory_xact_lock(`[`SWEEP_LOCK_KEY`]`)`; only
 //!   the replica that gets it deletes.
 //! - Every operation holds at most one pooled connection, never two.
+//! - A URL may name several hosts of one cluster and the kind of session wanted
+//!   (libpq's syntax: `postgres://app@h1:5432,h2:5433/db?target_session_attrs=read-write`);
+//!   new connections go to the first host that gives one and follow the primary
+//!   after a failover (`docs/postgres-failover.md`). [`PgBackend::durability`]
+//!   says whether the server's settings let an acknowledged commit be lost.
 //! - [`PgBackend::round_trips`] counts statements; [`PgBackend::server_errors`]
 //!   counts statements the server failed.
 
 mod backend;
 mod codec;
+mod durability;
 mod error;
+mod hosts;
 mod locks;
 mod options;
 mod queues;
+mod route;
 mod schema;
 mod session;
 mod statuses;
@@ -47,12 +55,15 @@ mod url;
 mod wake;
 
 pub use backend::PgBackend;
+pub use durability::{CommitRisk, DURABILITY_TARGET, Durability};
 pub use error::ConnectError;
+pub use hosts::{HostsError, TargetSessionAttrs};
 pub use locks::{
     CLAIM_LINE_SPACE, RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED,
     claim_line_key,
 };
 pub use options::{LockStrategy, MAX_SERVER_TIMEOUT, OptionsError, PgOptions, UnknownStrategy};
+pub use route::{HOST_TIMEOUT, HostOutcome, HostTried, ROLE, ServerRole};
 pub use schema::{MIGRATIONS, migrator_up_to};
 pub use session::{KEEPALIVE_COUNT, KEEPALIVE_INTERVAL, PING_IDLE_AFTER, session_settings};
 pub use url::{redact_url, scrub_password, with_database};

@@ -18,7 +18,10 @@
 //!   broken connection, or the wake-up listener having had to reconnect:
 //!   [`Health`]), or for longer than [`PING_IDLE_AFTER`]; and
 //!   [`crate::PgBackend`] retries a statement that is safe to repeat once when its
-//!   connection broke under it.
+//!   connection broke under it. When the URL asks for a kind of session
+//!   (`crate::route`), the ping is the role question, so a connection on a server
+//!   that became a standby or read-only is closed too; a write refused as
+//!   read-only counts as a broken connection.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,10 +30,12 @@ use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Connection, PgConnection, Postgres};
+use sqlx::{PgConnection, Postgres};
 
 use crate::backend::PgBackend;
+use crate::hosts::TargetSessionAttrs;
 use crate::options::PgOptions;
+use crate::route::Route;
 
 /// A pooled connection idle for longer than this is pinged before use: an idle
 /// service's first call after a server restart finds a live connection.
@@ -103,13 +108,17 @@ pub(crate) fn migrate_options(base: PgConnectOptions, options: &PgOptions) -> Pg
 }
 
 /// What the instance knows of its connections' health: when it last saw one
-/// broken.
+/// broken; and the signal that the server may have moved, which the route's
+/// follower waits for (`crate::route`).
 #[derive(Debug)]
 pub(crate) struct Health {
     started: Instant,
     /// Milliseconds after `started` of the last broken connection, plus one (0:
     /// none seen).
     last_broken: AtomicU64,
+    /// Asks the follower (if any) to walk the hosts again; one stored permit
+    /// gathers any number of asks.
+    look: tokio::sync::Notify,
 }
 
 impl Health {
@@ -117,12 +126,32 @@ impl Health {
         Health {
             started: Instant::now(),
             last_broken: AtomicU64::new(0),
+            look: tokio::sync::Notify::new(),
         }
     }
 
-    /// Notes that a connection was found broken now.
+    /// Notes that a connection was found broken now (or on a server of the wrong
+    /// kind): idle connections are suspect, and the primary may have moved.
     pub(crate) fn broken(&self) {
+        self.suspect_all();
+        self.look_again();
+    }
+
+    /// Makes every connection idle since now suspect, without asking for a walk
+    /// (the follower itself, having moved to another host).
+    pub(crate) fn suspect_all(&self) {
         self.broken_at(self.started.elapsed());
+    }
+
+    /// Asks the follower to walk the hosts again: no connection could be made,
+    /// or a new one was on a server of the wrong kind.
+    pub(crate) fn look_again(&self) {
+        self.look.notify_one();
+    }
+
+    /// Waits until someone asks for a walk.
+    pub(crate) async fn look_requested(&self) {
+        self.look.notified().await;
     }
 
     fn broken_at(&self, elapsed: Duration) {
@@ -148,7 +177,9 @@ impl Health {
 }
 
 /// Whether `e` says the connection itself is gone (the server restarted or ended
-/// the session, the socket broke), as opposed to a statement failing on a live
+/// the session, the socket broke), or is on a server that refuses writes (a
+/// standby, a read-only primary: `read_only_sql_transaction`, which refuses
+/// before anything is written), as opposed to a statement failing on a live
 /// connection.
 pub(crate) fn broken(e: &sqlx::Error) -> bool {
     match e {
@@ -157,8 +188,8 @@ pub(crate) fn broken(e: &sqlx::Error) -> bool {
             matches!(
                 db.code().as_deref(),
                 // admin_shutdown, crash_shutdown, cannot_connect_now, idle session /
-                // idle-in-transaction timeouts (the session is ended)
-                Some("57P01" | "57P02" | "57P03" | "57P05" | "25P03")
+                // idle-in-transaction timeouts (the session is ended), read-only
+                Some("57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "25006")
             ) || db.code().is_some_and(|c| c.starts_with("08"))
         }
         _ => false,
@@ -178,11 +209,31 @@ pub(crate) fn worth_waiting_for(e: &sqlx::Error) -> bool {
     }
 }
 
-/// The pool of an instance: sizes and timeouts from `options`, and a ping before
-/// handing out a connection that [`Health`] suspects.
-pub(crate) fn pool(connect: &PgConnectOptions, options: &PgOptions, health: Arc<Health>) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(options.max_connections)
+/// The pool of an instance: sizes and timeouts from `options`, connections to
+/// `route`'s current host, each new one of the wanted kind (when the URL asks
+/// for one), and a ping (or the role question) before handing out a connection
+/// that [`Health`] suspects.
+pub(crate) fn pool(route: &Arc<Route>, options: &PgOptions, health: Arc<Health>) -> PgPool {
+    let mut pool = PgPoolOptions::new();
+    if route.target() != TargetSessionAttrs::Any {
+        let (route, health) = (route.clone(), health.clone());
+        pool = pool.after_connect(move |conn, _meta| {
+            let (route, health) = (route.clone(), health.clone());
+            Box::pin(async move {
+                match route.verify(conn).await? {
+                    Ok(()) => Ok(()),
+                    Err(role) => {
+                        // The pool closes it and connects again, to the host the
+                        // follower finds.
+                        health.look_again();
+                        Err(route.misfit(role))
+                    }
+                }
+            })
+        });
+    }
+    let checker = route.clone();
+    pool.max_connections(options.max_connections)
         .min_connections(options.min_connections)
         // Waits beyond a slice are PgBackend::connection's loop.
         .acquire_timeout(options.acquire_timeout.min(ACQUIRE_SLICE))
@@ -192,13 +243,19 @@ pub(crate) fn pool(connect: &PgConnectOptions, options: &PgOptions, health: Arc<
         // suspect connection is pinged, below.
         .test_before_acquire(false)
         .before_acquire(move |conn, meta| {
-            let health = health.clone();
+            let (health, route) = (health.clone(), checker.clone());
             Box::pin(async move {
                 if health.suspect(meta.idle_for) {
                     // A ping unanswered within PING_TIMEOUT (a half-open socket) is
-                    // as broken as one that fails.
-                    match tokio::time::timeout(PING_TIMEOUT, conn.ping()).await {
-                        Ok(Ok(())) => {}
+                    // as broken as one that fails; one on a server of the wrong
+                    // kind is closed too.
+                    match tokio::time::timeout(PING_TIMEOUT, route.verify(conn)).await {
+                        Ok(Ok(Ok(()))) => {}
+                        Ok(Ok(Err(role))) => {
+                            health.broken();
+                            tracing::info!(%role, "closing a pooled connection on a server of the wrong kind");
+                            return Ok(false);
+                        }
                         Ok(Err(e)) => {
                             health.broken();
                             // The pool closes it and hands out another.
@@ -213,7 +270,7 @@ pub(crate) fn pool(connect: &PgConnectOptions, options: &PgOptions, health: Arc<
                 Ok(true)
             })
         })
-        .connect_lazy_with(connect.clone())
+        .connect_lazy_with(route.pool_options())
 }
 
 /// A pooled connection that goes back to the pool only when its user said it is
@@ -333,7 +390,10 @@ impl PgBackend {
         let deadline = tokio::time::Instant::now() + self.inner.acquire_timeout;
         loop {
             match self.pool().acquire().await {
-                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {}
+                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {
+                    // No connection within a slice: the server may have moved.
+                    self.inner.health.look_again();
+                }
                 other => return other,
             }
         }
@@ -353,7 +413,9 @@ impl PgBackend {
         let mut repeated = false;
         loop {
             match attempt().await {
-                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {}
+                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {
+                    self.inner.health.look_again();
+                }
                 Err(e) if repeatable && !repeated && broken(&e) => {
                     let _ = self.note::<()>(Err(e));
                     tracing::info!("a pooled connection was broken; retrying once");

@@ -113,7 +113,7 @@ fn query_passwords(url: &str, start: usize) -> Vec<Range<usize>> {
 /// The name of a `name=value` query segment; `None` when the segment has no `=`
 /// or what precedes it is not a parameter name (ASCII letters, digits and
 /// `_ - . [ ] % +`).
-fn param_name(segment: &str) -> Option<&str> {
+pub(crate) fn param_name(segment: &str) -> Option<&str> {
     let (name, _) = segment.split_once('=')?;
     let is_name = !name.is_empty()
         && name
@@ -124,7 +124,7 @@ fn param_name(segment: &str) -> Option<&str> {
 
 /// `text` with its `%XX` sequences decoded. An invalid sequence stays as written;
 /// bytes that are not UTF-8 become U+FFFD.
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     fn hex(b: u8) -> Option<u8> {
         match b {
             b'0'..=b'9' => Some(b - b'0'),
@@ -153,6 +153,13 @@ fn percent_decode(text: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where the host part of `url` starts (after the user info's `@`, else after
+/// `://`), the user info ending where [`redact_url`] ends it; `None` when `url`
+/// is not a `postgres://` or `postgresql://` URL.
+pub(crate) fn host_start(url: &str) -> Option<usize> {
+    Parts::parse(url).map(|parts| parts.host)
 }
 
 /// `url` with the password of its user info and every `password=` query value
@@ -280,7 +287,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{ConnectError, PgBackend, PgOptions};
+    use crate::{ConnectError, HostOutcome, HostTried, PgBackend, PgOptions};
 
     fn strings(forms: &[&str]) -> Vec<String> {
         forms.iter().map(|f| (*f).to_owned()).collect()
@@ -533,7 +540,10 @@ mod tests {
             place in place(),
             password in password(),
             user in "[a-z][a-z0-9_]{0,7}",
-            host in prop_oneof![Just("127.0.0.1"), Just("db.example"), Just("[::1]"), Just("h")],
+            host in prop_oneof![
+                Just("127.0.0.1"), Just("db.example"), Just("[::1]"), Just("h"),
+                Just("h1:5432,[::1]"), Just("db1,db2"),
+            ],
             tail in prop_oneof![
                 Just(""), Just(":5432"), Just("/holdfast"), Just(":5432/holdfast"),
                 Just("/holdfast?sslmode=disable"), Just(":1?application_name=a%40b"),
@@ -555,8 +565,9 @@ mod tests {
         }
     }
 
-    /// The public text of `err`: its message with the driver's detail left out.
-    fn public_text(err: &ConnectError) -> Option<(String, &str)> {
+    /// The public text of `err`: its message with the driver's detail left out,
+    /// and that detail.
+    fn public_text(err: &ConnectError) -> Option<(String, String)> {
         let (public, detail) = match err {
             ConnectError::InvalidUrl { url, reason } => (
                 ConnectError::InvalidUrl {
@@ -584,21 +595,46 @@ mod tests {
                 },
                 detail,
             ),
+            ConnectError::NoHost { url, target, tried } => {
+                let details = tried
+                    .iter()
+                    .map(|t| t.outcome.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let blank = tried
+                    .iter()
+                    .map(|t| HostTried {
+                        host: t.host.clone(),
+                        outcome: HostOutcome::Failed(String::new()),
+                    })
+                    .collect();
+                let public = ConnectError::NoHost {
+                    url: url.clone(),
+                    target: *target,
+                    tried: blank,
+                };
+                return Some((public.to_string(), details));
+            }
             _ => return None,
         };
-        Some((public.to_string(), detail.as_str()))
+        Some((public.to_string(), detail.clone()))
     }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-        /// Nothing listens on port 1: every URL fails fast, as an invalid URL, a
-        /// refused connection or (when the driver reads a host out of an unescaped
-        /// password) a timeout, and no message shows the password.
+        /// Nothing listens on port 1 (nor 2): every URL fails fast, as an invalid
+        /// URL, a refused connection, no host that takes it (two hosts) or (when
+        /// the driver reads a host out of an unescaped password) a timeout, and no
+        /// message shows the password.
         #[test]
-        fn connect_errors_never_show_the_password(place in place(), password in password()) {
+        fn connect_errors_never_show_the_password(
+            place in place(),
+            password in password(),
+            host in prop_oneof![Just("127.0.0.1"), Just("127.0.0.1:2,127.0.0.1")],
+        ) {
             prop_assume!(!matches!(place, Place::Query) || !starts_a_parameter(&password));
-            let (url, shown) = url_with(place, "app", "127.0.0.1", ":1/holdfast", &password);
+            let (url, shown) = url_with(place, "app", host, ":1/holdfast", &password);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -619,6 +655,7 @@ mod tests {
             let url_field = match &err {
                 ConnectError::InvalidUrl { url, .. }
                 | ConnectError::Unavailable { url, .. }
+                | ConnectError::NoHost { url, .. }
                 | ConnectError::Timeout { url, .. } => url.as_str(),
                 _ => "",
             };

@@ -13,7 +13,9 @@
 //!   its own (its waiters were woken in-process already). When the connection
 //!   drops it reconnects (pausing from 50 ms, doubling to 5 s) and then wakes
 //!   every waiter once: signals sent meanwhile were lost. While it is down, waits
-//!   end on their timers.
+//!   end on their timers. It reconnects to the host the pool's connections go to
+//!   (after a failover, the new primary: a standby refuses `LISTEN`) and gets a
+//!   session of the kind the URL asks for.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,11 +24,13 @@ use std::time::Duration;
 
 use holdfast_domain::{QueueName, TxId};
 use holdfast_ports::{Registry, Subscription, WakeKey, WakeUps};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::PgBackend;
+use crate::hosts::TargetSessionAttrs;
+use crate::route::Route;
 use crate::session::Health;
 
 /// The channel holdfast's instances notify and listen on.
@@ -86,22 +90,17 @@ impl Wake {
     }
 
     /// Signals across instances: spawns the notifier (on `pool`) and the listener
-    /// (on its own connection from `connect`, whose loss it reports to `health`:
-    /// it is the first to see a server restart).
-    pub(crate) fn across_instances(
-        pool: PgPool,
-        connect: &PgConnectOptions,
-        health: Arc<Health>,
-    ) -> Wake {
+    /// (on its own connection to `route`'s current host, whose loss it reports to
+    /// `health`: it is the first to see a server restart).
+    pub(crate) fn across_instances(pool: PgPool, route: Arc<Route>, health: Arc<Health>) -> Wake {
         let registry = Registry::new();
         let instance = instance_id();
         let listening = Arc::new(AtomicBool::new(false));
         let (outbox, inbox) = mpsc::unbounded_channel();
-        let listen_options = connect.clone().application_name("holdfast-listen");
         let tasks = vec![
             tokio::spawn(notify(pool, instance.clone(), inbox)),
             tokio::spawn(listen(
-                listen_options,
+                route,
                 registry.clone(),
                 instance,
                 listening.clone(),
@@ -234,7 +233,7 @@ async fn notify(pool: PgPool, instance: String, mut inbox: mpsc::UnboundedReceiv
 }
 
 async fn listen(
-    options: PgConnectOptions,
+    route: Arc<Route>,
     registry: Registry,
     instance: String,
     listening: Arc<AtomicBool>,
@@ -242,9 +241,21 @@ async fn listen(
 ) {
     let mut pause = FIRST_PAUSE;
     loop {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_lazy_with(options.clone());
+        let mut options = PgPoolOptions::new().max_connections(1);
+        if route.target() != TargetSessionAttrs::Any {
+            let checked = route.clone();
+            options = options.after_connect(move |conn, _meta| {
+                let route = checked.clone();
+                Box::pin(async move {
+                    match route.verify(conn).await? {
+                        Ok(()) => Ok(()),
+                        Err(role) => Err(route.misfit(role)),
+                    }
+                })
+            });
+        }
+        let pool =
+            options.connect_lazy_with(route.pool_options().application_name("holdfast-listen"));
         let connected = async {
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.listen(CHANNEL).await?;
@@ -282,6 +293,8 @@ async fn listen(
                 listening.store(false, Ordering::Relaxed);
             }
             Err(e) => {
+                // The server may have moved.
+                health.look_again();
                 tracing::warn!(error = %e, ?pause, "could not listen for wake-ups; waits use their timers");
             }
         }

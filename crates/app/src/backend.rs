@@ -205,7 +205,9 @@ impl BackendError {
             #[cfg(feature = "postgres")]
             BackendError::Postgres(e) => matches!(
                 e,
-                ConnectError::InvalidUrl { .. } | ConnectError::Options(_)
+                ConnectError::InvalidUrl { .. }
+                    | ConnectError::Hosts { .. }
+                    | ConnectError::Options(_)
             ),
             BackendError::Timeout { .. } => false,
         }
@@ -300,6 +302,18 @@ impl Backend {
             Adapter::Sqlite(b) => b.owner(),
             #[cfg(feature = "postgres")]
             Adapter::Postgres(b) => b.owner(),
+        }
+    }
+
+    /// The PostgreSQL backend underneath, for what only it has: what the
+    /// server's settings said at connect ([`PgBackend::durability`]), the host
+    /// new connections go to. `None` on SQLite.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(&self) -> Option<&PgBackend> {
+        match &self.adapter {
+            Adapter::Postgres(b) => Some(b),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 

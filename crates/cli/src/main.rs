@@ -23,11 +23,17 @@ fn main() -> ExitCode {
         }
     };
     // The demo's crash is on purpose: its warning would only alarm; errors still show.
-    install_tracing(if matches!(cli.command, cli::Command::Demo(_)) {
+    let level = if matches!(cli.command, cli::Command::Demo(_)) {
         "error"
     } else {
         "warn"
-    });
+    };
+    // The server's durability settings are `holdfast migrate`'s report; logged by
+    // every other command they would come before its output (and its JSON error).
+    install_tracing(&format!(
+        "{level},{}=off",
+        holdfast_adapters_postgres::DURABILITY_TARGET
+    ));
     let json = cli.json;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::Args;
 use holdfast_domain::{Precision, Quantity, SettlementStatus, TokenType, TxId, TxStatus, WalletId};
-use holdfast_ports::Output;
+use holdfast_ports::{LockStoreError, Output};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -57,6 +57,7 @@ pub struct SoakArgs {
     pub workers: u32,
     /// Append one line per step to this file (`selected TX AMOUNT TOKEN...`,
     /// `settling TX STATUS`, `settled TX STATUS`, `double-spend TX TOKEN BY`,
+    /// `refused TX REASON` (a confirm whose outputs the store refused),
     /// `failed TX REASON`; a confirmed TX's outputs are `TX:0`, the payment, and
     /// `TX:1`, the change, if any)
     #[arg(long, value_name = "FILE")]
@@ -76,6 +77,9 @@ pub struct Soaked {
     pub deleted: u64,
     /// Confirmed settlements refused as double spends.
     pub double_spends: u64,
+    /// Confirms whose outputs the store refused (the selection it held is not
+    /// what was selected: after a failover that lost the claim's commit).
+    pub refused: u64,
     /// Store calls that failed transiently (the database unavailable or busy) and
     /// were retried.
     pub retried: u64,
@@ -84,12 +88,13 @@ pub struct Soaked {
 impl Report for Soaked {
     fn human(&self) -> String {
         format!(
-            "{} select(s), {} failed; {} confirmed, {} deleted, {} double spend(s); {} transient fault(s) retried\n",
+            "{} select(s), {} failed; {} confirmed, {} deleted, {} double spend(s), {} refused; {} transient fault(s) retried\n",
             self.selects,
             self.failed,
             self.confirmed,
             self.deleted,
             self.double_spends,
+            self.refused,
             self.retried
         )
     }
@@ -199,6 +204,7 @@ struct Counters {
     confirmed: AtomicU64,
     deleted: AtomicU64,
     double_spends: AtomicU64,
+    refused: AtomicU64,
     retried: AtomicU64,
 }
 
@@ -300,6 +306,7 @@ pub async fn run(ctx: &Context, args: SoakArgs) -> Result<Rendered, CliError> {
         confirmed: c.confirmed.load(Ordering::Relaxed),
         deleted: c.deleted.load(Ordering::Relaxed),
         double_spends: c.double_spends.load(Ordering::Relaxed),
+        refused: c.refused.load(Ordering::Relaxed),
         retried: c.retried.load(Ordering::Relaxed),
     };
     Ok(Rendered::of(&report))
@@ -378,6 +385,20 @@ async fn work(shared: Arc<Shared>, mut rng: StdRng) -> Result<(), CliError> {
             }) => {
                 c.double_spends.fetch_add(1, Ordering::Relaxed);
                 history.line(format!("double-spend {tx} {token} {spent_by}"));
+                continue;
+            }
+            // What the store holds of the selection is not what was selected (a
+            // failover lost the commit of a claim): nothing was settled; its locks,
+            // if any, go with the lease. A service would raise it; a replica goes on.
+            Err(SettleError::Outputs { source, .. }) => {
+                c.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %source, %tx, "the confirm was refused");
+                let reason = match source {
+                    LockStoreError::NotConserved(_) => "not-conserved",
+                    LockStoreError::OutputsDiffer { .. } => "outputs-differ",
+                    _ => "bad-outputs",
+                };
+                history.line(format!("refused {tx} {reason}"));
                 continue;
             }
             Err(e) => return Err(e.into()),

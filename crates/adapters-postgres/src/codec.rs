@@ -65,3 +65,32 @@ pub(crate) fn timestamp(millis: i64) -> Result<holdfast_domain::Timestamp, Store
         .map(holdfast_domain::Timestamp)
         .map_err(|_| StoreFault::Corrupt(format!("stored time {millis} ms is before the epoch")))
 }
+
+/// The latest owner time that is stored and read back (9999-12-31T23:59:59.999Z,
+/// the last time SQLite's stored form holds): a later claim, heartbeat or
+/// publication would keep a slot beyond any lease, so it is refused when written
+/// and read as unreadable.
+pub(crate) const MAX_OWNER_MS: i64 = 253_402_300_799_999;
+
+/// An owner time (claim, heartbeat or publication) for binding, refusing a time
+/// after [`MAX_OWNER_MS`].
+pub(crate) fn owner_millis(ts: holdfast_domain::Timestamp) -> Result<i64, StoreFault> {
+    millis(ts)
+        .ok()
+        .filter(|ms| *ms <= MAX_OWNER_MS)
+        .ok_or_else(|| {
+            StoreFault::Backend(format!(
+                "owner time {ts} is after 9999-12-31T23:59:59.999Z; expected a storable time"
+            ))
+        })
+}
+
+/// A stored owner time, or `None` when it is not a time a holdfast writes: NULL,
+/// missing, before the epoch or after [`MAX_OWNER_MS`]. The queue store decides
+/// what such a time reads as.
+pub(crate) fn owner_time(millis: Option<i64>) -> Option<holdfast_domain::Timestamp> {
+    millis
+        .filter(|ms| (0..=MAX_OWNER_MS).contains(ms))
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(holdfast_domain::Timestamp)
+}

@@ -22,7 +22,20 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (4, "confirm", include_str!("../migrations/0004_confirm.sql")),
     (5, "owners", include_str!("../migrations/0005_owners.sql")),
+    (
+        6,
+        "slot_builds",
+        include_str!("../migrations/0006_slot_builds.sql"),
+    ),
 ];
+
+/// When this database was migrated to its current schema, in milliseconds since
+/// the epoch: when its newest migration was installed. Owner times (claim,
+/// heartbeat, publication) an older holdfast left unrecorded or unreadable read
+/// as this time (see the queue store).
+pub(crate) const UPGRADED_AT: &str = "
+    SELECT (extract(epoch FROM max(installed_on)) * 1000)::BIGINT
+    FROM _sqlx_migrations WHERE success";
 
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,
 /// so replicas starting at once apply each version exactly once.

@@ -5,6 +5,8 @@ mod support;
 
 mod conformance;
 mod faults;
+mod hosts;
+mod owners;
 mod postgres;
 mod races;
 mod sessions;

@@ -5,6 +5,7 @@ use holdfast_domain::{
     Quantity, QueueName, RequestId, RevisionUri, Timestamp, TokenId, TxId, TxStatus, Version,
 };
 use holdfast_ports::StoreFault;
+use rusqlite::types::ValueRef;
 
 use crate::timetext;
 
@@ -24,6 +25,35 @@ pub(crate) fn time_to_sql(ts: Timestamp) -> Result<String, StoreFault> {
 
 pub(crate) fn time_from_sql(row: &str, text: &str) -> Result<Timestamp, StoreFault> {
     timetext::parse(text).map_err(|e| corrupt(row, e))
+}
+
+/// An owner's time (claim, heartbeat or publication) as any holdfast may have
+/// stored it, or `Err` with the stored value shown when it is not readable: empty
+/// (a schema v2 writer's claim or heartbeat, an older writer's publication), not
+/// text, or text that is not a time. The caller
+/// decides what such a time reads as; see [`crate::queues`].
+pub(crate) fn owner_time_from_sql(value: ValueRef<'_>) -> Result<Timestamp, String> {
+    match value {
+        ValueRef::Text(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| timetext::parse(text).ok())
+            .ok_or_else(|| shown(&String::from_utf8_lossy(bytes))),
+        ValueRef::Null => Err("NULL".to_owned()),
+        ValueRef::Integer(i) => Err(format!("integer {i}")),
+        ValueRef::Real(r) => Err(format!("real {r}")),
+        ValueRef::Blob(b) => Err(format!("a blob of {} bytes", b.len())),
+    }
+}
+
+/// A stored value for a log line: quoted, at most 64 characters.
+fn shown(text: &str) -> String {
+    const MAX: usize = 64;
+    if text.chars().count() <= MAX {
+        format!("{text:?}")
+    } else {
+        let head: String = text.chars().take(MAX).collect();
+        format!("{head:?}...")
+    }
 }
 
 pub(crate) fn amount_from_sql(row: &str, text: &str) -> Result<Quantity, StoreFault> {

@@ -1,24 +1,60 @@
 //! The queue store over SQLite.
+//!
+//! A queue is a `queues` row plus one `queue_owners` row per slot owner (queue,
+//! request, `claimed_at`, `heartbeat_at`, `generation`, `published_at`,
+//! `expiring`); a compare-and-set of the queue rewrites its owner rows in the
+//! same transaction, from the domain's whole [`Queue`].
+//!
+//! # Rows of an older holdfast
+//!
+//! During a rolling upgrade an older holdfast may still write owner rows, and no
+//! such row may make queue commands fail. What each owner column reads as:
+//!
+//! - `claimed_at`, `heartbeat_at`: empty (a schema v2 writer leaves them at their
+//!   default `''`), not text, or text that is not a time read as the **upgrade
+//!   time** (the `applied_at` of the newest migration in `holdfast_schema`), with
+//!   a warning naming the queue and the owner. So the lease of such an owner runs
+//!   from the upgrade and no running build expires because of it. The next write
+//!   of the queue stores the time read.
+//! - `generation`, `expiring`: an older writer leaves the defaults (0, 0), which
+//!   read as [`Generation::NONE`](holdfast_domain::Generation::NONE) and not
+//!   expiring. The columns' `CHECK`s admit nothing else, so they are read strictly:
+//!   any other value is a corrupt row.
+//! - `published_at`: NULL (only this code writes it) reads as not published
+//!   (nothing published yet, or a failed publication withdrawn): the next
+//!   delivery publishes the build. An older writer leaves the default `''`, which
+//!   this code never writes: it reads as published at the **upgrade time**, with
+//!   a warning, and so does any other value that is not a time. An older writer's
+//!   build may still run, and a second publication now would duplicate it;
+//!   published at the upgrade time, it stays live while the heartbeats the older
+//!   writer records keep coming and is published again only when they stop for
+//!   `resume_after`. The owners of a migrated database are stored as published at
+//!   the migration, so they read the same way without a warning.
+//!
+//! The request id of an owner is still validated strictly: an id that does not
+//! parse cannot be released or pruned by anyone, so it is a corrupt row.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use holdfast_domain::{
-    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, QueueName, Request, RequestId,
-    RequestState, RevisionUri, Slot, Version,
+    BuildPlan, BuildStrategy, FailReason, Generation, LastGreen, Queue, QueueName, Request,
+    RequestId, RequestState, RevisionUri, Slot, Timestamp, Version,
 };
 use holdfast_ports::{
     CasOutcome, Ingested, QueueStore, QueueStoreError, StoreFault, WakeKey, WakeUps,
 };
+use rusqlite::types::ValueRef;
 use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::SqliteBackend;
 use crate::codec::{
-    corrupt, queue_from_sql, request_id_from_sql, seq_from_sql, seq_to_sql, time_from_sql,
-    time_to_sql, uri_from_sql, version_from_sql, version_to_sql,
+    corrupt, owner_time_from_sql, queue_from_sql, request_id_from_sql, seq_from_sql, seq_to_sql,
+    time_from_sql, time_to_sql, uri_from_sql, version_from_sql, version_to_sql,
 };
 use crate::pool::Db;
+use crate::schema::upgraded_at;
 
 const REQUEST_COLUMNS: &str =
     "queue, seq, uri, state, strategy, base, version, reason, ingested_at";
@@ -65,6 +101,99 @@ fn request_row(r: &rusqlite::Row<'_>) -> Result<Request, StoreFault> {
     })
 }
 
+/// An owner time an older holdfast left unrecorded or unreadable, and the upgrade
+/// time it was read as (see the module docs); logged once the read is done.
+#[derive(Debug)]
+struct Unreadable {
+    owner: RequestId,
+    column: &'static str,
+    stored: String,
+    read_as: String,
+}
+
+impl Unreadable {
+    fn warn(&self, queue: &QueueName) {
+        tracing::warn!(
+            queue = %queue,
+            owner = %self.owner,
+            column = self.column,
+            stored = %self.stored,
+            read_as = %self.read_as,
+            "an owner time an older holdfast left unrecorded or unreadable is read as the \
+             upgrade time; the next write of the queue stores it"
+        );
+    }
+}
+
+/// The owner rows of queue `name`, and the values in them that could not be read
+/// (read as the module docs say).
+fn load_owners(
+    tx: &Transaction<'_>,
+    name: &QueueName,
+) -> Result<(BTreeMap<RequestId, Slot>, Vec<Unreadable>), StoreFault> {
+    let mut owners = BTreeMap::new();
+    let mut unreadable = Vec::new();
+    // Read on the first unreadable time only.
+    let mut upgraded: Option<Timestamp> = None;
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT request, claimed_at, heartbeat_at, generation, published_at, expiring
+             FROM queue_owners WHERE queue = ?1",
+        )
+        .db()?;
+    let mut rows = stmt.query([name.as_str()]).db()?;
+    let owner_row = format!("queue_owners row {name}");
+    while let Some(r) = rows.next().db()? {
+        let text: String = r.get(0).db()?;
+        let id = request_id_from_sql(&owner_row, &text)?;
+        let mut time = |column: &'static str, index: usize| -> Result<Timestamp, StoreFault> {
+            match owner_time_from_sql(r.get_ref(index).db()?) {
+                Ok(t) => Ok(t),
+                Err(stored) => {
+                    let at = match upgraded {
+                        Some(at) => at,
+                        None => *upgraded.insert(upgraded_at(tx)?),
+                    };
+                    unreadable.push(Unreadable {
+                        owner: id.clone(),
+                        column,
+                        stored,
+                        read_as: format!("the upgrade time {at}"),
+                    });
+                    Ok(at)
+                }
+            }
+        };
+        let claimed_at = time("claimed_at", 1)?;
+        let heartbeat_at = time("heartbeat_at", 2)?;
+        // Only this code writes NULL; anything else that is not a time (an older
+        // writer's default '') reads as the upgrade time.
+        let published_at = match r.get_ref(4).db()? {
+            ValueRef::Null => None,
+            _ => Some(time("published_at", 4)?),
+        };
+        let generation: i64 = r.get(3).db()?;
+        let generation = u32::try_from(generation).map(Generation).map_err(|_| {
+            corrupt(
+                &owner_row,
+                format!("owner {id}: generation {generation} is not in 0..=4294967295"),
+            )
+        })?;
+        let expiring: bool = r.get(5).db()?;
+        owners.insert(
+            id,
+            Slot {
+                claimed_at,
+                heartbeat_at,
+                generation,
+                published_at,
+                expiring,
+            },
+        );
+    }
+    Ok((owners, unreadable))
+}
+
 fn load_request_in(tx: &Transaction<'_>, id: &RequestId) -> Result<Option<Request>, StoreFault> {
     let sql = format!("SELECT {REQUEST_COLUMNS} FROM requests WHERE queue = ?1 AND seq = ?2");
     let mut stmt = tx.prepare_cached(&sql).db()?;
@@ -81,7 +210,8 @@ fn load_request_in(tx: &Transaction<'_>, id: &RequestId) -> Result<Option<Reques
 impl QueueStore for SqliteBackend {
     async fn load_queue(&self, name: &QueueName) -> Result<Option<Queue>, QueueStoreError> {
         let name = name.clone();
-        self.pool
+        let loaded = self
+            .pool
             .read(move |tx| {
                 let row = format!("queues row {name}");
                 type QueueCols = (
@@ -104,7 +234,7 @@ impl QueueStore for SqliteBackend {
                     .optional()
                     .db()?;
                 let Some((latest, green_uri, green_request, version, max)) = cols else {
-                    return Ok(None);
+                    return Ok::<_, QueueStoreError>(None);
                 };
                 let max_concurrent = max
                     .map(|m| {
@@ -127,37 +257,30 @@ impl QueueStore for SqliteBackend {
                         .into());
                     }
                 };
-                let mut owners = BTreeMap::new();
-                let mut stmt = tx
-                    .prepare_cached(
-                        "SELECT request, claimed_at, heartbeat_at FROM queue_owners
-                         WHERE queue = ?1",
-                    )
-                    .db()?;
-                let mut rows = stmt.query([name.as_str()]).db()?;
-                let owner_row = format!("queue_owners row {name}");
-                while let Some(r) = rows.next().db()? {
-                    let text: String = r.get(0).db()?;
-                    let claimed: String = r.get(1).db()?;
-                    let heartbeat: String = r.get(2).db()?;
-                    owners.insert(
-                        request_id_from_sql(&owner_row, &text)?,
-                        Slot {
-                            claimed_at: time_from_sql(&owner_row, &claimed)?,
-                            heartbeat_at: time_from_sql(&owner_row, &heartbeat)?,
-                        },
-                    );
-                }
-                Ok(Some(Queue {
-                    latest_request_id: latest.map(|l| request_id_from_sql(&row, &l)).transpose()?,
-                    last_green,
-                    owners,
-                    max_concurrent,
-                    version: version_from_sql(&row, version)?,
-                    name: name.clone(),
-                }))
+                let (owners, unreadable) = load_owners(tx, &name)?;
+                Ok(Some((
+                    Queue {
+                        latest_request_id: latest
+                            .map(|l| request_id_from_sql(&row, &l))
+                            .transpose()?,
+                        last_green,
+                        owners,
+                        max_concurrent,
+                        version: version_from_sql(&row, version)?,
+                        name: name.clone(),
+                    },
+                    unreadable,
+                )))
             })
-            .await
+            .await?;
+        // Logged here, not on the blocking thread that read the rows, so the
+        // caller's subscriber (and span) sees it.
+        Ok(loaded.map(|(queue, unreadable)| {
+            for u in &unreadable {
+                u.warn(&queue.name);
+            }
+            queue
+        }))
     }
 
     async fn load_request(&self, id: &RequestId) -> Result<Option<Request>, QueueStoreError> {
@@ -272,8 +395,9 @@ impl QueueStore for SqliteBackend {
                     .db()?;
                 let mut insert = tx
                     .prepare_cached(
-                        "INSERT INTO queue_owners (queue, request, claimed_at, heartbeat_at)
-                         VALUES (?1, ?2, ?3, ?4)",
+                        "INSERT INTO queue_owners (queue, request, claimed_at, heartbeat_at,
+                                                   generation, published_at, expiring)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     )
                     .db()?;
                 for (owner, slot) in &queue.owners {
@@ -282,7 +406,10 @@ impl QueueStore for SqliteBackend {
                             queue.name.as_str(),
                             owner.to_string(),
                             time_to_sql(slot.claimed_at)?,
-                            time_to_sql(slot.heartbeat_at)?
+                            time_to_sql(slot.heartbeat_at)?,
+                            slot.generation.0,
+                            slot.published_at.map(time_to_sql).transpose()?,
+                            slot.expiring
                         ])
                         .db()?;
                 }

@@ -6,9 +6,11 @@
 //! transaction, so replicas opening the same file at once apply each one once.
 
 use holdfast_domain::Timestamp;
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use crate::codec::time_to_sql;
+use holdfast_ports::StoreFault;
+
+use crate::codec::{time_from_sql, time_to_sql};
 use crate::error::OpenError;
 use crate::pool::Db;
 
@@ -45,10 +47,15 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "owners",
         sql: include_str!("../migrations/0004_owners.sql"),
     },
+    Migration {
+        version: 5,
+        name: "slot_builds",
+        sql: include_str!("../migrations/0005_slot_builds.sql"),
+    },
 ];
 
 /// The schema version this code creates and understands.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS holdfast_schema (
     version    INTEGER NOT NULL PRIMARY KEY,
@@ -93,4 +100,21 @@ pub(crate) fn migrate(conn: &mut Connection, now: Timestamp) -> Result<Vec<i64>,
     }
     tx.commit().db()?;
     Ok(applied)
+}
+
+/// When this database was migrated to its current schema: the `applied_at` of its
+/// newest recorded migration. Owner times (claim, heartbeat, publication) an
+/// older holdfast left unrecorded or unreadable read as this time (see
+/// [`crate::queues`]).
+pub(crate) fn upgraded_at(conn: &Connection) -> Result<Timestamp, StoreFault> {
+    let text: Option<String> = conn
+        .prepare_cached("SELECT applied_at FROM holdfast_schema ORDER BY version DESC LIMIT 1")
+        .db()?
+        .query_row([], |r| r.get(0))
+        .optional()
+        .db()?;
+    let text = text.ok_or_else(|| {
+        StoreFault::Corrupt("holdfast_schema: no migration is recorded".to_owned())
+    })?;
+    time_from_sql("holdfast_schema row", &text)
 }

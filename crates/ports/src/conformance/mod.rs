@@ -145,6 +145,7 @@ macro_rules! conformance_tests {
             queues::queue_cas_never_loses_a_concurrent_write,
             queues::request_cas_never_loses_a_concurrent_write,
             queues::owner_set_round_trips_exactly,
+            queues::slot_builds_round_trip_and_end_with_the_slot,
             queues::list_requests_in_sequence_order,
             queues::list_queues_in_name_order,
             queues::prune_requests_keeps_head_green_owners_and_live,

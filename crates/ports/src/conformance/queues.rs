@@ -1,14 +1,15 @@
 //! Checks of the queue store: dedup and numbering of requests, compare-and-set on
 //! queues and requests (stale versions rejected, concurrent writes never lost), and
-//! the exact round trip of the owner set.
+//! the exact round trip of the owner set and each owner's slot (times, build
+//! generation, publication, expiring mark).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_domain::{
-    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, Request, RequestId, RequestState, Slot,
-    Timestamp, Version,
+    BuildPlan, BuildStrategy, FailReason, Generation, LastGreen, Queue, Request, RequestId,
+    RequestState, Slot, Timestamp, Version,
 };
 use tokio::sync::Barrier;
 
@@ -388,9 +389,10 @@ pub async fn request_cas_never_loses_a_concurrent_write(db: &dyn TestDatabase) {
     assert_eq!(r.version, Version(17), "16 applied writes, none lost");
 }
 
-/// The owner set with each slot's claim and heartbeat times, latest request, last
-/// green bookmark and slot limit round-trip exactly: empty, one, many, with `/` in
-/// queue names and numbers beyond 2^53, times to the millisecond.
+/// The owner set with each slot's claim and heartbeat times and build data,
+/// latest request, last green bookmark and slot limit round-trip exactly: empty,
+/// one, many, with `/` in queue names and numbers beyond 2^53, times to the
+/// millisecond.
 pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
     let s = db.stores();
     let name = queue("org/repo/main");
@@ -401,6 +403,9 @@ pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
     let slot = |claimed: u64, heartbeat: u64| Slot {
         claimed_at: Timestamp(1_764_000_000_000 + claimed),
         heartbeat_at: Timestamp(1_764_000_000_000 + heartbeat),
+        generation: Generation(u32::try_from(claimed % 4).unwrap_or(0)),
+        published_at: (claimed % 4 > 0).then(|| Timestamp(1_764_000_000_000 + claimed + 1)),
+        expiring: heartbeat % 5 == 0,
     };
     let owner_sets: Vec<BTreeMap<RequestId, Slot>> = vec![
         BTreeMap::new(),
@@ -437,6 +442,118 @@ pub async fn owner_set_round_trips_exactly(db: &dyn TestDatabase) {
         let stored = load_queue(&s, "org/repo/main").await;
         assert_eq!(stored, Queue { version, ..q }, "step {step}");
     }
+}
+
+/// Each owner's build data round-trips exactly and independently of the others
+/// (never published; published at generation 1, 2 or `u32::MAX`; a withdrawn
+/// publication; the expiring mark, set and cleared), and belongs to the owner's
+/// slot: an owner released and claimed again, even at the same claim time, starts
+/// never published and not expiring, and so does an owner admitted while others
+/// keep theirs.
+pub async fn slot_builds_round_trip_and_end_with_the_slot(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let name = queue("builds/main");
+    s.queues
+        .create_request(&name, &uri("u"))
+        .await
+        .expect("create");
+    let base = 1_764_000_000_000;
+    let id = |n: u64| RequestId::new(name.clone(), n);
+    let claimed = |n: u64| Slot::claimed(Timestamp(base + n));
+    let published = |n: u64, generation: u32, at: u64, expiring: bool| Slot {
+        heartbeat_at: Timestamp(base + n + 10),
+        generation: Generation(generation),
+        published_at: Some(Timestamp(base + at)),
+        expiring,
+        ..claimed(n)
+    };
+    let write = |owners: Vec<(u64, Slot)>| {
+        let s = s.clone();
+        let name = name.clone();
+        async move {
+            let mut q = load_queue(&s, name.as_str()).await;
+            let version = q.version;
+            q.owners = owners.into_iter().map(|(n, slot)| (id(n), slot)).collect();
+            assert_eq!(
+                s.queues.cas_queue(version, &q).await,
+                Ok(CasOutcome::Applied)
+            );
+            let stored = load_queue(&s, name.as_str()).await;
+            assert_eq!(
+                stored,
+                Queue {
+                    version: version.next(),
+                    ..q.clone()
+                }
+            );
+            stored.owners
+        }
+    };
+
+    // Five owners, each at a different point of its build.
+    let first = write(vec![
+        (1, claimed(1)),
+        (2, published(2, 1, 20, false)),
+        (3, published(3, 7, 30, true)),
+        (4, published(4, u32::MAX, 0, false)),
+        (
+            5,
+            Slot {
+                generation: Generation(3),
+                published_at: None,
+                ..claimed(5)
+            },
+        ),
+    ])
+    .await;
+    assert_eq!(first[&id(1)].generation, Generation::NONE);
+    assert_eq!(first[&id(1)].published_at, None);
+    assert!(first[&id(3)].expiring && !first[&id(2)].expiring);
+    assert_eq!(first[&id(4)].generation, Generation(u32::MAX));
+    assert_eq!(
+        (first[&id(5)].generation, first[&id(5)].published_at),
+        (Generation(3), None),
+        "a withdrawn publication keeps its generation"
+    );
+
+    // Owner 2 publishes again and is marked; 3's mark is cleared; 1 and 4 are
+    // released; 6 is admitted; 5 is untouched.
+    let second = write(vec![
+        (2, published(2, 2, 40, true)),
+        (
+            3,
+            Slot {
+                expiring: false,
+                ..first[&id(3)]
+            },
+        ),
+        (5, first[&id(5)]),
+        (6, claimed(6)),
+    ])
+    .await;
+    assert_eq!(second[&id(2)].generation, Generation(2));
+    assert!(!second[&id(3)].expiring);
+    assert_eq!(second[&id(6)], Slot::claimed(Timestamp(base + 6)));
+
+    // Owner 4, released, claims again with the very claim time of its old slot,
+    // and 3's slot is replaced by a fresh claim at its old claim time: nothing of
+    // their earlier builds comes back.
+    let third = write(vec![
+        (2, second[&id(2)]),
+        (3, claimed(3)),
+        (4, claimed(4)),
+        (5, second[&id(5)]),
+        (6, second[&id(6)]),
+    ])
+    .await;
+    for n in [3, 4] {
+        assert_eq!(
+            third[&id(n)],
+            Slot::claimed(Timestamp(base + n)),
+            "owner {n}: a new claim starts unpublished"
+        );
+    }
+    assert_eq!(third[&id(5)], first[&id(5)]);
 }
 
 /// `list_requests` lists the newest `limit` requests of a queue, in sequence order.

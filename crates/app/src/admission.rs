@@ -28,9 +28,9 @@ use holdfast_domain::admission::{
     self as rules, DeadLetterReason, LoadedRequests, Pruned, QueueWrite, RequestWrite,
 };
 use holdfast_domain::{
-    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Heartbeat, Need,
-    ProcessInput, ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri, Timestamp,
-    Write,
+    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Generation, Heartbeat,
+    Need, ProcessInput, ProcessMemo, Queue, QueueName, Reply, Request, RequestId, RevisionUri,
+    Timestamp, Write,
 };
 use holdfast_ports::{
     CasOutcome, Clock, QueueStore, QueueStoreError, Subscription, WaitEnd, WakeKey, WakeUps,
@@ -230,8 +230,6 @@ struct Loaded {
     backfilled: Vec<RequestId>,
     /// The owners removed by applied prune writes, in order, with why.
     pruned: Vec<Pruned>,
-    /// Whether this step marked its request processing (its first publish).
-    marked: bool,
 }
 
 /// The result of a backfill.
@@ -416,39 +414,85 @@ impl Admission {
         }
         match &reply {
             Reply::Hold { paused, .. } => {
-                let why = if *paused { "paused" } else { "full" };
+                // A request that owns its slot waits for its build's first
+                // heartbeat, not for the gate.
+                let owned = loaded
+                    .queue
+                    .as_ref()
+                    .is_some_and(|q| q.owners.contains_key(id));
+                let why = match (paused, owned) {
+                    (true, _) => "paused",
+                    (false, true) => "unconfirmed",
+                    (false, false) => "full",
+                };
                 metrics::counter!(m::ADMISSION_HELD, "queue" => id.queue().to_string(), "why" => why)
                     .increment(1);
             }
-            // The first publish: how long the request waited since its ingest.
-            Reply::Publish { request, .. } if loaded.marked => {
+            // The first publication: how long the request waited since its ingest.
+            Reply::Publish {
+                request,
+                generation,
+                ..
+            } if *generation == Generation(1) => {
                 metrics::histogram!(m::ADMISSION_WAIT, "queue" => id.queue().to_string())
                     .record(now.since(request.ingested_at).as_secs_f64());
+            }
+            // A publication gone quiet (its worker or build died), published again.
+            Reply::Publish { .. } => {
+                metrics::counter!(m::ADMISSION_REPUBLISHED, "queue" => id.queue().to_string())
+                    .increment(1);
             }
             _ => {}
         }
         Ok(reply)
     }
 
-    /// Extends the slot lease of `id`'s build ([`Heartbeat::Extended`]), or says
-    /// that it owns no slot (any more) or that its lease ran out: then the build
-    /// should stop. A running build calls this well within the queue's slot lease.
-    pub async fn heartbeat(&self, id: &RequestId) -> Result<Heartbeat, AdmitError> {
-        let span = tracing::info_span!("admission_heartbeat", request = %id);
+    /// Extends the slot lease of generation `generation` of `id`'s build
+    /// ([`Heartbeat::Extended`]), or says that it owns no slot (any more), that
+    /// its lease ran out, or that a newer generation was published
+    /// ([`Heartbeat::Stale`]): then the build should stop. A running build calls
+    /// this well within the queue's `resume_after` (a third of it is plenty), or
+    /// its build is presumed lost and published again.
+    pub async fn heartbeat(
+        &self,
+        id: &RequestId,
+        generation: Generation,
+    ) -> Result<Heartbeat, AdmitError> {
+        let span = tracing::info_span!("admission_heartbeat", request = %id, %generation);
         let lease = self.policy.for_queue(id.queue()).slot_lease;
         let now = self.clock.now();
         let mut loaded = Loaded::default();
         self.drive_with("heartbeat", Load::Request(id), &mut loaded, |l| {
-            rules::decide_heartbeat(l.request.as_ref(), l.queue.as_ref(), lease, now)
+            rules::decide_heartbeat(l.request.as_ref(), l.queue.as_ref(), generation, lease, now)
         })
         .instrument(span)
         .await?;
-        Ok(rules::heartbeat_answer(
+        let answer = rules::heartbeat_answer(
             loaded.request.as_ref(),
             loaded.queue.as_ref(),
+            generation,
             lease,
             now,
-        ))
+        );
+        if let Heartbeat::Stale { .. } = answer {
+            metrics::counter!(m::ADMISSION_STALE_HEARTBEATS, "queue" => id.queue().to_string())
+                .increment(1);
+        }
+        Ok(answer)
+    }
+
+    /// Withdraws the publication of `generation` of `id`'s build after its publish
+    /// failed, so that the next delivery publishes the next generation at once
+    /// instead of after `resume_after`. [`Admission::handle`] does this before it
+    /// retries a delivery whose publish failed.
+    pub async fn withdraw(&self, id: &RequestId, generation: Generation) -> Result<(), AdmitError> {
+        let span = tracing::info_span!("admission_withdraw", request = %id, %generation);
+        self.drive("withdraw", Load::Request(id), |l| {
+            rules::decide_withdraw(l.request.as_ref(), l.queue.as_ref(), generation)
+        })
+        .instrument(span)
+        .await
+        .map(drop)
     }
 
     /// Sets the stored slot limit of `queue` for every replica: 0 pauses it (every
@@ -730,8 +774,7 @@ impl Admission {
                     }
                     // Loaded owners stay current: a failed (expired) owner is then
                     // pruned on the next decision instead of failed again.
-                    Write::Request { kind, request, .. } => {
-                        loaded.marked |= *kind == RequestWrite::MarkProcessing;
+                    Write::Request { request, .. } => {
                         if let Some(owner) = loaded.owners.get_mut(&request.id) {
                             *owner = Some(request.clone());
                         }
@@ -844,6 +887,9 @@ pub fn write_label(write: &Write) -> &'static str {
             QueueWrite::Backfill { .. } => "backfill",
             QueueWrite::RecordGreen => "record_green",
             QueueWrite::Heartbeat => "heartbeat",
+            QueueWrite::Publish { .. } => "publish",
+            QueueWrite::Withdraw => "withdraw",
+            QueueWrite::MarkExpiring { .. } => "mark_expiring",
             QueueWrite::SetLimit => "set_limit",
         },
         Write::Request { kind, .. } => match kind {

@@ -23,6 +23,7 @@
 //! max_concurrent = 1            # stored with a new queue; `queue set-limit` changes it
 //! gate_wait_delay_ms = 5000
 //! slot_lease_ms = 7200000       # an owner without a heartbeat this long is failed
+//! resume_after_ms = 60000       # a build without a heartbeat this long is published again
 //!
 //! [admission.queues."monorepo/main"]   # a per-queue override
 //! max_concurrent = 4
@@ -280,6 +281,9 @@ pub struct AdmissionSection {
     pub gate_wait_delay_ms: u64,
     /// How long an owner keeps its slot without a heartbeat, in ms (default 2 h).
     pub slot_lease_ms: u64,
+    /// How long a published build may go without a heartbeat before it is
+    /// published again with the next generation, in ms (default 60 s).
+    pub resume_after_ms: u64,
     /// Compare-and-set conflicts one step tolerates (reloading after each) before it
     /// fails with a typed error (default 32).
     pub max_conflicts: u32,
@@ -294,6 +298,7 @@ impl Default for AdmissionSection {
             max_concurrent: d.max_concurrent,
             gate_wait_delay_ms: millis(d.gate_wait_delay),
             slot_lease_ms: millis(d.slot_lease),
+            resume_after_ms: millis(d.resume_after),
             max_conflicts: 32,
             queues: BTreeMap::new(),
         }
@@ -310,6 +315,8 @@ pub struct QueueOverride {
     pub gate_wait_delay_ms: Option<u64>,
     /// Slot lease of this queue, in ms.
     pub slot_lease_ms: Option<u64>,
+    /// `resume_after` of this queue, in ms.
+    pub resume_after_ms: Option<u64>,
 }
 
 /// Why a configuration could not be loaded or was refused.
@@ -522,6 +529,7 @@ impl Config {
             self.admission.max_concurrent,
             self.admission.gate_wait_delay_ms,
             self.admission.slot_lease_ms,
+            self.admission.resume_after_ms,
         )?;
         for (name, o) in &self.admission.queues {
             let prefix = format!("admission.queues.{name:?}");
@@ -538,6 +546,7 @@ impl Config {
                 o.gate_wait_delay_ms
                     .unwrap_or(self.admission.gate_wait_delay_ms),
                 o.slot_lease_ms.unwrap_or(self.admission.slot_lease_ms),
+                o.resume_after_ms.unwrap_or(self.admission.resume_after_ms),
             )?;
         }
         Ok(())
@@ -646,6 +655,7 @@ impl Config {
             max_concurrent: self.admission.max_concurrent,
             gate_wait_delay: Duration::from_millis(self.admission.gate_wait_delay_ms),
             slot_lease: Duration::from_millis(self.admission.slot_lease_ms),
+            resume_after: Duration::from_millis(self.admission.resume_after_ms),
         }
     }
 
@@ -663,6 +673,10 @@ impl Config {
             slot_lease: Duration::from_millis(
                 o.and_then(|o| o.slot_lease_ms)
                     .unwrap_or(self.admission.slot_lease_ms),
+            ),
+            resume_after: Duration::from_millis(
+                o.and_then(|o| o.resume_after_ms)
+                    .unwrap_or(self.admission.resume_after_ms),
             ),
         }
     }
@@ -695,7 +709,15 @@ fn check_admission(
     max_concurrent: u32,
     delay_ms: u64,
     lease_ms: u64,
+    resume_ms: u64,
 ) -> Result<(), ConfigError> {
+    if !(1..=MAX_SLOT_LEASE_MS).contains(&resume_ms) {
+        return Err(ConfigError::Invalid {
+            key: format!("{prefix}.resume_after_ms"),
+            value: resume_ms.to_string(),
+            expected: "1 to 2592000000 ms (30 days)".to_owned(),
+        });
+    }
     if !(1..=MAX_SLOT_LEASE_MS).contains(&lease_ms) {
         return Err(ConfigError::Invalid {
             key: format!("{prefix}.slot_lease_ms"),
@@ -1108,6 +1130,12 @@ pub static KEYS: &[KeySpec] = &[
         "HOLDFAST_SLOT_LEASE_MS",
         |c| c.admission.slot_lease_ms,
         "How long a slot owner keeps its slot without a heartbeat (`holdfast queue heartbeat`); then reconcile fails it with `slot_lease_expired` and frees the slot. Overridable per queue (1 ms to 30 days)."
+    ),
+    key!(
+        "admission.resume_after_ms",
+        "HOLDFAST_RESUME_AFTER_MS",
+        |c| c.admission.resume_after_ms,
+        "How long a published build may go without a heartbeat of its generation before it is presumed lost (its worker or build died) and published again with the next generation; builds heartbeat well within it. Overridable per queue (1 ms to 30 days)."
     ),
     key!(
         "admission.max_conflicts",

@@ -66,6 +66,10 @@ pub const ADMISSION_WAIT: &str = "holdfast_admission_wait_seconds";
 pub const ADMISSION_HELD: &str = "holdfast_admission_held_total";
 /// Slot owners failed because their lease ran out, per queue.
 pub const ADMISSION_EXPIRED: &str = "holdfast_admission_expired_owners_total";
+/// Builds published again after their publication went quiet, per queue.
+pub const ADMISSION_REPUBLISHED: &str = "holdfast_admission_republished_total";
+/// Heartbeats of a generation that is not the last published, per queue.
+pub const ADMISSION_STALE_HEARTBEATS: &str = "holdfast_admission_stale_heartbeats_total";
 
 /// The type of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +269,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "write",
-                "stamp_latest, claim, release, prune, backfill, record_green, heartbeat, set_limit, fence, supersede, mark_processing, finish, fail, expire",
+                "stamp_latest, claim, release, prune, backfill, record_green, heartbeat, publish, withdraw, mark_expiring, set_limit, fence, supersede, mark_processing, finish, fail, expire",
             ),
             ("result", "applied, conflict"),
         ],
@@ -278,7 +282,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "step",
-                "ingest, process, outcome, dead_letter, reconcile, backfill, heartbeat, set_limit",
+                "ingest, process, outcome, dead_letter, reconcile, backfill, heartbeat, withdraw, set_limit",
             ),
             ("reply", "ack, hold, retry, dead_letter, publish, error"),
         ],
@@ -291,7 +295,7 @@ pub static METRICS: &[MetricDef] = &[
         labels: &[
             (
                 "step",
-                "ingest, process, outcome, dead_letter, reconcile, backfill, heartbeat, set_limit",
+                "ingest, process, outcome, dead_letter, reconcile, backfill, heartbeat, withdraw, set_limit",
             ),
             ("kind", "store, conflicts"),
         ],
@@ -307,14 +311,31 @@ pub static METRICS: &[MetricDef] = &[
         name: ADMISSION_HELD,
         kind: MetricKind::Counter,
         unit: "holds",
-        help: "Heads held at a closed gate: every slot taken (full) or the queue paused.",
-        labels: &[("queue", "queue names"), ("why", "full, paused")],
+        help: "Process deliveries held: a head at a closed gate (every slot taken, or the queue paused), or a duplicate of a publication whose build has not heartbeated yet (unconfirmed; it comes back when the publication would go quiet).",
+        labels: &[
+            ("queue", "queue names"),
+            ("why", "full, paused, unconfirmed"),
+        ],
     },
     MetricDef {
         name: ADMISSION_EXPIRED,
         kind: MetricKind::Counter,
         unit: "owners",
         help: "Slot owners failed with slot_lease_expired (no heartbeat within the slot lease) and freed.",
+        labels: &[("queue", "queue names")],
+    },
+    MetricDef {
+        name: ADMISSION_REPUBLISHED,
+        kind: MetricKind::Counter,
+        unit: "publications",
+        help: "Builds published again with the next generation: no heartbeat within resume_after (a worker or build died), or a failed publish withdrawn.",
+        labels: &[("queue", "queue names")],
+    },
+    MetricDef {
+        name: ADMISSION_STALE_HEARTBEATS,
+        kind: MetricKind::Counter,
+        unit: "heartbeats",
+        help: "Heartbeats of a build generation that is not the last published: that build was told to stop.",
         labels: &[("queue", "queue names")],
     },
 ];

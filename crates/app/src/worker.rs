@@ -5,8 +5,9 @@
 //!
 //! [`StoreDeliveries`] is the reference source, over the queue store itself: it
 //! delivers what is sent to it (ingests, outcomes, follow-ups) and, when that runs
-//! dry, a process message for every accepted request of its queues, so nothing a
-//! crashed worker held is lost (the stored state is the message log). A held head
+//! dry, a process message for every accepted request of its queues and every slot
+//! owner whose publication went quiet, so nothing a crashed worker held is lost
+//! (the stored state is the message log). A held head
 //! comes back after its delay, or as soon as a slot of its queue frees (a queue
 //! wake-up). Any number of workers, on any number of replicas, may share it or run
 //! their own: every step is safe to repeat.
@@ -16,15 +17,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use holdfast_domain::admission as rules;
 use holdfast_domain::{QueueName, Reply, RequestId, RequestState};
 use holdfast_ports::{
-    BuildPublisher, Delivery, DeliveryError, DeliverySource, Message, QueueStore, Subscription,
-    WakeKey, WakeUps,
+    BuildPublisher, Clock, Delivery, DeliveryError, DeliverySource, Message, QueueStore,
+    Subscription, WakeKey, WakeUps,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::admission::{Admission, reply_label};
+use crate::admission::{Admission, AdmissionPolicy, reply_label};
+use crate::clock::SystemClock;
 
 /// How [`Admission::run`] treats failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,9 +86,10 @@ impl Admission {
     /// Runs the step `delivery` names and answers `source`:
     ///
     /// - ingest: on ack, sends the request's process message, then acks;
-    /// - process: publishes an admitted build, then acks (a failed publish is
-    ///   retried: the request keeps its slot and the redelivery republishes);
-    ///   holds a held head for the gate delay;
+    /// - process: publishes an admitted build with its generation, then acks (a
+    ///   failed publish is withdrawn and retried: the request keeps its slot and
+    ///   the redelivery publishes the next generation); acks a duplicate of a live
+    ///   build; holds a held head for the gate delay;
     /// - outcome and dead letter: ack when done;
     /// - a store error or heavy contention retries, up to `options.max_attempts`
     ///   failed attempts, then dead-letters; so does a non-retryable answer.
@@ -125,12 +129,24 @@ impl Admission {
                 source.ack(delivery).await?;
                 Ok(Handled::Acked)
             }
-            Reply::Publish { request, plan } => match publisher.publish(&request, &plan).await {
+            Reply::Publish {
+                request,
+                plan,
+                generation,
+            } => match publisher.publish(&request, &plan, generation).await {
                 Ok(()) => {
                     source.ack(delivery).await?;
                     Ok(Handled::Published)
                 }
-                Err(e) => fail(source, delivery, &e.to_string(), options).await,
+                Err(e) => {
+                    // The redelivery publishes the next generation at once; if the
+                    // withdrawal fails too, the publication goes quiet and is
+                    // published again after resume_after.
+                    if let Err(w) = self.withdraw(&request.id, generation).await {
+                        tracing::warn!(request = %request.id, %generation, error = %w, "withdrawing a failed publication failed");
+                    }
+                    fail(source, delivery, &e.to_string(), options).await
+                }
             },
             Reply::Hold { delay, .. } => {
                 source.hold(delivery, delay).await?;
@@ -265,6 +281,8 @@ impl Inner {
 pub struct StoreDeliveries {
     queues: Arc<dyn QueueStore>,
     wake: Option<Arc<dyn WakeUps>>,
+    policy: AdmissionPolicy,
+    clock: Arc<dyn Clock>,
     scope: Vec<QueueName>,
     poll: Duration,
     state: Arc<Mutex<Inner>>,
@@ -290,6 +308,8 @@ impl StoreDeliveries {
         StoreDeliveries {
             queues,
             wake: None,
+            policy: AdmissionPolicy::default(),
+            clock: Arc::new(SystemClock),
             scope,
             poll,
             state: Arc::new(Mutex::new(Inner::default())),
@@ -301,6 +321,23 @@ impl StoreDeliveries {
     #[must_use]
     pub fn with_wakeups(mut self, wake: Arc<dyn WakeUps>) -> Self {
         self.wake = Some(wake);
+        self
+    }
+
+    /// Redelivers quiet owners by `policy`'s `resume_after` per queue (default:
+    /// [`AdmissionPolicy::default`]); give it the policy of the [`Admission`] it
+    /// feeds.
+    #[must_use]
+    pub fn with_policy(mut self, policy: AdmissionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Reads "now" (when a publication went quiet) from `clock` instead of the
+    /// system clock; give it the clock of the [`Admission`] it feeds.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -350,18 +387,36 @@ impl StoreDeliveries {
         });
     }
 
-    /// The accepted requests of the scope. A queue that cannot be read now is
-    /// logged and skipped: the next scan, a poll later, tries again.
+    /// What the scope has to process: its accepted requests, and the slot owners
+    /// whose publication went quiet (no heartbeat within the queue's
+    /// `resume_after`: their worker or build died), to be published again. A queue
+    /// that cannot be read now is logged and skipped: the next scan, a poll later,
+    /// tries again.
     async fn scan(&self) -> Vec<RequestId> {
         let mut found = Vec::new();
         for queue in &self.scope {
-            match self.queues.list_requests(queue, SCAN_LIMIT).await {
-                Ok(requests) => found.extend(
-                    requests
-                        .into_iter()
-                        .filter(|r| r.state == RequestState::Accepted)
-                        .map(|r| r.id),
-                ),
+            let resume_after = self.policy.for_queue(queue).resume_after;
+            let read = async {
+                let owners = self
+                    .queues
+                    .load_queue(queue)
+                    .await?
+                    .map_or_else(Vec::new, |q| {
+                        rules::quiet_owners(&q, resume_after, self.clock.now())
+                    });
+                let requests = self.queues.list_requests(queue, SCAN_LIMIT).await?;
+                Ok::<_, holdfast_ports::QueueStoreError>((owners, requests))
+            };
+            match read.await {
+                Ok((owners, requests)) => {
+                    found.extend(owners);
+                    found.extend(
+                        requests
+                            .into_iter()
+                            .filter(|r| r.state == RequestState::Accepted)
+                            .map(|r| r.id),
+                    );
+                }
                 Err(e) => tracing::warn!(%queue, error = %e, "scanning a queue failed; retrying"),
             }
         }
@@ -406,12 +461,14 @@ impl DeliverySource for StoreDeliveries {
             if !scanned {
                 scanned = true;
                 self.lock().scanning += 1;
-                let accepted = self.scan().await;
+                let due = self.scan().await;
                 let mut state = self.lock();
                 state.scanning -= 1;
-                let carried = state.processing();
-                for id in accepted.into_iter().filter(|id| !carried.contains(id)) {
-                    state.enqueue(Message::Process(id));
+                let mut carried = state.processing();
+                for id in due {
+                    if carried.insert(id.clone()) {
+                        state.enqueue(Message::Process(id));
+                    }
                 }
                 if !state.ready.is_empty() {
                     continue;

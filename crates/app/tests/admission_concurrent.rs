@@ -3,10 +3,11 @@
 //! [`StoreDeliveries`], every ingest and every build outcome delivered twice (to
 //! two replicas), process messages duplicated by every replica's scan, store
 //! writes crashing at random before or after they apply, and some builds lost
-//! for good (no outcome, no heartbeat). The queue must drain (every request
-//! terminal, no slot owned) with every stored invariant intact, never more owners
-//! than slots at any sample, and a build published for the first time only while
-//! its request owns a slot.
+//! for good (no outcome, no heartbeat: published again once quiet). The queue
+//! must drain (every request terminal, no slot owned) with every stored invariant
+//! intact, never more owners than slots at any sample, every generation of a
+//! request published once, and a build published only while its request owns a
+//! slot.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +20,8 @@ use holdfast::crash::{CrashPlan, CrashingQueues, Fate, WriteCall};
 use holdfast::{Admission, AdmissionPolicy, Handled, NoAncestry, RunOptions, StoreDeliveries};
 use holdfast_domain::admission::invariants::stored_violations;
 use holdfast_domain::{
-    AdmissionConfig, BuildOutcome, BuildPlan, QueueName, Request, RequestId, RevisionUri,
+    AdmissionConfig, BuildOutcome, BuildPlan, Generation, Heartbeat, QueueName, Request, RequestId,
+    RequestState, RevisionUri,
 };
 use holdfast_ports::{BuildPublisher, DeliveryError, DeliverySource, Message, QueueStore};
 use rand::rngs::StdRng;
@@ -33,7 +35,10 @@ const MAX_CONCURRENT: u32 = 2;
 /// Enough that every run exercises holds and lost builds (with 30, runs on a
 /// fast server published too few builds for either: checked at e7082ef too).
 const REVISIONS: u64 = 90;
-const SLOT_LEASE: Duration = Duration::from_millis(400);
+const SLOT_LEASE: Duration = Duration::from_millis(2_000);
+/// A lost build is published again this long after its last sign of life; the
+/// builds heartbeat every 20 ms.
+const RESUME_AFTER: Duration = Duration::from_millis(150);
 
 /// Crashes one write in `1 / every` before it applies and as many after.
 struct RandomCrashes {
@@ -62,7 +67,10 @@ struct Builds {
     queues: Arc<dyn QueueStore>,
     admission: Arc<Admission>,
     sources: Vec<Arc<StoreDeliveries>>,
-    started: Mutex<BTreeSet<RequestId>>,
+    /// Every publication, by request and generation.
+    started: Mutex<BTreeSet<(RequestId, Generation)>>,
+    /// Publications of a (request, generation) published before.
+    twice: Mutex<Vec<(RequestId, Generation)>>,
     rng: Mutex<StdRng>,
     /// First publishes of a request that did not own a slot when checked.
     without_slot: Mutex<Vec<RequestId>>,
@@ -71,11 +79,20 @@ struct Builds {
 
 #[async_trait]
 impl BuildPublisher for Builds {
-    async fn publish(&self, request: &Request, _plan: &BuildPlan) -> Result<(), DeliveryError> {
+    async fn publish(
+        &self,
+        request: &Request,
+        _plan: &BuildPlan,
+        generation: Generation,
+    ) -> Result<(), DeliveryError> {
         let nth = {
             let mut started = self.started.lock().expect("started");
-            if !started.insert(request.id.clone()) {
-                return Ok(()); // a republish: deduplicated by request id
+            if !started.insert((request.id.clone(), generation)) {
+                self.twice
+                    .lock()
+                    .expect("twice")
+                    .push((request.id.clone(), generation));
+                return Ok(());
             }
             started.len()
         };
@@ -117,8 +134,12 @@ impl BuildPublisher for Builds {
             while ran < runs_ms {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 ran += 20;
-                // A heartbeat error is a store crash: the next one extends.
-                let _ = admission.heartbeat(&id).await;
+                // A heartbeat error is a store crash: the next one extends. A
+                // build told to stop (a newer generation runs) stops silently.
+                match admission.heartbeat(&id, generation).await {
+                    Ok(Heartbeat::Extended { .. }) | Err(_) => {}
+                    Ok(_) => return,
+                }
             }
             for source in sources {
                 let _ = source.send(Message::Outcome(id.clone(), outcome)).await;
@@ -128,12 +149,28 @@ impl BuildPublisher for Builds {
     }
 }
 
+/// Waits (at most 5 s) until the request of `uri` exists and is not accepted.
+async fn left_accepted(queues: &dyn QueueStore, queue: &QueueName, uri: &RevisionUri) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(requests) = queues.list_requests(queue, 1_000).await
+            && requests
+                .iter()
+                .any(|r| &r.uri == uri && r.state != RequestState::Accepted)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn policy() -> AdmissionPolicy {
     AdmissionPolicy {
         default: AdmissionConfig {
             max_concurrent: MAX_CONCURRENT,
             gate_wait_delay: Duration::from_millis(200),
             slot_lease: SLOT_LEASE,
+            resume_after: RESUME_AFTER,
         },
         ..AdmissionPolicy::default()
     }
@@ -175,6 +212,7 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
                 vec![queue.clone()],
                 Duration::from_millis(50),
             )
+            .with_policy(policy())
             .with_wakeups(Arc::clone(&stores.wake)),
         ));
     }
@@ -183,6 +221,7 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
         admission: Arc::clone(&admissions[0]),
         sources: sources.clone(),
         started: Mutex::new(BTreeSet::new()),
+        twice: Mutex::new(Vec::new()),
         rng: Mutex::new(StdRng::seed_from_u64(11)),
         without_slot: Mutex::new(Vec::new()),
         lost: AtomicU64::new(0),
@@ -203,9 +242,11 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
         }));
     }
     // Every revision is ingested twice, through two replicas, while the state is
-    // sampled.
+    // sampled. Every third one waits until its request left `accepted` (admitted
+    // or superseded), so that builds run and heads are held however slow the
+    // machine is; the two in between are mostly superseded.
     let ingest = {
-        let (sources, queue) = (sources.clone(), queue.clone());
+        let (sources, queue, observer) = (sources.clone(), queue.clone(), Arc::clone(&observer));
         tokio::spawn(async move {
             for (k, first) in (1..=REVISIONS).zip((0..REPLICAS).cycle()) {
                 let uri = RevisionUri::new(format!("rev-{k}")).expect("uri");
@@ -218,7 +259,11 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
                         .await
                         .expect("send");
                 }
+                // The pace of the workload, not a synchronisation.
                 tokio::time::sleep(Duration::from_millis(15)).await;
+                if k % 3 == 0 {
+                    left_accepted(observer.as_ref(), &queue, &uri).await;
+                }
             }
         })
     };
@@ -293,6 +338,10 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
         without_slot.is_empty(),
         "published without owning a slot: {without_slot:?}"
     );
+    let twice = builds.twice.lock().expect("twice").clone();
+    assert!(twice.is_empty(), "generations published twice: {twice:?}");
+    let started = builds.started.lock().expect("started").clone();
+    let republished = started.iter().filter(|(_, g)| *g > Generation(1)).count();
     // The run exercised what it claims to: duplicates, holds, crashes, lost builds.
     let crashes_retried = handled.get(&Handled::Retried).copied().unwrap_or(0);
     assert!(
@@ -301,12 +350,13 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
     );
     assert!(crashes_retried > 0, "{handled:?}");
     assert!(builds.lost.load(Ordering::Relaxed) > 0, "no build was lost");
+    assert!(republished > 0, "no lost build was published again");
     assert!(most_owners >= 1);
     eprintln!(
-        "admission_concurrent: {REVISIONS} revisions, {} builds started ({} lost), \
-         deliveries {handled:?}, {passes} reconcile passes, {samples} samples, at most \
-         {most_owners} owners",
-        builds.started.lock().expect("started").len(),
+        "admission_concurrent: {REVISIONS} revisions, {} builds started ({} lost, \
+         {republished} published again), deliveries {handled:?}, {passes} reconcile \
+         passes, {samples} samples, at most {most_owners} owners",
+        started.len(),
         builds.lost.load(Ordering::Relaxed)
     );
     for backend in backends {

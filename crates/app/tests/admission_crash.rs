@@ -147,6 +147,8 @@ enum Event {
     LeakSlot(u64),
     /// The running build of request k extends its slot lease.
     Heartbeat(u64),
+    /// The publish of request k's build failed: its publication is withdrawn.
+    Withdraw(u64),
     /// `queue set-limit`: the stored slot limit (0 pauses the queue).
     SetLimit(u32),
     /// The scenario clock jumps past the slot lease: every owner without a later
@@ -168,6 +170,7 @@ impl Event {
             Event::Ingest(_)
             | Event::LeakSlot(_)
             | Event::Heartbeat(_)
+            | Event::Withdraw(_)
             | Event::SetLimit(_)
             | Event::Tick
             | Event::Reconcile
@@ -185,14 +188,14 @@ impl Event {
 /// uninterrupted run.
 const SCENARIO: &[Event] = &[
     Event::Ingest(1),                            // stamp
-    Event::Process(1),                           // claim, mark
-    Event::Outcome(1, BuildOutcome::Succeeded),  // release, finish, record_green
+    Event::Process(1),                           // claim, mark, publish
+    Event::Outcome(1, BuildOutcome::Succeeded),  // finish, release, record_green
     Event::LeakSlot(1),                          // owners {1}: 1 is terminal
     Event::Ingest(2),                            // stamp
     Event::Process(2),                           // claim, mark: owners {1, 2}
     Event::Ingest(3),                            // stamp
     Event::Process(3),                           // gate closed: prune 1, claim, mark
-    Event::Outcome(2, BuildOutcome::Failed),     // release, finish: owners {3}
+    Event::Outcome(2, BuildOutcome::Failed),     // finish, release: owners {3}
     Event::Ingest(4),                            // stamp
     Event::ProcessLosingReply(4),                // claim (reply lost): owners {3, 4}
     Event::Ingest(5),                            // stamp
@@ -206,7 +209,7 @@ const SCENARIO: &[Event] = &[
     Event::Ingest(8),                            // stamp
     Event::Process(7),                           // not the head: supersede
     Event::Process(8),                           // claim, mark: owners {5, 8}
-    Event::Outcome(5, BuildOutcome::Cancelled),  // release, finish: owners {8}
+    Event::Outcome(5, BuildOutcome::Cancelled),  // finish, release: owners {8}
     Event::DeadLetter(8),                        // release, fail: owners {}
     Event::Ingest(9),                            // stamp
     Event::ProcessLosingReply(9),                // claim (reply lost): owners {9}
@@ -218,14 +221,16 @@ const SCENARIO: &[Event] = &[
     Event::Process(10),                          // claim, mark: owners {10}
     Event::Heartbeat(10),                        // heartbeat
     Event::Tick,                                 // 10's lease runs out
-    Event::Reconcile,                            // expire 10, prune: owners {}
+    Event::Reconcile,                            // mark, expire 10, prune: owners {}
     Event::Ingest(11),                           // stamp
-    Event::Process(11),                          // claim, mark: owners {11}
-    Event::Outcome(11, BuildOutcome::Succeeded), // release, finish, record_green
+    Event::Process(11),                          // claim, mark, publish: owners {11}
+    Event::Withdraw(11),                         // withdraw: its publish failed
+    Event::Process(11),                          // publish generation 2
+    Event::Outcome(11, BuildOutcome::Succeeded), // finish, release, record_green
     Event::Ingest(12),                           // stamp
     Event::Orphan(12),                           // processing without a slot (old binaries)
     Event::Backfill,                             // backfill: owners {12}
-    Event::Outcome(12, BuildOutcome::Succeeded), // release, finish, record_green
+    Event::Outcome(12, BuildOutcome::Succeeded), // finish, release, record_green
 ];
 
 /// The scenario clock when event `i` plays (and, for `i = SCENARIO.len()`, when
@@ -292,6 +297,23 @@ fn accept(reply: &Reply) -> Result<String, String> {
             Err(format!("unexpected reply {reply:?}"))
         }
     }
+}
+
+/// The generation last published for request k: what its build carries.
+async fn generation(
+    queues: &Arc<dyn QueueStore>,
+    queue: &QueueName,
+    k: u64,
+) -> Result<holdfast_domain::Generation, String> {
+    let stored = queues
+        .load_queue(queue)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("no queue")?;
+    Ok(stored
+        .owners
+        .get(&request(queue, k))
+        .map_or(holdfast_domain::Generation::NONE, |slot| slot.generation))
 }
 
 /// Plays one event at `now`; `Ok` names the reply.
@@ -363,12 +385,20 @@ async fn play(
                 other => Err(format!("leaking a slot: {other:?}")),
             }
         }
-        Event::Heartbeat(k) => match plain.heartbeat(&request(queue, k)).await {
+        Event::Heartbeat(k) => match plain
+            .heartbeat(&request(queue, k), generation(queues, queue, k).await?)
+            .await
+        {
             // A redelivered heartbeat after a crash may find the lease extended.
             Ok(Heartbeat::Extended { .. }) => Ok("extended".to_owned()),
             Ok(other) => Err(format!("heartbeat of an owner answered {other:?}")),
             Err(e) => Err(e.to_string()),
         },
+        Event::Withdraw(k) => plain
+            .withdraw(&request(queue, k), generation(queues, queue, k).await?)
+            .await
+            .map(|()| "withdrawn".to_owned())
+            .map_err(|e| e.to_string()),
         Event::SetLimit(max) => plain
             .set_limit(queue, max)
             .await
@@ -991,6 +1021,10 @@ fn queue_write_steps(kind: &QueueWrite) -> &'static [&'static str] {
         // At a closed gate, and in a reconcile pass after an expiry.
         QueueWrite::Prune { .. } => &["process", "reconcile"],
         QueueWrite::Heartbeat => &["heartbeat"],
+        QueueWrite::Publish { .. } => &["process"],
+        QueueWrite::Withdraw => &["withdraw"],
+        // A reconcile pass finding a lease run out.
+        QueueWrite::MarkExpiring { .. } => &["reconcile"],
         QueueWrite::SetLimit => &["set_limit"],
         QueueWrite::Release => &["process", "outcome", "dead_letter"],
         // A succeeded outcome, after its terminal write.
@@ -1034,6 +1068,12 @@ fn required_points() -> BTreeSet<(String, String)> {
         QueueWrite::Backfill { added: Vec::new() },
         QueueWrite::RecordGreen,
         QueueWrite::Heartbeat,
+        QueueWrite::Publish {
+            id: req.id.clone(),
+            generation: holdfast_domain::Generation(1),
+        },
+        QueueWrite::Withdraw,
+        QueueWrite::MarkExpiring { id: req.id.clone() },
         QueueWrite::SetLimit,
     ];
     let request_kinds = [

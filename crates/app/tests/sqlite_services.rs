@@ -248,21 +248,47 @@ async fn admission_happy_path_with_supersede_redelivery_and_dead_letter() {
         RequestState::Superseded
     );
 
-    // The head is admitted with a full build (no ancestry), and a redelivery
-    // republishes without claiming a second slot.
-    for _ in 0..2 {
-        match admission
+    // The head is admitted with a full build (no ancestry) as generation 1; a
+    // redelivery while that build is live publishes nothing and claims no second
+    // slot: it holds until the build's first heartbeat shows it was handed over,
+    // then acks.
+    match admission
+        .process(&second.request.id)
+        .await
+        .expect("process")
+    {
+        Reply::Publish {
+            request,
+            plan,
+            generation,
+        } => {
+            assert_eq!(request.id, second.request.id);
+            assert_eq!(plan.strategy, BuildStrategy::Full);
+            assert_eq!(generation, holdfast_domain::Generation(1));
+        }
+        other => panic!("expected publish, got {other:?}"),
+    }
+    assert!(matches!(
+        admission
             .process(&second.request.id)
             .await
-            .expect("process")
-        {
-            Reply::Publish { request, plan } => {
-                assert_eq!(request.id, second.request.id);
-                assert_eq!(plan.strategy, BuildStrategy::Full);
-            }
-            other => panic!("expected publish, got {other:?}"),
-        }
-    }
+            .expect("process"),
+        Reply::Hold { paused: false, .. }
+    ));
+    assert!(matches!(
+        admission
+            .heartbeat(&second.request.id, holdfast_domain::Generation(1))
+            .await
+            .expect("heartbeat"),
+        holdfast_domain::Heartbeat::Extended { .. }
+    ));
+    assert_eq!(
+        admission
+            .process(&second.request.id)
+            .await
+            .expect("process"),
+        Reply::Ack
+    );
     let owners = |stores: Stores, queue: QueueName| async move {
         stores
             .queues
@@ -375,6 +401,7 @@ async fn a_held_head_of_the_store_source_comes_back_when_the_slot_frees() {
             &self,
             request: &holdfast_domain::Request,
             _plan: &holdfast_domain::BuildPlan,
+            _generation: holdfast_domain::Generation,
         ) -> Result<(), DeliveryError> {
             self.0.lock().expect("published").push(request.id.clone());
             Ok(())

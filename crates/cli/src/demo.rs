@@ -711,15 +711,16 @@ async fn observe(
 ) -> Result<AdmissionStep, CliError> {
     let queues = ctx.backend.stores().queues;
     let request = queues.load_request(id).await?;
-    let owners = queues
-        .load_queue(id.queue())
-        .await?
+    let queue = queues.load_queue(id.queue()).await?;
+    let owners = queue
+        .as_ref()
         .map(|q| q.owners.keys().map(ToString::to_string).collect())
         .unwrap_or_default();
+    let slot = queue.as_ref().and_then(|q| q.owners.get(id));
     Ok(AdmissionStep {
         step: step.to_owned(),
         request: id.to_string(),
-        reply: reply.as_ref().map(ReplyView::from),
+        reply: reply.as_ref().map(|r| ReplyView::of(r, slot)),
         state: request.as_ref().map(|r| RequestView::from(r).state),
         owners,
     })

@@ -75,6 +75,18 @@ pub enum CliError {
         /// Why (its state, or that its lease ran out).
         why: String,
     },
+    /// A heartbeat's generation is not the build's last publication: a newer
+    /// generation runs (this one went quiet and was published again), so this build
+    /// should stop.
+    #[error("{request}: {}; stop this build", stale_why(*generation, *current))]
+    Stale {
+        /// The request.
+        request: String,
+        /// The generation that heartbeated.
+        generation: u32,
+        /// The generation published last.
+        current: u32,
+    },
     /// An amount argument was refused.
     #[error(transparent)]
     Amount(#[from] QuantityError),
@@ -168,6 +180,7 @@ impl CliError {
             CliError::Select(SelectError::Store(_)) => ErrorClass::Backend,
             CliError::Refused { .. }
             | CliError::NoSlot { .. }
+            | CliError::Stale { .. }
             | CliError::Admit(AdmitError::Conflicts { .. }) => ErrorClass::Refused,
             CliError::Admit(_) => ErrorClass::Backend,
             CliError::Select(SelectError::Input(_))
@@ -203,7 +216,8 @@ impl CliError {
     /// The error as the JSON object printed on stderr under `--json`:
     /// `{"error": {"class": "refused", "exit_code": 1, "message": "..."}}`; a refused
     /// admission step adds `"request"` and its `"reply"` (e.g. `{"kind": "hold",
-    /// "delay_ms": 5000}`).
+    /// "delay_ms": 5000, "paused": false, "why": "full", "generation": null}`); a
+    /// stale heartbeat adds `"request"`, `"generation"` and `"current_generation"`.
     pub fn to_json(&self) -> serde_json::Value {
         let class = self.class();
         let mut error = serde_json::json!({
@@ -215,6 +229,25 @@ impl CliError {
             error["request"] = serde_json::json!(subject);
             error["reply"] = serde_json::to_value(reply.as_ref()).unwrap_or_default();
         }
+        if let CliError::Stale {
+            request,
+            generation,
+            current,
+        } = self
+        {
+            error["request"] = serde_json::json!(request);
+            error["generation"] = serde_json::json!(generation);
+            error["current_generation"] = serde_json::json!(current);
+        }
         serde_json::json!({ "error": error })
+    }
+}
+
+/// Why the build of `generation` must stop when `current` was published last.
+fn stale_why(generation: u32, current: u32) -> String {
+    if current > generation {
+        format!("generation {generation} is stale: a newer generation {current} was published")
+    } else {
+        format!("generation {generation} was never published: the last one is {current}")
     }
 }

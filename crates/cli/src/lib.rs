@@ -151,6 +151,7 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
         return simulate::run(args, cli.db.as_deref(), config).await;
     }
     let url = database_url(cli.db.as_deref(), &config).to_owned();
+    let json = cli.json;
     let ctx = match &cli.command {
         // A replica of a fleet outlives a database that is full or restarting.
         Command::Soak(args) => soak::open(&url, config, &args.name).await?,
@@ -162,7 +163,7 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
         Command::Select(args) => select::run(&ctx, args).await,
         Command::Settle(args) => settle::run(&ctx, args).await,
         Command::Locks(cmd) => locks::run(&ctx, cmd).await,
-        Command::Queue(cmd) => queue::run(&ctx, cmd).await,
+        Command::Queue(cmd) => queue::run(&ctx, cmd, json).await,
         Command::Soak(args) => soak::run(&ctx, args).await,
         Command::Demo(_) => Err(CliError::Demo {
             step: "dispatch",
@@ -176,7 +177,8 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
     result
 }
 
-/// `migrate`: `{"backend": "sqlite", "url": "...", "schema_version": 1}`.
+/// `migrate`: `{"backend": "sqlite", "url": "...", "schema_version": 1}`, and
+/// `"warnings": [...]` when there are any.
 #[derive(Debug, Serialize)]
 pub struct Migrated {
     /// `sqlite` or `postgres`.
@@ -185,21 +187,37 @@ pub struct Migrated {
     pub url: String,
     /// The schema version the database is at.
     pub schema_version: i64,
+    /// How the server's settings let an acknowledged commit be lost (PostgreSQL:
+    /// each `CommitRisk` of `PgBackend::durability`, see
+    /// `docs/postgres-failover.md`); left out when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 impl Report for Migrated {
     fn human(&self) -> String {
-        format!(
+        let mut text = format!(
             "{} database {} is at schema version {}\n",
             self.backend, self.url, self.schema_version
-        )
+        );
+        for warning in &self.warnings {
+            text.push_str(&format!("warning: {warning}\n"));
+        }
+        text
     }
 }
 
 fn migrate(ctx: &Context) -> Rendered {
+    let warnings = ctx
+        .backend
+        .postgres()
+        .and_then(|pg| pg.durability())
+        .map(|found| found.risks().iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
     Rendered::of(&Migrated {
         backend: ctx.backend.kind().as_str(),
         url: ctx.backend.shown_url().to_owned(),
         schema_version: ctx.backend.schema_version(),
+        warnings,
     })
 }

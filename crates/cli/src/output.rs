@@ -36,6 +36,15 @@ impl Rendered {
         }
     }
 
+    /// Renders `report` with its JSON on one line: for a command whose output is a
+    /// stream of JSON lines (`queue work`), where every line parses on its own.
+    pub fn line<R: Report>(report: &R) -> Rendered {
+        Rendered {
+            json: json_line(report),
+            text: report.human(),
+        }
+    }
+
     /// The text to print: the JSON object or the human form, ending with a newline.
     pub fn to_text(&self, json: bool) -> String {
         if json {
@@ -44,6 +53,13 @@ impl Rendered {
             self.text.clone()
         }
     }
+}
+
+/// `value` as compact JSON on one line, without the newline.
+pub fn json_line<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| {
+        serde_json::json!({ "error": format!("cannot render as JSON: {e}") }).to_string()
+    })
 }
 
 /// A plain-text table with left-aligned columns separated by two spaces.

@@ -65,7 +65,16 @@ fn queue_commands_happy_path_and_json_shapes() {
             ".owners[].claimed_at" => "[time]",
             ".owners[].heartbeat_at" => "[time]",
             ".owners[].lease_expires_at" => "[time]",
+            ".owners[].published_at" => "[time]",
         });
+    }
+}
+
+#[test]
+fn a_quiet_publication_is_published_again_and_its_old_build_told_to_stop() {
+    let h = Holdfast::sqlite();
+    for (step, output) in cli_support::queue_republish(&h) {
+        insta::assert_json_snapshot!(snapshot_name(step), output);
     }
 }
 
@@ -446,7 +455,10 @@ async fn diagnostics_flag_leaked_locks_and_owners() {
 
 /// `queue backfill` migrates a queue admitted under an anonymous count: a
 /// processing request that owns no slot (as the old binaries left it) joins the
-/// owners; a second run adds nothing; a missing queue is bad input (exit 2).
+/// owners, published as generation 0 (its build runs already); a second run adds
+/// nothing; a missing queue is bad input (exit 2). A process delivery of the
+/// adopted owner holds until its build heartbeats with `--generation 0`, then
+/// acks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_backfill_adds_processing_requests_to_the_owners() {
     let h = Holdfast::sqlite();
@@ -491,6 +503,35 @@ async fn queue_backfill_adds_processing_requests_to_the_owners() {
         cli_support::owners_brief(&after["owners"]),
         serde_json::json!([{"request": "request/ci/main/1", "state": "processing", "live": true}])
     );
+    let owner = &after["owners"][0];
+    assert_eq!(
+        (&owner["generation"], &owner["quiet"]),
+        (&0.into(), &false.into()),
+        "{owner}"
+    );
+    let process = ["queue", "process", "--request", "request/ci/main/1"];
+    let held = json_error(&h, &process, 1);
+    let reply = &held["error"]["reply"];
+    assert_eq!(
+        (&reply["kind"], &reply["why"], &reply["generation"]),
+        (&"hold".into(), &"unconfirmed".into(), &0.into()),
+        "{held}"
+    );
+    let said = h.fails(&process, 1);
+    assert!(
+        said.contains("hold: generation 0 of its build was published and has not heartbeated yet"),
+        "{said}"
+    );
+    let beat = h.json(&[
+        "queue",
+        "heartbeat",
+        "--request",
+        "request/ci/main/1",
+        "--generation",
+        "0",
+    ]);
+    assert_eq!(beat["generation"], 0, "{beat}");
+    assert_eq!(h.json(&process)["reply"]["kind"], "ack");
     let again = h.json(&["queue", "backfill", "--queue", "ci/main"]);
     assert_eq!(again["added"], serde_json::json!([]));
     assert_eq!(again["reply"]["kind"], "ack");

@@ -42,7 +42,7 @@ fn demo_prints_a_readable_tour() {
         "2400 paid to demo-payee, change returned",
         "locks left: 0; balance 10400",
         "CRASHED after the claim write; state accepted; slot owners: request/demo/main/1",
-        "redeliver: process resumes: request/demo/main/1 -> publish the full build",
+        "redeliver: process resumes: request/demo/main/1 -> publish generation 1 of the full build",
         "hold: every slot is taken",
         "0 lock(s) left, 0 slot owner(s) left",
     ] {

@@ -2,6 +2,7 @@
 //! per file. Each module is one file beside this one, named as before.
 
 mod cli_support;
+mod fleet_support;
 #[path = "../../adapters-postgres/tests/support/mod.rs"]
 mod pg_support;
 
@@ -10,6 +11,8 @@ mod cli;
 mod cli_demo;
 mod cli_help;
 mod cli_postgres;
+mod failover;
 mod fleet_faults;
+mod queue_replicas;
 mod replicas_killed;
 mod simulate;

@@ -34,8 +34,8 @@ pub use lease::{
 };
 pub use quantity::{Precision, Quantity, QuantityError};
 pub use request::{
-    BuildPlan, BuildStrategy, FailReason, LastGreen, Queue, Request, RequestId, RequestIdError,
-    RequestState, Slot, Version,
+    BuildPlan, BuildStrategy, FailReason, Generation, LastGreen, Queue, Request, RequestId,
+    RequestIdError, RequestState, Slot, Version,
 };
 pub use selection::{
     Action, Bands, FetchRequest, SelectRequest, Selected, Selection, SelectionConfig,

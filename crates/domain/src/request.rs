@@ -300,35 +300,99 @@ impl fmt::Display for FailReason {
     }
 }
 
+/// The number of one publication of an owner's build: 1 for the first, one more
+/// for every re-publication (after the previous one went quiet). A build carries
+/// its generation and heartbeats with it; a heartbeat of an older generation is
+/// told to stop. Never reused within a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Generation(pub u32);
+
+impl Generation {
+    /// No publication yet: a slot's generation until its first publication.
+    pub const NONE: Generation = Generation(0);
+
+    /// The generation after this one (saturating).
+    #[must_use]
+    pub fn next(self) -> Generation {
+        Generation(self.0.saturating_add(1))
+    }
+}
+
+impl fmt::Display for Generation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// A request's hold on a build slot: when it claimed it and when it last showed
-/// it is alive. The slot lease runs from the last heartbeat.
+/// it is alive, and the last publication of its build. The slot lease runs from
+/// the last heartbeat; a publication goes quiet (and is re-published) when neither
+/// it nor a heartbeat came within the queue's `resume_after`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Slot {
     /// When the request claimed the slot.
     pub claimed_at: Timestamp,
     /// The claim or the last heartbeat, whichever is later.
     pub heartbeat_at: Timestamp,
+    /// The generation of the last publication ([`Generation::NONE`] before the
+    /// first).
+    pub generation: Generation,
+    /// When that generation was published; `None` before the first publication
+    /// and after a failed one was withdrawn (the next delivery publishes again).
+    pub published_at: Option<Timestamp>,
+    /// A reconcile found the lease run out and marked the slot, covering every
+    /// heartbeat before it (a compare-and-set on the queue): the request is failed
+    /// next, then pruned. A marked slot is never extended.
+    pub expiring: bool,
 }
 
 impl Slot {
-    /// A slot claimed at `now`.
+    /// A slot claimed at `now`, not published yet.
     pub fn claimed(now: Timestamp) -> Self {
         Slot {
             claimed_at: now,
             heartbeat_at: now,
+            generation: Generation::NONE,
+            published_at: None,
+            expiring: false,
         }
     }
 
     /// When a slot lease of `lease` runs out if no heartbeat comes.
     pub fn expires_at(&self, lease: Duration) -> Timestamp {
-        let millis = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        Timestamp(self.heartbeat_at.0.saturating_add(millis))
+        Timestamp(self.heartbeat_at.0.saturating_add(millis(lease)))
     }
 
     /// Whether a lease of `lease` has run out at `now`.
     pub fn expired(&self, lease: Duration, now: Timestamp) -> bool {
         now >= self.expires_at(lease)
     }
+
+    /// When the owner goes quiet with `resume_after`: `resume_after` after the
+    /// latest of its publication, its last heartbeat and its claim.
+    pub fn resume_due(&self, resume_after: Duration) -> Timestamp {
+        let last = self
+            .published_at
+            .map_or(self.heartbeat_at, |at| at.max(self.heartbeat_at));
+        Timestamp(last.0.saturating_add(millis(resume_after)))
+    }
+
+    /// Whether a heartbeat came after the current publication: the build was
+    /// handed over and runs.
+    pub fn confirmed(&self) -> bool {
+        self.published_at.is_some_and(|at| self.heartbeat_at > at)
+    }
+
+    /// Whether a delivery must publish the build (again) at `now`: nothing is
+    /// published (or a failed publication was withdrawn), or neither the
+    /// publication nor a heartbeat came within `resume_after`.
+    pub fn quiet(&self, resume_after: Duration, now: Timestamp) -> bool {
+        self.published_at.is_none() || now >= self.resume_due(resume_after)
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The last green bookmark of a queue; only moves forward.

@@ -1,6 +1,7 @@
 //! Build-slot admission under crashes, redeliveries, duplicates and faults: the
-//! model harness, the 28 named scenarios, the property test over random
-//! interleavings, and the old anonymous-count design as a test oracle.
+//! model harness (also the build system: publications, builds, heartbeats), the
+//! named scenarios, the property test over random interleavings, and older
+//! designs as test oracles.
 
 #[path = "admission/model.rs"]
 mod model;

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use holdfast_domain::{BuildOutcome, BuildPlan, QueueName, Request, RequestId, RevisionUri};
+use holdfast_domain::{
+    BuildOutcome, BuildPlan, Generation, QueueName, Request, RequestId, RevisionUri,
+};
 
 /// An admission message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,11 +84,22 @@ pub trait DeliverySource: Send + Sync {
     async fn send(&self, message: Message) -> Result<(), DeliveryError>;
 }
 
-/// Where admitted builds go. Publishing is deduplicated downstream by request id:
-/// a redelivered process message publishes the same build again.
+/// Where admitted builds go. Each publication carries a generation, and each
+/// generation of a request is published once: a duplicate delivery of a live
+/// build publishes nothing. A request is published again, with the next
+/// generation, only when its last publication went quiet (no heartbeat within the
+/// queue's `resume_after`: its worker or build died) or its publish failed. The
+/// build heartbeats with its generation, and when told anything but "extended"
+/// stops without reporting an outcome (any generation's outcome ends the
+/// request, also for the newer build that runs).
 #[mockall::automock]
 #[async_trait]
 pub trait BuildPublisher: Send + Sync {
-    /// Starts (or restarts) the build of `request` with `plan`.
-    async fn publish(&self, request: &Request, plan: &BuildPlan) -> Result<(), DeliveryError>;
+    /// Starts generation `generation` of the build of `request` with `plan`.
+    async fn publish(
+        &self,
+        request: &Request,
+        plan: &BuildPlan,
+        generation: Generation,
+    ) -> Result<(), DeliveryError>;
 }

@@ -3,9 +3,9 @@
 //! command, the operations on a queue's slots, and a view of a queue.
 //!
 //! A step's [`Reply`] decides the exit code: publish and ack succeed (0); a hold
-//! (the gate is closed or the queue paused), a retry or a non-retryable admission
-//! error is a refusal (1); a dead letter for a missing request or queue is bad
-//! input (2).
+//! (the gate is closed or the queue paused, or a duplicate delivery of a build
+//! published but not yet heartbeated), a retry or a non-retryable admission error
+//! is a refusal (1); a dead letter for a missing request or queue is bad input (2).
 
 mod slots;
 mod view;
@@ -14,7 +14,7 @@ mod work;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand, ValueEnum};
-use holdfast_domain::{BuildOutcome, QueueName, Reply, RequestId, RevisionUri};
+use holdfast_domain::{BuildOutcome, Generation, QueueName, Reply, RequestId, RevisionUri};
 use holdfast_ports::Clock;
 use serde::Serialize;
 
@@ -24,8 +24,10 @@ use holdfast::admission::{Admission, AdmissionPolicy, NoAncestry};
 use holdfast::clock::SystemClock;
 
 pub use slots::{HeartbeatView, LimitView, PruneView, PrunedView, ReconcileView};
-pub use view::{LastGreenView, OwnerView, QueueView, ReplyView, RequestView, StepView, queue_view};
-pub use work::{PublishedView, WorkView};
+pub use view::{
+    HoldWhy, LastGreenView, OwnerView, QueueView, ReplyView, RequestView, StepView, queue_view,
+};
+pub use work::{MAX_WORKERS, PublishedView, SCAN_POLL, WorkView};
 
 /// The most requests `queue show` lists: the newest ones.
 pub const SHOW_LIMIT: usize = 1000;
@@ -35,21 +37,21 @@ pub const SHOW_LIMIT: usize = 1000;
 pub enum QueueCommand {
     /// Ingest a revision into a queue (deduplicated on queue and uri)
     Ingest(IngestArgs),
-    /// Process (admit) a request: publish its build, or hold it while the gate is closed
+    /// Process (admit) a request: publish its build, or hold it while the gate is closed or while its published build has not heartbeated yet
     Process(RequestArgs),
-    /// Record a build outcome: release the request's slot, then finish it
+    /// Record a build outcome: finish the request, then release its slot
     Outcome(OutcomeArgs),
-    /// Dead-letter a request: release its slot, then mark it failed
+    /// Dead-letter a request: mark it failed, then release its slot
     DeadLetter(RequestArgs),
-    /// Extend a running build's slot lease (exit 0), or say that the request owns no slot any more (exit 1: stop the build)
-    Heartbeat(RequestArgs),
+    /// Extend a running build's slot lease (exit 0), or say why the build must stop (exit 1): the request owns no slot any more, its lease ran out, or a newer generation was published
+    Heartbeat(HeartbeatArgs),
     /// Fail slot owners whose lease ran out, prune owners that are not live; print what went and why
     Reconcile(ShowArgs),
     /// Set a queue's slot limit for every replica; 0 pauses it (every head holds)
     SetLimit(SetLimitArgs),
     /// Delete terminal requests older than an age, never the head or the last green
     Prune(PruneArgs),
-    /// Run admission workers over the stored requests of queues: admit what can be admitted, print the builds to publish, stop when nothing is left to do
+    /// Run admission workers over the stored requests of queues: admit what can be admitted, print each build the moment it is published, stop when nothing is left to do (or, with --follow, on SIGTERM or SIGINT)
     Work(WorkArgs),
     /// Migrate a queue from an anonymous-count admission: add every processing request to the slot owners
     ///
@@ -78,6 +80,17 @@ pub struct RequestArgs {
     /// The request id, request/<queue>/<n>
     #[arg(long, value_name = "ID")]
     pub request: RequestId,
+}
+
+/// `queue heartbeat`.
+#[derive(Debug, Args)]
+pub struct HeartbeatArgs {
+    /// The request id, request/<queue>/<n>
+    #[arg(long, value_name = "ID")]
+    pub request: RequestId,
+    /// The generation of the running build, as published; 0 for a build published before generations (by an older holdfast, or adopted by `queue backfill`)
+    #[arg(long, value_name = "G")]
+    pub generation: u32,
 }
 
 /// Build outcomes `queue outcome` accepts.
@@ -140,6 +153,9 @@ pub struct WorkArgs {
     /// Workers, 1 to 64
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub workers: usize,
+    /// Keep working until SIGTERM or SIGINT (then finish the deliveries in hand, print the summary and exit 0) instead of stopping when nothing is left to do
+    #[arg(long)]
+    pub follow: bool,
 }
 
 /// `queue prune`.
@@ -188,19 +204,9 @@ pub fn conclude(view: StepView) -> Result<Rendered, CliError> {
     }
 }
 
-async fn after(ctx: &Context, id: &RequestId) -> Result<Option<RequestView>, CliError> {
-    Ok(ctx
-        .backend
-        .stores()
-        .queues
-        .load_request(id)
-        .await?
-        .as_ref()
-        .map(RequestView::from))
-}
-
-/// Runs a queue subcommand.
-pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError> {
+/// Runs a queue subcommand; `json` is the output mode (`queue work` prints its
+/// builds as it publishes them).
+pub async fn run(ctx: &Context, cmd: QueueCommand, json: bool) -> Result<Rendered, CliError> {
     let admission = admission(ctx);
     match cmd {
         QueueCommand::Ingest(args) => {
@@ -224,7 +230,9 @@ pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError>
             let reply = admission.dead_letter(&args.request).await?;
             step(ctx, "dead_letter", &args.request, &reply).await
         }
-        QueueCommand::Heartbeat(args) => slots::heartbeat(&admission, &args.request).await,
+        QueueCommand::Heartbeat(args) => {
+            slots::heartbeat(&admission, &args.request, Generation(args.generation)).await
+        }
         QueueCommand::Reconcile(args) => slots::reconcile(ctx, &admission, &args.queue).await,
         QueueCommand::SetLimit(args) => {
             slots::set_limit(ctx, &admission, &args.queue, args.max).await
@@ -232,7 +240,7 @@ pub async fn run(ctx: &Context, cmd: QueueCommand) -> Result<Rendered, CliError>
         QueueCommand::Prune(args) => {
             slots::prune(ctx, &admission, &args.queue, args.older_than).await
         }
-        QueueCommand::Work(args) => work::work(ctx, admission, args.queue, args.workers).await,
+        QueueCommand::Work(args) => work::work(ctx, admission, args, json).await,
         QueueCommand::Backfill(args) => {
             let backfill = admission.backfill(&args.queue).await?;
             if let Reply::DeadLetter(_) = backfill.reply {
@@ -291,19 +299,28 @@ async fn step(
     id: &RequestId,
     reply: &Reply,
 ) -> Result<Rendered, CliError> {
-    let request = after(ctx, id).await?;
-    if request.is_none() {
+    let queues = ctx.backend.stores().queues;
+    let Some(request) = queues.load_request(id).await? else {
         return Err(CliError::NotFound {
             what: "request",
             id: id.to_string(),
             hint: "list requests with `holdfast queue show --queue Q`",
         });
-    }
+    };
+    // A hold of a request that owns its slot is not the gate: its build was
+    // published and has not heartbeated yet. The slot says which generation.
+    let slot = match reply {
+        Reply::Hold { paused: false, .. } => queues
+            .load_queue(id.queue())
+            .await?
+            .and_then(|q| q.owners.get(id).copied()),
+        _ => None,
+    };
     conclude(StepView {
         step,
-        request,
+        request: Some(RequestView::from(&request)),
         created: None,
-        reply: ReplyView::from(reply),
+        reply: ReplyView::of(reply, slot.as_ref()),
     })
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use holdfast_domain::admission::{Pruned, PrunedWhy};
-use holdfast_domain::{Heartbeat, QueueName, RequestId};
+use holdfast_domain::{Generation, Heartbeat, QueueName, RequestId};
 use serde::Serialize;
 
 use super::{ensure_queue, no_queue};
@@ -13,11 +13,13 @@ use crate::output::{self, Rendered, Report};
 use crate::{CliError, Context};
 use holdfast::admission::{Admission, SetLimitError};
 
-/// `queue heartbeat` JSON: `{"request", "lease_expires_at"}`.
+/// `queue heartbeat` JSON: `{"request", "generation", "lease_expires_at"}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct HeartbeatView {
     /// The request.
     pub request: String,
+    /// The generation of the build that heartbeated (the last one published).
+    pub generation: u32,
     /// When the lease runs out without another heartbeat (RFC 3339 UTC).
     pub lease_expires_at: String,
 }
@@ -25,21 +27,34 @@ pub struct HeartbeatView {
 impl Report for HeartbeatView {
     fn human(&self) -> String {
         format!(
-            "{} owns its slot; lease until {}\n",
-            self.request, self.lease_expires_at
+            "{} owns its slot, generation {} its running build; lease until {}\n",
+            self.request, self.generation, self.lease_expires_at
         )
     }
 }
 
-/// Extends the lease of `id`'s slot; a request that owns no slot (any more) is
-/// [`CliError::NoSlot`] (exit 1): its build should stop.
-pub async fn heartbeat(admission: &Admission, id: &RequestId) -> Result<Rendered, CliError> {
-    let why = match admission.heartbeat(id).await? {
+/// Extends the lease of `id`'s slot for the build of `generation`; a request that
+/// owns no slot (any more) is [`CliError::NoSlot`], a build of an older generation
+/// [`CliError::Stale`] (both exit 1): the build should stop.
+pub async fn heartbeat(
+    admission: &Admission,
+    id: &RequestId,
+    generation: Generation,
+) -> Result<Rendered, CliError> {
+    let why = match admission.heartbeat(id, generation).await? {
         Heartbeat::Extended { expires_at } => {
             return Ok(Rendered::of(&HeartbeatView {
                 request: id.to_string(),
+                generation: generation.0,
                 lease_expires_at: output::time(expires_at),
             }));
+        }
+        Heartbeat::Stale { current } => {
+            return Err(CliError::Stale {
+                request: id.to_string(),
+                generation: generation.0,
+                current: current.0,
+            });
         }
         Heartbeat::NotOwner { state: None } => "no such request".to_owned(),
         Heartbeat::NotOwner { state: Some(state) } => format!("it is {state}"),

@@ -3,7 +3,7 @@
 
 use holdfast_domain::admission::invariants::owner_violation;
 use holdfast_domain::admission::{DeadLetterReason, RetryReason};
-use holdfast_domain::{Queue, Reply, Request, RequestState, Timestamp};
+use holdfast_domain::{Queue, Reply, Request, RequestState, Slot, Timestamp};
 use serde::Serialize;
 
 use crate::Context;
@@ -49,9 +49,10 @@ impl From<&Request> for RequestView {
 }
 
 /// A step's reply in JSON, tagged by `kind`: `{"kind": "publish", "request",
-/// "strategy", "base"}`, `{"kind": "hold", "delay_ms", "paused"}`, `{"kind": "ack"}`,
-/// `{"kind": "retry", "reason"}`, `{"kind": "dead_letter", "reason"}`,
-/// `{"kind": "error", "message"}`.
+/// "generation", "strategy", "base"}`, `{"kind": "hold", "delay_ms", "paused",
+/// "why": "full" | "paused" | "unconfirmed", "generation": null | G}`,
+/// `{"kind": "ack"}`, `{"kind": "retry", "reason"}`, `{"kind": "dead_letter",
+/// "reason"}`, `{"kind": "error", "message"}`.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ReplyView {
@@ -59,17 +60,26 @@ pub enum ReplyView {
     Publish {
         /// The admitted request.
         request: String,
+        /// The generation this publication carries (1 for the first, one more for
+        /// each re-publication): the build heartbeats with it.
+        generation: u32,
         /// Its strategy.
         strategy: &'static str,
         /// Its incremental base, if any.
         base: Option<String>,
     },
-    /// The gate is closed: redeliver after the delay.
+    /// Redeliver after the delay: the gate is closed, or the request owns its slot
+    /// and its build's last publication has not heartbeated yet.
     Hold {
         /// The delay.
         delay_ms: u64,
         /// Whether the queue is paused (its limit is 0) rather than full.
         paused: bool,
+        /// Why it holds.
+        why: HoldWhy,
+        /// For [`HoldWhy::Unconfirmed`]: the generation published last, which has
+        /// not heartbeated yet; null for a closed gate.
+        generation: Option<u32>,
     },
     /// Done: acknowledge the message.
     Ack,
@@ -90,18 +100,58 @@ pub enum ReplyView {
     },
 }
 
+/// Why a delivery holds, as the `why` label of the held-deliveries metric says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldWhy {
+    /// Every slot is taken: the head waits at the gate.
+    Full,
+    /// The queue is paused (its limit is 0): the head waits at the gate.
+    Paused,
+    /// The request owns its slot and its build was published, but has not
+    /// heartbeated since: this duplicate delivery comes back when the publication
+    /// would go quiet, and publishes the next generation unless the build
+    /// heartbeated by then.
+    Unconfirmed,
+}
+
+/// The view of a reply to a request that owns no slot (or of a step that never
+/// holds a slot owner); a `queue process` reply uses [`ReplyView::of`].
 impl From<&Reply> for ReplyView {
     fn from(reply: &Reply) -> Self {
+        ReplyView::of(reply, None)
+    }
+}
+
+impl ReplyView {
+    /// The view of a step's `reply` to a delivery of a request that owns `slot`
+    /// after the step, if it does: a hold of a slot owner is not the gate but its
+    /// build's publication waiting for a first heartbeat.
+    pub fn of(reply: &Reply, slot: Option<&Slot>) -> Self {
         match reply {
-            Reply::Publish { request, plan } => ReplyView::Publish {
+            Reply::Publish {
+                request,
+                plan,
+                generation,
+            } => ReplyView::Publish {
                 request: request.id.to_string(),
+                generation: generation.0,
                 strategy: plan.strategy.as_str(),
                 base: plan.base.as_ref().map(ToString::to_string),
             },
-            Reply::Hold { delay, paused } => ReplyView::Hold {
-                delay_ms: output::millis(*delay),
-                paused: *paused,
-            },
+            Reply::Hold { delay, paused } => {
+                let (why, generation) = match (paused, slot) {
+                    (true, _) => (HoldWhy::Paused, None),
+                    (false, Some(slot)) => (HoldWhy::Unconfirmed, Some(slot.generation.0)),
+                    (false, None) => (HoldWhy::Full, None),
+                };
+                ReplyView::Hold {
+                    delay_ms: output::millis(*delay),
+                    paused: *paused,
+                    why,
+                    generation,
+                }
+            }
             Reply::Ack => ReplyView::Ack,
             Reply::Retry(RetryReason::Ancestry {
                 ancestor,
@@ -123,40 +173,58 @@ impl From<&Reply> for ReplyView {
             },
         }
     }
-}
 
-/// The line for people that says a build is to be published.
-pub fn publish_line(request: &str, strategy: &str, base: Option<&str>) -> String {
-    match base {
-        Some(base) => format!("publish the {strategy} build of {request} (base {base})"),
-        None => format!("publish the {strategy} build of {request}"),
-    }
-}
-
-impl ReplyView {
     /// One line for people.
     pub fn describe(&self) -> String {
         match self {
             ReplyView::Publish {
                 request,
+                generation,
                 strategy,
                 base,
-            } => publish_line(request, strategy, base.as_deref()),
+            } => publish_line(request, *generation, strategy, base.as_deref()),
             ReplyView::Hold {
                 delay_ms,
-                paused: false,
+                why: HoldWhy::Full,
+                ..
             } => format!("hold: every slot is taken; redeliver after {delay_ms} ms"),
             ReplyView::Hold {
                 delay_ms,
-                paused: true,
+                why: HoldWhy::Paused,
+                ..
             } => format!(
                 "hold: the queue is paused (limit 0; raise it with `holdfast queue set-limit`); redeliver after {delay_ms} ms"
             ),
+            ReplyView::Hold {
+                delay_ms,
+                why: HoldWhy::Unconfirmed,
+                generation,
+                ..
+            } => {
+                let build = match generation {
+                    Some(generation) => format!("generation {generation} of its build"),
+                    None => "its build".to_owned(),
+                };
+                format!(
+                    "hold: {build} was published and has not heartbeated yet; redeliver after {delay_ms} ms"
+                )
+            }
             ReplyView::Ack => "ack".to_owned(),
             ReplyView::Retry { reason } => format!("retry later: {reason}"),
             ReplyView::DeadLetter { reason } => format!("dead-letter: {reason}"),
             ReplyView::Error { message } => format!("error: {message}"),
         }
+    }
+}
+
+/// The line for people that says generation `generation` of a build is to be
+/// published.
+pub fn publish_line(request: &str, generation: u32, strategy: &str, base: Option<&str>) -> String {
+    match base {
+        Some(base) => format!(
+            "publish generation {generation} of the {strategy} build of {request} (base {base})"
+        ),
+        None => format!("publish generation {generation} of the {strategy} build of {request}"),
     }
 }
 
@@ -196,8 +264,9 @@ impl Report for StepView {
 }
 
 /// A slot owner in `queue show` JSON: `{"request", "state": null | "processing",
-/// "live", "claimed_at", "heartbeat_at", "lease_expires_at", "lease_expired"}`
-/// (times RFC 3339 UTC).
+/// "live", "claimed_at", "heartbeat_at", "lease_expires_at", "lease_expired",
+/// "generation", "published_at": null | time, "quiet", "expiring"}` (times RFC 3339
+/// UTC).
 #[derive(Debug, Clone, Serialize)]
 pub struct OwnerView {
     /// The owning request id.
@@ -216,9 +285,22 @@ pub struct OwnerView {
     /// Whether the lease ran out: the next reconcile fails it with
     /// `slot_lease_expired` and frees the slot.
     pub lease_expired: bool,
+    /// The generation of its last publication (0: not published yet); its build
+    /// heartbeats with it.
+    pub generation: u32,
+    /// When that generation was published; null before the first publication and
+    /// after a failed publish was withdrawn.
+    pub published_at: Option<String>,
+    /// Whether its publication went quiet (nothing published, or no heartbeat
+    /// within `resume_after`): the next delivery publishes the next generation.
+    pub quiet: bool,
+    /// Whether a reconcile marked it expiring (its lease ran out): it is being
+    /// failed, and no heartbeat extends it any more.
+    pub expiring: bool,
 }
 
-/// `queue show` JSON: `{"queue", "version", "max_concurrent", "latest_request_id",
+/// `queue show` JSON: `{"queue", "version", "max_concurrent", "paused",
+/// "slot_lease_ms", "resume_after_ms", "latest_request_id",
 /// "last_green": null | {"uri", "request_id"}, "owners": [OwnerView...],
 /// "not_live_owners", "requests": [RequestView...]}`.
 #[derive(Debug, Clone, Serialize)]
@@ -233,6 +315,9 @@ pub struct QueueView {
     pub paused: bool,
     /// The queue's slot lease, in ms.
     pub slot_lease_ms: u64,
+    /// How long a publication may go without a heartbeat before it is published
+    /// again with the next generation, in ms.
+    pub resume_after_ms: u64,
     /// The newest ingested request.
     pub latest_request_id: Option<String>,
     /// The last green bookmark.
@@ -279,16 +364,25 @@ impl Report for QueueView {
                 .iter()
                 .map(|o| {
                     let state = o.state.unwrap_or("missing");
-                    let lease = if o.lease_expired {
+                    if !o.live {
+                        return format!("{} ({state}, NOT LIVE)", o.request);
+                    }
+                    let build = match &o.published_at {
+                        Some(at) if o.quiet => format!(
+                            "generation {} published at {at}, QUIET: published again on the next delivery",
+                            o.generation
+                        ),
+                        Some(at) => format!("generation {} published at {at}", o.generation),
+                        None => "not published yet".to_owned(),
+                    };
+                    let lease = if o.expiring {
+                        format!("LEASE EXPIRED at {}, being failed", o.lease_expires_at)
+                    } else if o.lease_expired {
                         format!("LEASE EXPIRED at {}", o.lease_expires_at)
                     } else {
                         format!("lease until {}", o.lease_expires_at)
                     };
-                    if o.live {
-                        format!("{} ({state}, {lease})", o.request)
-                    } else {
-                        format!("{} ({state}, NOT LIVE)", o.request)
-                    }
+                    format!("{} ({state}, {build}, {lease})", o.request)
                 })
                 .collect();
             text.push_str(&format!("slot owners: {}\n", owners.join(", ")));
@@ -329,6 +423,10 @@ pub fn queue_view(ctx: &Context, queue: &Queue, requests: &[Request], now: Times
                 heartbeat_at: output::time(slot.heartbeat_at),
                 lease_expires_at: output::time(slot.expires_at(config.slot_lease)),
                 lease_expired: slot.expired(config.slot_lease, now),
+                generation: slot.generation.0,
+                published_at: slot.published_at.map(output::time),
+                quiet: !slot.expiring && slot.quiet(config.resume_after, now),
+                expiring: slot.expiring,
             }
         })
         .collect();
@@ -339,6 +437,7 @@ pub fn queue_view(ctx: &Context, queue: &Queue, requests: &[Request], now: Times
         max_concurrent: limit,
         paused: limit == 0,
         slot_lease_ms: output::millis(config.slot_lease),
+        resume_after_ms: output::millis(config.resume_after),
         latest_request_id: queue.latest_request_id.as_ref().map(ToString::to_string),
         last_green: queue.last_green.as_ref().map(|g| LastGreenView {
             uri: g.uri.to_string(),

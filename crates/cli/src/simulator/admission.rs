@@ -10,27 +10,36 @@
 //!   writes of a step. The step fails, and its message is redelivered.
 //! - A message that failed (or was told to retry) 10 times is dead-lettered; holds
 //!   (closed gate) are redelivered without counting, as `docs/admission.md` says.
+//! - A crash right after a publication was recorded loses that build: its
+//!   redelivery finds a live publication and publishes nothing. As
+//!   `StoreDeliveries`' scan does, whenever every message is handled the
+//!   simulator scans the queues and sends a process message for every accepted
+//!   request and every owner whose publication went quiet (no heartbeat within
+//!   [`RESUME_AFTER`]: the build is published again with the next generation);
+//!   the run ends when a scan finds no owner and no accepted request.
 //! - Invariants (`docs/admission.md`) are checked on the stored state after every
 //!   acknowledged step for that step's queue (between two reads of the queue at the
 //!   same version, so the snapshot is consistent): |owners| <= max_concurrent,
-//!   owners are existing, live requests (so terminal requests own no slot). When
-//!   every message is handled, every queue is checked again, adding "processing
-//!   implies owner", which holds only between steps: a step releases the slot
-//!   before it writes the terminal state (no transaction spans queue and request),
-//!   so while another worker is inside such a step, or after a crash between its
-//!   two writes until the redelivery, a processing request owns no slot. At the
-//!   end no request may be left non-terminal (a wedge), and the owners left are
-//!   slots leaked.
+//!   owners are existing requests, and every processing request owns a slot. When
+//!   every message is handled, every queue is checked again, adding "terminal
+//!   requests own no slot", which holds only between steps: an outcome or a dead
+//!   letter writes the terminal state before it releases the slot (no transaction
+//!   spans queue and request), so while another worker is inside such a step, or
+//!   after a crash between its two writes until the redelivery, a terminal request
+//!   owns a slot. At the end no request may be left non-terminal (a wedge), and the
+//!   owners left are slots leaked.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use holdfast_domain::admission::invariants::{Violation, stored_violations};
+use holdfast_domain::admission::quiet_owners;
 use holdfast_domain::{
     BuildOutcome, Queue, QueueName, Reply, Request, RequestId, RequestState, RevisionUri,
 };
+use holdfast_ports::Clock;
 use holdfast_ports::{QueueStore, QueueStoreError};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -43,12 +52,18 @@ use super::figures::{round3, to_f64};
 use super::provision::Provisioner;
 use super::runner::{Progress, RunSettings, mix};
 use super::workload::AdmissionLoad;
+use holdfast::SystemClock;
 use holdfast::admission::{Admission, AdmissionPolicy, NoAncestry};
 use holdfast::backend::Backend;
 use holdfast::crash::{CrashPlan, CrashingQueues, Fate, WriteCall};
 
 /// Delivery attempts (failed steps and retries) before a message is dead-lettered.
 pub const MAX_DELIVERIES: u32 = 10;
+
+/// How long a publication may go without a heartbeat before it is published
+/// again: the simulated builds end at once (their outcome is the next message),
+/// so a publication quiet this long was lost to a crash.
+pub const RESUME_AFTER: Duration = Duration::from_millis(100);
 
 /// The figures of the admission workload.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -67,7 +82,8 @@ pub struct AdmissionFigures {
     pub wedged_requests: u64,
     /// Crashes injected (before or after a write).
     pub crashes_injected: u64,
-    /// Messages redelivered after a failed step or a retry reply.
+    /// Messages redelivered after a failed step or a retry reply, and process
+    /// messages sent by the scan for quiet owners and accepted requests.
     pub redeliveries: u64,
     /// Redeliveries after a closed gate (holds).
     pub holds: u64,
@@ -138,6 +154,8 @@ struct Bus {
     sender: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     receiver: tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>,
     outstanding: AtomicUsize,
+    /// Signalled when the last outstanding message is handled.
+    idle: tokio::sync::Notify,
 }
 
 impl Bus {
@@ -151,15 +169,25 @@ impl Bus {
         }
     }
 
-    /// Marks one message handled (its follow-ups already sent); closes the bus
-    /// when nothing is left.
+    /// Marks one message handled (its follow-ups already sent); signals
+    /// [`Bus::idle`] when nothing is left.
     fn done(&self) {
         if self.outstanding.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.sender
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
+            self.idle.notify_one();
         }
+    }
+
+    /// Whether every message sent was handled.
+    fn is_idle(&self) -> bool {
+        self.outstanding.load(Ordering::SeqCst) == 0
+    }
+
+    /// Closes the bus: the workers stop once the channel is empty.
+    fn close(&self) {
+        self.sender
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 
     async fn next(&self) -> Option<Message> {
@@ -290,6 +318,60 @@ async fn handle(
     bus.done();
 }
 
+/// Whenever every message is handled, scans `names` as `StoreDeliveries` does and
+/// sends a process message for every accepted request and every quiet owner
+/// (see the module docs); closes the bus when no owner and no accepted request
+/// is left.
+async fn resume_lost(
+    bus: &Bus,
+    tally: &Tally,
+    raw: &dyn QueueStore,
+    names: &[QueueName],
+) -> Result<(), SimulateError> {
+    loop {
+        if !bus.is_idle() {
+            bus.idle.notified().await;
+        }
+        while bus.is_idle() {
+            let mut due = Vec::new();
+            let mut owners = 0usize;
+            for name in names {
+                if let Some(queue) = raw.load_queue(name).await.map_err(SimulateError::Queues)? {
+                    owners += queue.owners.len();
+                    due.extend(quiet_owners(&queue, RESUME_AFTER, SystemClock.now()));
+                }
+                let requests = raw
+                    .list_requests(name, usize::MAX)
+                    .await
+                    .map_err(SimulateError::Queues)?;
+                due.extend(
+                    requests
+                        .into_iter()
+                        .filter(|r| r.state == RequestState::Accepted)
+                        .map(|r| r.id),
+                );
+            }
+            if due.is_empty() && owners == 0 {
+                bus.close();
+                return Ok(());
+            }
+            if due.is_empty() {
+                // The workload's clock: an owner's publication goes quiet
+                // RESUME_AFTER after its last sign of life.
+                tokio::time::sleep(RESUME_AFTER / 4).await;
+                continue;
+            }
+            for id in due {
+                tally.redeliveries.fetch_add(1, Ordering::Relaxed);
+                bus.send(Message {
+                    step: Step::Process(id),
+                    deliveries: 0,
+                });
+            }
+        }
+    }
+}
+
 /// Violations of the slot invariants on one queue, read consistently (the queue at
 /// the same version before and after its requests); 0 when the queue moved on.
 async fn check_queue(
@@ -318,13 +400,13 @@ enum Moment {
     Quiescent,
 }
 
-/// Counts (and logs) the stored-state violations of `queue`; a processing request
-/// without a slot counts only at quiescence (an outcome between its release and
-/// its terminal write leaves one).
+/// Counts (and logs) the stored-state violations of `queue`; a terminal request
+/// owning a slot counts only at quiescence (an outcome between its terminal write
+/// and its release leaves one).
 fn violations(queue: &Queue, requests: &[Request], max_concurrent: u32, moment: Moment) -> u64 {
     let mut found = 0u64;
     for violation in stored_violations(queue, requests, max_concurrent) {
-        if moment == Moment::Any && matches!(violation, Violation::ProcessingWithoutSlot { .. }) {
+        if moment == Moment::Any && matches!(violation, Violation::TerminalOwner { .. }) {
             continue;
         }
         found += 1;
@@ -348,6 +430,10 @@ async fn drive(
     ));
     let mut policy = AdmissionPolicy::from_config(&settings.config);
     policy.default.max_concurrent = load.max_concurrent;
+    policy.default.resume_after = RESUME_AFTER;
+    for queue in policy.queues.values_mut() {
+        queue.resume_after = RESUME_AFTER;
+    }
     let admission = Arc::new(Admission::new(
         crashing.clone(),
         Arc::new(NoAncestry),
@@ -359,6 +445,7 @@ async fn drive(
         sender: Mutex::new(Some(sender)),
         receiver: tokio::sync::Mutex::new(receiver),
         outstanding: AtomicUsize::new(0),
+        idle: tokio::sync::Notify::new(),
     });
     let mut ingests = Vec::new();
     let mut names = Vec::new();
@@ -409,9 +496,14 @@ async fn drive(
             }
         });
     }
+    let resumed = resume_lost(&bus, &tally, raw.as_ref(), &names).await;
+    if resumed.is_err() {
+        bus.close();
+    }
     while let Some(joined) = workers.join_next().await {
         joined.map_err(|e| SimulateError::Task(e.to_string()))?;
     }
+    resumed?;
     let wall = started.elapsed().as_secs_f64();
     progress.finish();
 

@@ -287,8 +287,10 @@ pub fn json_error(h: &Holdfast, args: &[&str], code: i32) -> serde_json::Value {
 }
 
 /// Every queue command on one fresh database: ingest (and its dedup), process
-/// (publish), a hold while the slot is taken (exit 1), show, outcome, process
-/// again, dead letter. Checks what each step must do and returns the outputs.
+/// (publish), a duplicate process (a hold until the build's first heartbeat, exit
+/// 1; an ack after it), a hold while the slot is taken (exit 1), show, outcome,
+/// process again, dead letter. Checks what each step must do and returns the
+/// outputs.
 pub fn queue_happy_path(h: &Holdfast) -> Steps {
     let mut steps = Steps::new();
     let ingested = h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-a"]);
@@ -303,9 +305,55 @@ pub fn queue_happy_path(h: &Holdfast) -> Steps {
 
     let published = h.json(&["queue", "process", "--request", "request/ci/main/1"]);
     assert_eq!(published["reply"]["kind"], "publish");
+    assert_eq!(published["reply"]["generation"], 1);
     assert_eq!(published["reply"]["strategy"], "full");
     assert_eq!(published["request"]["state"], "processing");
     steps.push(("queue process", published));
+    // A duplicate delivery of a live publication publishes nothing. Before the
+    // build's first heartbeat it holds until the publication would go quiet (the
+    // delivery that published may have died before handing the build over).
+    let mut unconfirmed = json_error(
+        h,
+        &["queue", "process", "--request", "request/ci/main/1"],
+        1,
+    );
+    let reply = &unconfirmed["error"]["reply"];
+    assert_eq!(
+        (&reply["kind"], &reply["paused"], &reply["why"]),
+        (&"hold".into(), &false.into(), &"unconfirmed".into()),
+        "{unconfirmed}"
+    );
+    assert_eq!(reply["generation"], 1, "{unconfirmed}");
+    // Until the publication would go quiet: within the default 60 s resume_after.
+    let delay = reply["delay_ms"].as_u64().unwrap_or_default();
+    assert!((1..=60_000).contains(&delay), "{unconfirmed}");
+    // The delay depends on the time the hold was answered: redacted for the
+    // snapshot.
+    unconfirmed["error"]["reply"]["delay_ms"] = "[delay]".into();
+    let message = unconfirmed["error"]["message"].as_str().unwrap_or_default();
+    unconfirmed["error"]["message"] = message
+        .replace(&format!("after {delay} ms"), "after [delay] ms")
+        .into();
+    steps.push(("queue process (unconfirmed, stderr)", unconfirmed));
+    let said = h.fails(&["queue", "process", "--request", "request/ci/main/1"], 1);
+    assert!(
+        said.contains(
+            "request/ci/main/1: hold: generation 1 of its build was published and has not heartbeated yet; redeliver after "
+        ) && !said.contains("every slot is taken"),
+        "{said}"
+    );
+    // Once the build heartbeated, a duplicate is acked.
+    h.json(&[
+        "queue",
+        "heartbeat",
+        "--request",
+        "request/ci/main/1",
+        "--generation",
+        "1",
+    ]);
+    let duplicate = h.json(&["queue", "process", "--request", "request/ci/main/1"]);
+    assert_eq!(duplicate["reply"]["kind"], "ack", "{duplicate}");
+    assert_eq!(duplicate["request"]["state"], "processing", "{duplicate}");
 
     let second = h.json(&["queue", "ingest", "--queue", "ci/main", "--uri", "rev-b"]);
     assert_eq!(second["request"]["id"], "request/ci/main/2");
@@ -316,6 +364,7 @@ pub fn queue_happy_path(h: &Holdfast) -> Steps {
     );
     assert_eq!(held["error"]["class"], "refused");
     assert_eq!(held["error"]["reply"]["kind"], "hold");
+    assert_eq!(held["error"]["reply"]["why"], "full", "{held}");
     assert!(
         held["error"]["reply"]["delay_ms"]
             .as_u64()
@@ -330,6 +379,13 @@ pub fn queue_happy_path(h: &Holdfast) -> Steps {
         owners_brief(&shown["owners"]),
         serde_json::json!([{"request": "request/ci/main/1", "state": "processing", "live": true}])
     );
+    let owner = &shown["owners"][0];
+    assert_eq!(
+        (&owner["generation"], &owner["quiet"], &owner["expiring"]),
+        (&1.into(), &false.into(), &false.into()),
+        "{owner}"
+    );
+    assert!(owner["published_at"].is_string(), "{owner}");
     assert_eq!(shown["not_live_owners"], 0);
     assert_eq!(shown["requests"].as_array().map(Vec::len), Some(2));
     steps.push(("queue show", shown));
@@ -588,6 +644,7 @@ pub fn queue_slot_operations(h: &Holdfast) -> Steps {
     );
     assert_eq!(held["error"]["reply"]["kind"], "hold", "{held}");
     assert_eq!(held["error"]["reply"]["paused"], true, "{held}");
+    assert_eq!(held["error"]["reply"]["why"], "paused", "{held}");
     let said = h.fails(&["queue", "process", "--request", "request/ops/main/3"], 1);
     assert!(said.contains("the queue is paused"), "{said}");
     let resumed = h.json(&[&["queue", "set-limit"][..], &q, &["--max", "1"]].concat());
@@ -597,13 +654,67 @@ pub fn queue_slot_operations(h: &Holdfast) -> Steps {
     );
     let admitted = h.json(&["queue", "process", "--request", "request/ops/main/3"]);
     assert_eq!(admitted["reply"]["kind"], "publish");
+    assert_eq!(admitted["reply"]["generation"], 1);
 
-    let beat = h.json(&["queue", "heartbeat", "--request", "request/ops/main/3"]);
+    let beat = h.json(&[
+        "queue",
+        "heartbeat",
+        "--request",
+        "request/ops/main/3",
+        "--generation",
+        "1",
+    ]);
     assert_eq!(beat["request"], "request/ops/main/3");
+    assert_eq!(beat["generation"], 1);
     assert!(beat["lease_expires_at"].is_string(), "{beat}");
+    let unknown = json_error(
+        h,
+        &[
+            "queue",
+            "heartbeat",
+            "--request",
+            "request/ops/main/3",
+            "--generation",
+            "2",
+        ],
+        1,
+    );
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("generation 2 was never published: the last one is 1")),
+        "{unknown}"
+    );
+    // Generation 0 is a build published before generations (see
+    // `queue_backfill_adds_processing_requests_to_the_owners`): accepted, but
+    // stale for an owner that published generation 1 since.
+    let zero = h.fails(
+        &[
+            "queue",
+            "heartbeat",
+            "--request",
+            "request/ops/main/3",
+            "--generation",
+            "0",
+        ],
+        1,
+    );
+    assert!(
+        zero.contains(
+            "request/ops/main/3: generation 0 is stale: a newer generation 1 was published; stop this build"
+        ),
+        "{zero}"
+    );
     let stop = json_error(
         h,
-        &["queue", "heartbeat", "--request", "request/ops/main/1"],
+        &[
+            "queue",
+            "heartbeat",
+            "--request",
+            "request/ops/main/1",
+            "--generation",
+            "1",
+        ],
         1,
     );
     assert!(
@@ -671,10 +782,96 @@ pub fn queue_lease_expiry(h: &Holdfast) {
     let stop = json_with(
         h,
         &lease,
-        &["queue", "heartbeat", "--request", "request/lease/1"],
+        &[
+            "queue",
+            "heartbeat",
+            "--request",
+            "request/lease/1",
+            "--generation",
+            "1",
+        ],
         1,
     );
     assert_eq!(stop["error"]["class"], "refused");
+}
+
+/// A publication that goes quiet is published again with the next generation:
+/// with `resume_after` 300 ms, a second `queue process` of a live publication
+/// publishes nothing (it holds until the publication would go quiet, exit 1);
+/// once no heartbeat came for 300 ms it publishes generation 2, generation 1's
+/// heartbeat is told that a newer generation was published (exit 1), and
+/// generation 2's heartbeat extends the lease.
+pub fn queue_republish(h: &Holdfast) -> Steps {
+    let mut steps = Steps::new();
+    let quick = [("HOLDFAST_RESUME_AFTER_MS", "300")];
+    let step = |args: &[&str]| json_with(h, &quick, args, 0);
+    let id = "request/again/1";
+    step(&["queue", "ingest", "--queue", "again", "--uri", "rev-1"]);
+    let first = step(&["queue", "process", "--request", id]);
+    assert_eq!(first["reply"]["generation"], 1, "{first}");
+    let duplicate = json_with(h, &quick, &["queue", "process", "--request", id], 1);
+    let reply = &duplicate["error"]["reply"];
+    assert_eq!(
+        (&reply["kind"], &reply["why"], &reply["generation"]),
+        (&"hold".into(), &"unconfirmed".into(), &1.into()),
+        "{duplicate}"
+    );
+    assert!(
+        reply["delay_ms"]
+            .as_u64()
+            .is_some_and(|d| (1..=300).contains(&d)),
+        "{duplicate}"
+    );
+    // Real processes cannot share a paused clock: wait out the 300 ms.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let shown = step(&["queue", "show", "--queue", "again"]);
+    assert_eq!(shown["resume_after_ms"], 300, "{shown}");
+    assert_eq!(shown["owners"][0]["quiet"], true, "{shown}");
+    let human = h
+        .cmd()
+        .env("HOLDFAST_RESUME_AFTER_MS", "300")
+        .args(["queue", "show", "--queue", "again"])
+        .output()
+        .expect("run holdfast");
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains("request/again/1 (processing, generation 1 published at ")
+            && human.contains("QUIET: published again on the next delivery"),
+        "{human}"
+    );
+    let again = step(&["queue", "process", "--request", id]);
+    assert_eq!(again["reply"]["kind"], "publish", "{again}");
+    assert_eq!(again["reply"]["generation"], 2, "{again}");
+    steps.push(("queue process (republished)", again));
+    let stale = json_with(
+        h,
+        &quick,
+        &["queue", "heartbeat", "--request", id, "--generation", "1"],
+        1,
+    );
+    assert_eq!(stale["error"]["class"], "refused", "{stale}");
+    assert_eq!(stale["error"]["current_generation"], 2, "{stale}");
+    steps.push(("queue heartbeat (stale, stderr)", stale));
+    let said = h.fails(
+        &["queue", "heartbeat", "--request", id, "--generation", "1"],
+        1,
+    );
+    assert!(
+        said.contains(
+            "request/again/1: generation 1 is stale: a newer generation 2 was published; stop this build"
+        ),
+        "{said}"
+    );
+    let beat = step(&["queue", "heartbeat", "--request", id, "--generation", "2"]);
+    assert_eq!(beat["generation"], 2, "{beat}");
+    let shown = step(&["queue", "show", "--queue", "again"]);
+    let owner = &shown["owners"][0];
+    assert_eq!(
+        (&owner["generation"], &owner["quiet"]),
+        (&2.into(), &false.into()),
+        "{owner}"
+    );
+    steps
 }
 
 /// The slot owners of a `queue show` without their times: `[{"request", "state", "live"}]`.
@@ -687,18 +884,59 @@ pub fn owners_brief(owners: &serde_json::Value) -> serde_json::Value {
         .collect()
 }
 
+/// Runs `queue work` with `--json` and `args`, expects success, and splits its
+/// output: one JSON publication per line, then the summary line.
+pub fn work_json(h: &Holdfast, args: &[&str]) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let output = h
+        .cmd()
+        .args(["--json", "queue", "work"])
+        .args(args)
+        .output()
+        .expect("run holdfast");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "queue work {args:?} failed with {:?}\nstdout: {stdout}\nstderr: {}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("queue work: a line is not JSON ({e}): {line:?}"))
+        })
+        .collect();
+    let summary = lines.pop().expect("a summary line");
+    assert!(summary["deliveries"].is_object(), "{summary}");
+    assert!(lines.iter().all(|l| l["request"].is_string()), "{stdout}");
+    (lines, summary)
+}
+
 /// `queue work` admits what the store holds: of three ingested revisions the head
 /// is published and the older two superseded; a fourth is held at the closed gate
-/// (one slot); after the first build's outcome a second run publishes it.
+/// (one slot); after the first build's outcome a second run publishes it. Each
+/// publication is its own line, the summary the last one.
 pub fn queue_work(h: &Holdfast) {
     for uri in ["w-1", "w-2", "w-3"] {
         h.json(&["queue", "ingest", "--queue", "work", "--uri", uri]);
     }
-    let run = h.json(&["queue", "work", "--queue", "work", "--workers", "3"]);
+    let (published, summary) = work_json(h, &["--queue", "work", "--workers", "3"]);
     assert_eq!(
-        run["published"],
-        serde_json::json!([{"request": "request/work/3", "strategy": "full", "base": null}]),
-        "{run}"
+        published,
+        [
+            serde_json::json!({"request": "request/work/3", "generation": 1, "strategy": "full", "base": null})
+        ],
+        "{summary}"
+    );
+    assert_eq!(
+        (
+            &summary["published"],
+            &summary["republished"],
+            &summary["stopped"]
+        ),
+        (&1.into(), &0.into(), &"idle".into()),
+        "{summary}"
     );
     let shown = h.json(&["queue", "show", "--queue", "work"]);
     let states: Vec<&str> = shown["requests"]
@@ -709,8 +947,8 @@ pub fn queue_work(h: &Holdfast) {
         .collect();
     assert_eq!(states, ["superseded", "superseded", "processing"]);
     h.json(&["queue", "ingest", "--queue", "work", "--uri", "w-4"]);
-    let held = h.json(&["queue", "work", "--queue", "work"]);
-    assert_eq!(held["published"], serde_json::json!([]), "{held}");
+    let (published, held) = work_json(h, &["--queue", "work"]);
+    assert_eq!(published, Vec::<serde_json::Value>::new(), "{held}");
     assert!(
         held["deliveries"]["held"].as_u64().is_some_and(|n| n >= 1),
         "{held}"
@@ -723,8 +961,19 @@ pub fn queue_work(h: &Holdfast) {
         "--status",
         "succeeded",
     ]);
-    let next = h.json(&["queue", "work", "--queue", "work"]);
-    assert_eq!(next["published"][0]["request"], "request/work/4", "{next}");
+    let human = h.ok(&["queue", "work", "--queue", "work"]);
+    let lines: Vec<&str> = human.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("publish generation 1 of the full build of request/work/4"),
+        "{human}"
+    );
+    assert!(
+        lines.get(1).is_some_and(|l| l.starts_with(
+            "1 worker(s) on work: nothing left to admit; published 1 build(s) (0 again, with a newer generation); deliveries: "
+        )),
+        "{human}"
+    );
     let bad = h.fails(&["queue", "work", "--queue", "work", "--workers", "0"], 2);
     assert!(bad.contains("expected 1 to 64"), "{bad}");
     let missing = h.fails(&["queue", "work", "--queue", "nope"], 2);

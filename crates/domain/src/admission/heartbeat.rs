@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{DeadLetterReason, Decision, QueueWrite, Reply, check_pair, reply, write_queue};
 use crate::ids::QueueName;
-use crate::request::{Queue, Request, RequestId, RequestState};
+use crate::request::{Generation, Queue, Request, RequestId, RequestState};
 use crate::timestamp::Timestamp;
 
 /// What a heartbeat found, read from the request and queue it last loaded.
@@ -23,23 +23,33 @@ pub enum Heartbeat {
         /// The request's state.
         state: Option<RequestState>,
     },
-    /// The request still holds its slot but the lease ran out at `expired_at`: the
-    /// next reconcile fails it, so its build should stop.
+    /// The request still holds its slot but the lease ran out at `expired_at` (or a
+    /// reconcile marked it expiring): it is being failed, so its build should stop.
     LeaseExpired {
         /// When the lease ran out.
         expired_at: Timestamp,
     },
+    /// The request owns its slot, but the heartbeat's generation is not the last
+    /// one published: its publication went quiet and the build was published again
+    /// (or the generation is unknown). This build should stop, without reporting
+    /// an outcome: `current` runs, and an outcome would end the request for it.
+    Stale {
+        /// The generation published last.
+        current: Generation,
+    },
 }
 
-/// Decides a heartbeat of `request` at `now`, given the request and its queue as
-/// loaded now (request first): a live owner within its lease has its slot's
+/// Decides a heartbeat of generation `generation` of `request`'s build at `now`,
+/// given the request and its queue as loaded now (request first): the build of
+/// the last published generation of a live owner within its lease has its slot's
 /// heartbeat moved to `now` ([`QueueWrite::Heartbeat`], a compare-and-set on the
-/// queue); anything else is answered ([`Reply::Ack`]) and
-/// [`heartbeat_answer`] tells what was found. A lease that ran out is not revived:
-/// a concurrent reconcile may be failing the request already.
+/// queue); anything else is answered ([`Reply::Ack`]) and [`heartbeat_answer`]
+/// tells what was found. A lease that ran out, or a slot a reconcile marked
+/// expiring, is not revived: the request is being failed.
 pub fn decide_heartbeat(
     request: Option<&Request>,
     queue: Option<&Queue>,
+    generation: Generation,
     lease: Duration,
     now: Timestamp,
 ) -> Decision {
@@ -52,10 +62,47 @@ pub fn decide_heartbeat(
     match queue.owners.get(&request.id) {
         Some(slot)
             if !request.state.is_terminal()
+                && slot.generation == generation
+                && !slot.expiring
                 && !slot.expired(lease, now)
                 && slot.heartbeat_at < now =>
         {
             refresh(queue, &request.id, now)
+        }
+        _ => reply(Reply::Ack),
+    }
+}
+
+/// Decides withdrawing the publication of `generation` of `request`'s build, whose
+/// publish failed: the slot forgets when it was published (the generation stays
+/// spent), so the next delivery publishes the next generation at once instead of
+/// after `resume_after`. Acks when that generation is no longer the last published
+/// one, when it heartbeated since its publication (so it was handed over after
+/// all), or when the request owns no slot.
+pub fn decide_withdraw(
+    request: Option<&Request>,
+    queue: Option<&Queue>,
+    generation: Generation,
+) -> Decision {
+    let (Some(request), Some(queue)) = (request, queue) else {
+        return reply(Reply::Ack);
+    };
+    if let Err(decision) = check_pair(request, queue) {
+        return decision;
+    }
+    match queue.owners.get(&request.id) {
+        // A heartbeat since the publication proves it was handed over (the
+        // error was ambiguous): nothing to withdraw.
+        Some(slot)
+            if slot.generation == generation
+                && slot.published_at.is_some()
+                && !slot.confirmed() =>
+        {
+            let mut next = queue.clone();
+            if let Some(slot) = next.owners.get_mut(&request.id) {
+                slot.published_at = None;
+            }
+            write_queue(QueueWrite::Withdraw, queue, next)
         }
         _ => reply(Reply::Ack),
     }
@@ -70,11 +117,12 @@ pub(super) fn refresh(queue: &Queue, id: &RequestId, now: Timestamp) -> Decision
     write_queue(QueueWrite::Heartbeat, queue, next)
 }
 
-/// What the heartbeat of `request` (the records [`decide_heartbeat`] answered on)
-/// found at `now` with slot lease `lease`.
+/// What the heartbeat of `generation` of `request`'s build (the records
+/// [`decide_heartbeat`] answered on) found at `now` with slot lease `lease`.
 pub fn heartbeat_answer(
     request: Option<&Request>,
     queue: Option<&Queue>,
+    generation: Generation,
     lease: Duration,
     now: Timestamp,
 ) -> Heartbeat {
@@ -85,7 +133,10 @@ pub fn heartbeat_answer(
         .and_then(|(r, q)| q.owners.get(&r.id));
     match slot {
         None => Heartbeat::NotOwner { state },
-        Some(slot) if slot.expired(lease, now) => Heartbeat::LeaseExpired {
+        Some(slot) if slot.generation != generation => Heartbeat::Stale {
+            current: slot.generation,
+        },
+        Some(slot) if slot.expiring || slot.expired(lease, now) => Heartbeat::LeaseExpired {
             expired_at: slot.expires_at(lease),
         },
         Some(slot) => Heartbeat::Extended {
@@ -140,17 +191,22 @@ mod tests {
         };
         let mut queue = Queue::new(name);
         if owner {
-            queue.owners.insert(id, Slot::claimed(at(0)));
+            let mut slot = Slot::claimed(at(0));
+            slot.generation = G1;
+            slot.published_at = Some(at(0));
+            queue.owners.insert(id, slot);
         }
         (request, queue)
     }
+
+    const G1: Generation = Generation(1);
 
     #[test]
     fn a_live_owner_within_its_lease_moves_its_heartbeat() {
         let (request, queue) = fixture(RequestState::Processing, true);
         let Decision::Write(Write::Queue {
             kind, queue: next, ..
-        }) = decide_heartbeat(Some(&request), Some(&queue), LEASE, at(9))
+        }) = decide_heartbeat(Some(&request), Some(&queue), G1, LEASE, at(9))
         else {
             panic!("a heartbeat write");
         };
@@ -158,12 +214,12 @@ mod tests {
         let slot = next.owners[&request.id];
         assert_eq!((slot.claimed_at, slot.heartbeat_at), (at(0), at(9)));
         assert_eq!(
-            heartbeat_answer(Some(&request), Some(&next), LEASE, at(9)),
+            heartbeat_answer(Some(&request), Some(&next), G1, LEASE, at(9)),
             Heartbeat::Extended { expires_at: at(19) }
         );
         // Written already: the reload answers.
         assert_eq!(
-            decide_heartbeat(Some(&request), Some(&next), LEASE, at(9)),
+            decide_heartbeat(Some(&request), Some(&next), G1, LEASE, at(9)),
             Decision::Reply(Reply::Ack)
         );
     }
@@ -172,34 +228,88 @@ mod tests {
     fn a_heartbeat_never_revives_an_expired_or_terminal_owner() {
         let (request, queue) = fixture(RequestState::Processing, true);
         assert_eq!(
-            decide_heartbeat(Some(&request), Some(&queue), LEASE, at(10)),
+            decide_heartbeat(Some(&request), Some(&queue), G1, LEASE, at(10)),
             Decision::Reply(Reply::Ack)
         );
         assert_eq!(
-            heartbeat_answer(Some(&request), Some(&queue), LEASE, at(10)),
+            heartbeat_answer(Some(&request), Some(&queue), G1, LEASE, at(10)),
             Heartbeat::LeaseExpired { expired_at: at(10) }
         );
         let (done, queue) = fixture(RequestState::Failed, true);
         assert_eq!(
-            decide_heartbeat(Some(&done), Some(&queue), LEASE, at(1)),
+            decide_heartbeat(Some(&done), Some(&queue), G1, LEASE, at(1)),
             Decision::Reply(Reply::Ack)
         );
         assert_eq!(
-            heartbeat_answer(Some(&done), Some(&queue), LEASE, at(1)),
+            heartbeat_answer(Some(&done), Some(&queue), G1, LEASE, at(1)),
             Heartbeat::NotOwner {
                 state: Some(RequestState::Failed)
             }
         );
         let (accepted, queue) = fixture(RequestState::Accepted, false);
         assert_eq!(
-            heartbeat_answer(Some(&accepted), Some(&queue), LEASE, at(1)),
+            heartbeat_answer(Some(&accepted), Some(&queue), G1, LEASE, at(1)),
             Heartbeat::NotOwner {
                 state: Some(RequestState::Accepted)
             }
         );
         assert_eq!(
-            heartbeat_answer(None, Some(&queue), LEASE, at(1)),
+            heartbeat_answer(None, Some(&queue), G1, LEASE, at(1)),
             Heartbeat::NotOwner { state: None }
+        );
+    }
+
+    /// A build of an older generation is told to stop and extends nothing; so is
+    /// one of a slot a reconcile marked expiring, even within its lease.
+    #[test]
+    fn a_stale_generation_or_a_marked_slot_is_told_to_stop_and_writes_nothing() {
+        let (request, mut queue) = fixture(RequestState::Processing, true);
+        let slot = queue.owners.get_mut(&request.id).expect("owner");
+        slot.generation = Generation(2);
+        assert_eq!(
+            decide_heartbeat(Some(&request), Some(&queue), G1, LEASE, at(5)),
+            Decision::Reply(Reply::Ack)
+        );
+        assert_eq!(
+            heartbeat_answer(Some(&request), Some(&queue), G1, LEASE, at(5)),
+            Heartbeat::Stale {
+                current: Generation(2)
+            }
+        );
+        let (request, mut queue) = fixture(RequestState::Processing, true);
+        queue.owners.get_mut(&request.id).expect("owner").expiring = true;
+        assert_eq!(
+            decide_heartbeat(Some(&request), Some(&queue), G1, LEASE, at(5)),
+            Decision::Reply(Reply::Ack)
+        );
+        assert_eq!(
+            heartbeat_answer(Some(&request), Some(&queue), G1, LEASE, at(5)),
+            Heartbeat::LeaseExpired { expired_at: at(10) }
+        );
+    }
+
+    /// A withdrawal forgets when the current generation was published, once; an
+    /// older generation's withdrawal changes nothing.
+    #[test]
+    fn a_withdrawal_unpublishes_only_the_current_generation() {
+        let (request, queue) = fixture(RequestState::Processing, true);
+        assert_eq!(
+            decide_withdraw(Some(&request), Some(&queue), Generation(7)),
+            Decision::Reply(Reply::Ack)
+        );
+        let Decision::Write(Write::Queue {
+            kind, queue: next, ..
+        }) = decide_withdraw(Some(&request), Some(&queue), G1)
+        else {
+            panic!("a withdraw write");
+        };
+        assert_eq!(kind, QueueWrite::Withdraw);
+        let slot = next.owners[&request.id];
+        assert_eq!((slot.generation, slot.published_at), (G1, None));
+        assert!(slot.quiet(LEASE, at(0)));
+        assert_eq!(
+            decide_withdraw(Some(&request), Some(&next), G1),
+            Decision::Reply(Reply::Ack)
         );
     }
 

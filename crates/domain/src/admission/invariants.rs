@@ -30,17 +30,19 @@ pub enum Violation {
         owner: RequestId,
     },
     /// A terminal request (superseded, succeeded, failed or cancelled) still owns a
-    /// slot.
+    /// slot. A crash between an outcome's (or a dead letter's) terminal write and
+    /// its release leaves exactly this until the message is redelivered or a
+    /// reconcile prunes it, so a checker looking while messages are in flight may
+    /// tolerate it for the request of an interrupted message.
     TerminalOwner {
         /// The owner.
         owner: RequestId,
         /// Its terminal state.
         state: RequestState,
     },
-    /// A processing request owns no slot. A crash between an outcome's release and
-    /// its terminal write leaves exactly this until the message is redelivered, so a
-    /// checker looking while messages are in flight may tolerate it for the request
-    /// of an interrupted message; at quiescence it is a leak of the other kind.
+    /// A processing request owns no slot: no step leaves this (outcomes and dead
+    /// letters write the terminal state before they release), only binaries that
+    /// counted slots anonymously, until `queue backfill`.
     ProcessingWithoutSlot {
         /// The processing request.
         request: RequestId,

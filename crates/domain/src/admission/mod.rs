@@ -47,18 +47,26 @@ use std::time::Duration;
 
 use crate::ids::{QueueName, RevisionUri};
 use crate::request::{
-    BuildPlan, FailReason, Queue, Request, RequestId, RequestIdError, RequestState, Version,
+    BuildPlan, FailReason, Generation, Queue, Request, RequestId, RequestIdError, RequestState,
+    Version,
 };
 
-pub use heartbeat::{Heartbeat, decide_heartbeat, decide_set_limit, heartbeat_answer};
+pub use heartbeat::{
+    Heartbeat, decide_heartbeat, decide_set_limit, decide_withdraw, heartbeat_answer,
+};
 pub use ingest::decide_ingest;
 pub use outcome::{BuildOutcome, decide_dead_letter, decide_outcome};
 pub use process::{ProcessInput, ProcessMemo, decide_process};
-pub use reconcile::{Pruned, PrunedWhy, decide_backfill, decide_reconcile};
+pub use reconcile::{Pruned, PrunedWhy, decide_backfill, decide_reconcile, quiet_owners};
 
 /// The default gate wait delay: how long a request waits for a free slot before the
 /// gate is asked again.
 pub const DEFAULT_GATE_WAIT_DELAY: Duration = Duration::from_secs(5);
+
+/// The default time after which an owner's publication, without a heartbeat since,
+/// is presumed lost (its worker or build died) and the build is published again
+/// with the next generation. Builds heartbeat well within it (a third is plenty).
+pub const DEFAULT_RESUME_AFTER: Duration = Duration::from_secs(60);
 
 /// The default slot lease: an owner without a heartbeat for this long is presumed
 /// lost, its request failed with [`FailReason::SlotLeaseExpired`] and its slot freed.
@@ -77,6 +85,11 @@ pub struct AdmissionConfig {
     /// How long an owner keeps its slot without a heartbeat; more than zero
     /// (default 2 h).
     pub slot_lease: Duration,
+    /// How long a published build may go without a heartbeat (or a newer
+    /// publication) before it is presumed lost and published again with the next
+    /// generation; more than zero (default 60 s). At or above the slot lease it
+    /// never comes first: the lease fails the request instead.
+    pub resume_after: Duration,
 }
 
 impl Default for AdmissionConfig {
@@ -85,6 +98,7 @@ impl Default for AdmissionConfig {
             max_concurrent: 1,
             gate_wait_delay: DEFAULT_GATE_WAIT_DELAY,
             slot_lease: DEFAULT_SLOT_LEASE,
+            resume_after: DEFAULT_RESUME_AFTER,
         }
     }
 }
@@ -102,6 +116,9 @@ impl AdmissionConfig {
         if self.slot_lease.is_zero() {
             return Err(AdmissionConfigError::SlotLeaseZero);
         }
+        if self.resume_after.is_zero() {
+            return Err(AdmissionConfigError::ResumeAfterZero);
+        }
         Ok(())
     }
 }
@@ -118,6 +135,9 @@ pub enum AdmissionConfigError {
     /// `slot_lease` was zero.
     #[error("invalid admission config: slot_lease is 0 ms; expected more than zero")]
     SlotLeaseZero,
+    /// `resume_after` was zero.
+    #[error("invalid admission config: resume_after is 0 ms; expected more than zero")]
+    ResumeAfterZero,
 }
 
 /// A non-retryable admission error: redelivering the message cannot fix it, so the
@@ -170,10 +190,12 @@ pub enum DeadLetterReason {
 pub enum Reply {
     /// Done: acknowledge the message.
     Ack,
-    /// The gate is closed: redeliver after `delay` (or when a slot of the queue
-    /// frees). A hold never counts as a failed delivery attempt.
+    /// Redeliver after `delay` (or when a slot of the queue frees): the gate is
+    /// closed, or (for a request that owns its slot) its build was published and
+    /// has not heartbeated yet, so the message waits until the publication would
+    /// go quiet. A hold never counts as a failed delivery attempt.
     Hold {
-        /// The gate wait delay.
+        /// The gate wait delay, or the time until the publication goes quiet.
         delay: Duration,
         /// Whether the gate is closed because the queue is paused (its limit is 0)
         /// rather than full.
@@ -183,14 +205,19 @@ pub enum Reply {
     Retry(RetryReason),
     /// Route the message to the dead-letter step now.
     DeadLetter(DeadLetterReason),
-    /// The request is processing and owns a slot: publish (or re-publish) its build,
-    /// deduplicated downstream by request id, then acknowledge. If publishing fails,
-    /// retry the message: the request keeps its slot and the redelivery republishes.
+    /// The request owns a slot and this delivery recorded a publication of its
+    /// build: publish it with `generation`, then acknowledge. Every generation is
+    /// answered to exactly one delivery; a duplicate delivery of a live publication
+    /// is acked (or held until the build's first heartbeat) instead. If publishing fails, withdraw the publication
+    /// (`decide_withdraw`) and retry the message: the redelivery publishes the next
+    /// generation.
     Publish {
         /// The admitted request.
         request: Request,
         /// Its strategy and base.
         plan: BuildPlan,
+        /// The generation this publication carries: the build heartbeats with it.
+        generation: Generation,
     },
     /// A non-retryable error: route the message to the dead-letter step.
     Error(AdmissionError),
@@ -213,6 +240,23 @@ pub enum QueueWrite {
     },
     /// Heartbeat: an owner's slot lease runs again from now.
     Heartbeat,
+    /// Process: a publication of the owner's build is recorded (the next
+    /// generation, published now). Only the delivery that applies it publishes.
+    Publish {
+        /// The owner.
+        id: RequestId,
+        /// The generation it publishes.
+        generation: Generation,
+    },
+    /// Withdraw: a publication whose publish failed is forgotten (its generation
+    /// stays spent), so the next delivery publishes again at once.
+    Withdraw,
+    /// Reconcile: an owner whose lease ran out is marked expiring, covering every
+    /// heartbeat before the mark; its request is failed next.
+    MarkExpiring {
+        /// The owner.
+        id: RequestId,
+    },
     /// The queue's slot limit is set (0 pauses it).
     SetLimit,
     /// Migration: processing requests admitted under an anonymous count join the owners.

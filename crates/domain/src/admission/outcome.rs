@@ -1,13 +1,15 @@
-//! The build outcome and dead-letter steps. A build outcome releases the slot by
-//! id, then writes the terminal state, then records a succeeded request as the
-//! queue's last green; a dead letter writes `failed` first (its fence), then
-//! releases.
+//! The build outcome and dead-letter steps. Both write the terminal state first
+//! (the fence), then release the slot by id; an outcome then records a succeeded
+//! request as the queue's last green.
 //!
-//! For an outcome, releasing first matters: once a request is terminal, nothing but
-//! reconcile looks at it again, so a crash between a terminal write and a later
-//! release would hold the slot until the next reconcile. A crash between the release and the terminal
-//! write instead leaves a processing request without a slot; the redelivered
-//! message finds its id absent (a no-op release) and writes the terminal state.
+//! Terminal first matters: while a request is processing it must own its slot. If
+//! the slot were released first, a process delivery holding an older "accepted"
+//! read of the request would find exactly the state of a head never admitted,
+//! claim a fresh slot and publish the ended build again. With the terminal state
+//! written first, such a claim lands on a terminal request, whose next decision
+//! releases it. A crash between the terminal write and the release leaves a
+//! terminal owner, which the redelivered message releases, and which every
+//! reconcile (one runs before every closed-gate decision) prunes.
 //!
 //! The green record comes last and is decided from the stored state alone: a
 //! redelivered outcome for a request already stored as succeeded records the green
@@ -52,16 +54,15 @@ impl BuildOutcome {
 /// as loaded now (request first).
 ///
 /// - request missing, or still accepted (no build was admitted): [`Reply::Ack`];
+/// - processing: write the terminal state of `outcome` (a compare-and-set on the
+///   request);
 /// - terminal: the first terminal writer won; release its id if it still owns a
-///   slot (normally absent); else, if it is stored as succeeded and newer than the
-///   queue's last green (or there is none), record it as the last green
+///   slot; else, if it is stored as succeeded and newer than the queue's last
+///   green (or there is none), record it as the last green
 ///   ([`QueueWrite::RecordGreen`]); else ack. Superseded, failed and cancelled
-///   requests never move the bookmark, and an older success never moves it back;
-/// - processing and owning a slot: release by id (a queue write);
-/// - processing without a slot (released already, or the queue is missing): write
-///   the terminal state of `outcome`.
+///   requests never move the bookmark, and an older success never moves it back.
 ///
-/// So a succeeded outcome runs release, terminal write, green record, ack; each
+/// So a succeeded outcome runs terminal write, release, green record, ack; each
 /// step is re-decided from a fresh read, so a crash between any two of them heals
 /// on redelivery.
 pub fn decide_outcome(
@@ -78,14 +79,11 @@ pub fn decide_outcome(
     let owned = queue.filter(|q| q.owners.contains_key(&request.id));
     match request.state {
         RequestState::Accepted => reply(Reply::Ack),
-        RequestState::Processing => match owned {
-            Some(queue) => release(queue, &request.id),
-            None => write_request(
-                request,
-                RequestWrite::Finish(outcome.state()),
-                outcome.state(),
-            ),
-        },
+        RequestState::Processing => write_request(
+            request,
+            RequestWrite::Finish(outcome.state()),
+            outcome.state(),
+        ),
         RequestState::Succeeded => match (owned, queue) {
             (Some(queue), _) => release(queue, &request.id),
             (None, Some(queue)) => record_green(request, queue),

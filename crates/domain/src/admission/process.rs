@@ -6,24 +6,28 @@
 #![allow(clippy::result_large_err)]
 
 use super::heartbeat::refresh;
-use super::reconcile::prune_decision;
+use super::reconcile::{mark_expiring, prune_decision};
 use super::{
     AdmissionConfig, AncestryAnswer, AncestryFact, DeadLetterReason, Decision, LoadedRequests,
     Need, QueueWrite, Reply, RequestWrite, RetryReason, Write, check_pair, inconsistent, is_head,
     release, reply, write_queue, write_request,
 };
 use crate::request::{
-    BuildPlan, BuildStrategy, Queue, Request, RequestId, RequestState, Slot, Version,
+    BuildPlan, BuildStrategy, Generation, Queue, Request, RequestId, RequestState, Slot, Version,
 };
 use crate::timestamp::Timestamp;
+use std::time::Duration;
 
 /// What one delivery of a process message remembers between its own decisions:
-/// the fence it wrote, if any. Start each delivery with a fresh memo, and call
-/// [`ProcessMemo::record_applied`] after every write that was applied. A crash loses
-/// the memo, which is safe: the redelivery fences again.
+/// the fence it wrote and the publication it recorded, if any. Start each delivery
+/// with a fresh memo, and call [`ProcessMemo::record_applied`] after every write
+/// that was applied. A crash loses the memo, which is safe: the redelivery fences
+/// again, and a publication it recorded but never published goes quiet and is
+/// published again with the next generation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessMemo {
     fenced: Option<(RequestId, Version)>,
+    published: Option<(RequestId, Generation)>,
 }
 
 impl ProcessMemo {
@@ -34,14 +38,25 @@ impl ProcessMemo {
 
     /// Records a write that the store applied.
     pub fn record_applied(&mut self, write: &Write) {
-        if let Write::Request {
-            kind: RequestWrite::Fence,
-            request,
-            ..
-        } = write
-        {
-            self.fenced = Some((request.id.clone(), request.version));
+        match write {
+            Write::Request {
+                kind: RequestWrite::Fence,
+                request,
+                ..
+            } => self.fenced = Some((request.id.clone(), request.version)),
+            Write::Queue {
+                kind: QueueWrite::Publish { id, generation },
+                ..
+            } => self.published = Some((id.clone(), *generation)),
+            _ => {}
         }
+    }
+
+    /// Whether this delivery recorded the publication of `generation` of `id`.
+    fn published(&self, id: &RequestId, generation: Generation) -> bool {
+        self.published
+            .as_ref()
+            .is_some_and(|(mine, g)| mine == id && *g == generation)
     }
 
     /// Whether this delivery fenced `request` (loaded accepted and not the head) at
@@ -74,8 +89,10 @@ pub struct ProcessInput<'a> {
     /// Its queue as loaded now.
     pub queue: Option<&'a Queue>,
     /// Requests of slot owners loaded on a [`Need::Requests`]; may be stale, since a
-    /// terminal or missing request stays so. Reload them in each iteration or keep
-    /// them, either is safe.
+    /// terminal or missing request stays so. Keep them across iterations, but
+    /// replace an owner's copy after a request write to it applied, and drop it
+    /// after one conflicted: a stale copy would make the same compare-and-set
+    /// conflict every round.
     pub owners: &'a LoadedRequests,
     /// The ancestry answer obtained on a [`Need::Ancestry`], if any.
     pub ancestry: Option<&'a AncestryFact>,
@@ -93,16 +110,28 @@ pub struct ProcessInput<'a> {
 ///    [`Reply::DeadLetter`];
 /// 2. terminal: release its id if it still owns a slot (a lost mark race against
 ///    a terminal writer), else ack;
-/// 3. processing: owning a slot -> [`Reply::Publish`] (resume or republish, also
-///    when a newer head exists: processing requests are never superseded); without
-///    a slot -> ack (its slot was released by an outcome or dead-letter chain,
-///    which writes its terminal state);
+/// 3. processing without a slot -> ack (its slot was released by an outcome or
+///    dead-letter chain, which writes its terminal state); owning one (also when
+///    a newer head exists: processing requests are never superseded):
+///    - a slot whose lease ran out is expired as reconcile does (marked, then the
+///      request failed, then released on the next delivery or reconcile);
+///    - a publication this delivery recorded -> [`Reply::Publish`] with its
+///      generation;
+///    - a live publication (published or heartbeated within `resume_after`):
+///      a duplicate delivery publishes nothing. It acks once the build
+///      heartbeated since its publication; before that it holds until the
+///      publication would go quiet (the delivery that recorded it may have died
+///      before handing it over: then this message publishes the next generation);
+///    - nothing published, or a publication gone quiet -> record the next
+///      generation ([`QueueWrite::Publish`], a compare-and-set on the queue, so
+///      exactly one delivery publishes each generation);
 /// 4. accepted and older than the latest head: owning a slot -> fence, then
 ///    release, then supersede (release before supersede); else supersede. This
 ///    happens even with the gate closed;
 /// 5. accepted head owning a slot (a crash between claim and mark): resume,
-///    without the gate: refresh its slot's heartbeat if its lease ran out, mark
-///    processing with the plan, then publish;
+///    without the gate: refresh its slot's heartbeat if its lease ran out (unless
+///    a reconcile marked it expiring: then fail it), mark processing with the
+///    plan, then publish as in 3;
 /// 6. accepted head without a slot: gate on |owners| < the queue's limit
 ///    ([`Queue::limit`]; 0 pauses the queue: [`Reply::Hold`] with `paused`).
 ///    Closed -> reconcile first ([`super::decide_reconcile`]: expire owners whose
@@ -135,24 +164,75 @@ pub fn decide_process(config: &AdmissionConfig, input: &ProcessInput<'_>) -> Dec
     if let Err(decision) = check_pair(request, queue) {
         return decision;
     }
-    let owned = queue.owners.contains_key(&request.id);
-    match request.state {
-        RequestState::Processing => {
-            if !owned {
-                return reply(Reply::Ack);
-            }
-            match &request.plan {
-                Some(plan) => reply(Reply::Publish {
-                    request: request.clone(),
-                    plan: plan.clone(),
-                }),
-                None => inconsistent(&request.id, "processing without a build plan"),
-            }
-        }
-        RequestState::Accepted => accepted(config, input, request, queue, owned),
-        _ if owned => release(queue, &request.id),
-        _ => reply(Reply::Ack),
+    let slot = queue.owners.get(&request.id);
+    match (request.state, slot) {
+        (RequestState::Processing, None) => reply(Reply::Ack),
+        (RequestState::Processing, Some(slot)) => processing(config, input, request, queue, slot),
+        (RequestState::Accepted, _) => accepted(config, input, request, queue, slot),
+        (_, Some(_)) => release(queue, &request.id),
+        (_, None) => reply(Reply::Ack),
     }
+}
+
+/// Step 3 for a processing owner: expire, publish, or ack a duplicate.
+fn processing(
+    config: &AdmissionConfig,
+    input: &ProcessInput<'_>,
+    request: &Request,
+    queue: &Queue,
+    slot: &Slot,
+) -> Decision {
+    let Some(plan) = &request.plan else {
+        return inconsistent(&request.id, "processing without a build plan");
+    };
+    if slot.expiring {
+        return write_request(request, RequestWrite::Expire, RequestState::Failed);
+    }
+    if slot.expired(config.slot_lease, input.now) {
+        return mark_expiring(queue, &request.id);
+    }
+    if input.memo.published(&request.id, slot.generation) {
+        return reply(Reply::Publish {
+            request: request.clone(),
+            plan: plan.clone(),
+            generation: slot.generation,
+        });
+    }
+    if slot.quiet(config.resume_after, input.now) {
+        return publish(queue, &request.id, input.now);
+    }
+    if slot.confirmed() {
+        return reply(Reply::Ack);
+    }
+    // Published, but no heartbeat since: the delivery that recorded it may have
+    // died before handing it over. This message comes back when the publication
+    // would go quiet, and publishes the next generation unless the build
+    // heartbeated by then: any at-least-once source recovers the build, not only
+    // one that scans for quiet owners.
+    let due = slot.resume_due(config.resume_after);
+    reply(Reply::Hold {
+        delay: Duration::from_millis(due.as_millis().saturating_sub(input.now.as_millis()).max(1)),
+        paused: false,
+    })
+}
+
+/// The publication write: the next generation of `id`'s build, published `now`.
+fn publish(queue: &Queue, id: &RequestId, now: Timestamp) -> Decision {
+    let mut next = queue.clone();
+    let Some(slot) = next.owners.get_mut(id) else {
+        return inconsistent(id, "publishing without a slot");
+    };
+    slot.generation = slot.generation.next();
+    slot.published_at = Some(now);
+    let generation = slot.generation;
+    write_queue(
+        QueueWrite::Publish {
+            id: id.clone(),
+            generation,
+        },
+        queue,
+        next,
+    )
 }
 
 fn accepted(
@@ -160,8 +240,9 @@ fn accepted(
     input: &ProcessInput<'_>,
     request: &Request,
     queue: &Queue,
-    owned: bool,
+    slot: Option<&Slot>,
 ) -> Decision {
+    let owned = slot.is_some();
     let head = match is_head(&request.id, queue) {
         Ok(head) => head,
         Err(decision) => return decision,
@@ -175,15 +256,15 @@ fn accepted(
         }
         return write_request(request, RequestWrite::Fence, RequestState::Accepted);
     }
-    if owned {
+    if let Some(slot) = slot {
+        // A reconcile found the lease run out first: it is failed, not resumed.
+        if slot.expiring {
+            return write_request(request, RequestWrite::Expire, RequestState::Failed);
+        }
         // A claim older than the slot lease (its worker crashed before the mark,
         // and the message came back late): the lease runs again from now before
         // the build is published, or the next reconcile would fail it at once.
-        if queue
-            .owners
-            .get(&request.id)
-            .is_some_and(|slot| slot.expired(config.slot_lease, input.now))
-        {
+        if slot.expired(config.slot_lease, input.now) {
             return refresh(queue, &request.id, input.now);
         }
         return match plan(request, queue, input.ancestry) {

@@ -46,11 +46,14 @@ pub enum PrunedWhy {
 /// `Ok(None)` if every owner is live and within its lease, or the decision to load
 /// the owners not in `loaded` first.
 ///
-/// A live owner whose lease ran out is failed first ([`RequestWrite::Expire`], a
-/// compare-and-set on the request, so a delivery that read it before cannot mark
-/// it processing afterwards); the prune that follows removes it with the other
-/// terminal owners. A crash between the two leaves a terminal owner, which the
-/// next reconcile prunes.
+/// A live owner whose lease ran out is marked expiring first
+/// ([`QueueWrite::MarkExpiring`], a compare-and-set on the queue: a heartbeat that
+/// landed after the queue was read makes it conflict, and every heartbeat after it
+/// finds the mark and is told the lease ran out), then failed
+/// ([`RequestWrite::Expire`], a compare-and-set on the request, so a delivery that
+/// read it before cannot mark it processing afterwards); the prune that follows
+/// removes it with the other terminal owners. A crash between any two leaves a
+/// marked or terminal owner, which the next reconcile carries on with.
 pub(super) fn prune_decision(
     queue: &Queue,
     loaded: &LoadedRequests,
@@ -85,12 +88,15 @@ pub(super) fn prune_decision(
     {
         match loaded.get(id) {
             Some(Some(owner)) if !owner.state.is_terminal() => {
-                if slot.expired(lease, now) {
+                if slot.expiring {
                     return Ok(Some(write_request(
                         owner,
                         RequestWrite::Expire,
                         RequestState::Failed,
                     )));
+                }
+                if slot.expired(lease, now) {
+                    return Ok(Some(mark_expiring(queue, id)));
                 }
             }
             Some(Some(owner)) => pruned.push(Pruned {
@@ -116,9 +122,35 @@ pub(super) fn prune_decision(
     Ok(Some(write_queue(QueueWrite::Prune { pruned }, queue, next)))
 }
 
+/// The mark that starts an expiry: the slot of `id` in `queue` is expiring.
+pub(super) fn mark_expiring(queue: &Queue, id: &RequestId) -> Decision {
+    let mut next = queue.clone();
+    if let Some(slot) = next.owners.get_mut(id) {
+        slot.expiring = true;
+    }
+    write_queue(QueueWrite::MarkExpiring { id: id.clone() }, queue, next)
+}
+
+/// The owners of `queue` a delivery should process at `now`: those neither
+/// published nor heartbeated within `resume_after` (an owner never published
+/// counts from its claim), to publish their build again, and those a reconcile
+/// marked expiring, to finish failing them. What a delivery source redelivers,
+/// beside the accepted requests, so that a build lost with its worker restarts
+/// after `resume_after` and an interrupted expiry completes.
+pub fn quiet_owners(queue: &Queue, resume_after: Duration, now: Timestamp) -> Vec<RequestId> {
+    queue
+        .owners
+        .iter()
+        .filter(|(id, slot)| {
+            id.queue() == &queue.name && (slot.expiring || now >= slot.resume_due(resume_after))
+        })
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
 /// Decides a reconcile pass over `queue` at `now` with slot lease `lease`: asks
 /// for the owners' requests not in `owners`, fails live owners whose lease ran out
-/// (one write each), then prunes the owners whose request is terminal or missing
+/// (a mark and a failure each), then prunes the owners whose request is terminal or missing
 /// (and, at once, owners that are another queue's requests), or acks when all are
 /// live and within their lease. The process step runs the same rule before every
 /// closed-gate decision, so a missed release or a lost build outcome heals itself.
@@ -140,7 +172,8 @@ pub fn decide_reconcile(
 /// Decides the migration of `queue` from an anonymous in-flight count: every
 /// processing request of the queue among `requests` (for example all of the
 /// queue's requests from `list_requests`) joins the owners. Acks when none is
-/// missing; the added owners' slot leases start at `now`. Run it with the old
+/// missing; the added owners' slot leases start at `now`, and their running
+/// builds count as published at `now` with [`crate::request::Generation::NONE`]. Run it with the old
 /// binaries stopped: old and new code must never gate at once on different
 /// representations.
 pub fn decide_backfill(queue: &Queue, requests: &[Request], now: Timestamp) -> Decision {
@@ -157,9 +190,16 @@ pub fn decide_backfill(queue: &Queue, requests: &[Request], now: Timestamp) -> D
         return reply(Reply::Ack);
     }
     let mut next = queue.clone();
-    // Their claim time is unknown: their slot lease starts now.
-    next.owners
-        .extend(added.iter().map(|id| (id.clone(), Slot::claimed(now))));
+    // Their claim time is unknown: their slot lease starts now. Their builds run
+    // already: they count as published now, without a generation (the one their
+    // heartbeats carry), and are published again only once they go quiet.
+    next.owners.extend(added.iter().map(|id| {
+        let slot = Slot {
+            published_at: Some(now),
+            ..Slot::claimed(now)
+        };
+        (id.clone(), slot)
+    }));
     write_queue(QueueWrite::Backfill { added }, queue, next)
 }
 
@@ -243,8 +283,51 @@ mod tests {
         assert_eq!(next.owners.into_keys().collect::<Vec<_>>(), vec![live]);
     }
 
+    /// Quiet owners are those without a publication or heartbeat within
+    /// `resume_after` (counted from the claim before the first publication), and
+    /// marked ones at once; never another queue's.
+    #[test]
+    fn quiet_owners_are_due_resume_after_their_last_sign_of_life() {
+        let mut queue = Queue::new(name("main"));
+        let ids: Vec<RequestId> = (1..=4).map(|n| RequestId::new(name("main"), n)).collect();
+        let resume = Duration::from_secs(10);
+        // 1: claimed at 0, never published; 2: published at 5; 3: published at 0,
+        // heartbeat at 8; 4: quiet but marked expiring.
+        queue.owners.insert(ids[0].clone(), Slot::claimed(at(0)));
+        for (id, published, heartbeat, expiring) in [
+            (&ids[1], 5, 0, false),
+            (&ids[2], 0, 8, false),
+            (&ids[3], 0, 0, true),
+        ] {
+            queue.owners.insert(
+                id.clone(),
+                Slot {
+                    heartbeat_at: at(heartbeat),
+                    generation: crate::request::Generation(1),
+                    published_at: Some(at(published)),
+                    expiring,
+                    ..Slot::claimed(at(0))
+                },
+            );
+        }
+        queue
+            .owners
+            .insert(RequestId::new(name("other"), 1), Slot::claimed(at(0)));
+        assert_eq!(quiet_owners(&queue, resume, at(9)), vec![ids[3].clone()]);
+        assert_eq!(
+            quiet_owners(&queue, resume, at(10)),
+            vec![ids[0].clone(), ids[3].clone()]
+        );
+        assert_eq!(
+            quiet_owners(&queue, resume, at(15)),
+            vec![ids[0].clone(), ids[1].clone(), ids[3].clone()]
+        );
+        assert_eq!(quiet_owners(&queue, resume, at(18)), ids.clone());
+    }
+
     /// An owner is expired exactly when no heartbeat came within the lease: first
-    /// failed with `slot_lease_expired` on the version read, then pruned as terminal.
+    /// marked expiring on the queue version read, then failed with
+    /// `slot_lease_expired` on the request version read, then pruned as terminal.
     #[test]
     fn an_owner_without_a_heartbeat_for_the_lease_is_failed_then_pruned() {
         let mut queue = Queue::new(name("main"));
@@ -255,8 +338,8 @@ mod tests {
         queue.owners.insert(
             old.clone(),
             Slot {
-                claimed_at: at(0),
                 heartbeat_at: at(30),
+                ..Slot::claimed(at(0))
             },
         );
         queue.owners.insert(fresh.clone(), Slot::claimed(at(60)));
@@ -270,6 +353,18 @@ mod tests {
             decide_reconcile(&queue, &loaded, LEASE, just_before),
             Decision::Reply(Reply::Ack)
         );
+        // First the mark, a compare-and-set on the queue that covers heartbeats.
+        let Decision::Write(Write::Queue {
+            kind,
+            queue: marked,
+            ..
+        }) = decide_reconcile(&queue, &loaded, LEASE, at(90))
+        else {
+            panic!("a mark write");
+        };
+        assert_eq!(kind, QueueWrite::MarkExpiring { id: old.clone() });
+        assert!(marked.owners[&old].expiring && !marked.owners[&fresh].expiring);
+        let queue = marked;
         let Decision::Write(Write::Request {
             kind,
             expected,

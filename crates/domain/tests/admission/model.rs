@@ -1,23 +1,54 @@
 //! The model harness: an in-memory versioned store that executes admission
-//! decisions like the app does (load the request, then the queue, decide, attempt
-//! one compare-and-set, reload), with injectable faults, and checks the invariants
-//! of `docs/admission.md` after every step.
+//! decisions like the app does (read "now" once when a step starts; load the
+//! request, then the queue, decide, attempt one compare-and-set, reload), with
+//! injectable faults, and checks the invariants of `docs/admission.md` after every
+//! step.
 //!
 //! The harness is generic over a [`Design`], so the same scripts run against the
 //! owner-keyed rules of `holdfast_domain::admission` and against the old
 //! anonymous-count design (the oracle in `oracle.rs`). Slot ownership is tracked by
 //! a ghost map (who claimed, who released), which is what makes the invariants
 //! checkable for a design that does not record owners.
+//!
+//! The harness is also the build system: every [`Reply::Publish`] starts a build of
+//! (request, generation), which runs until it finishes (its outcome message is
+//! queued), dies (it stops without a word) or is told to stop by a heartbeat. A
+//! ghost record of every publication and of the live builds checks the
+//! publication invariants of issue 25:
+//!
+//! - no (request, generation) is published twice, and a delivery publishes only
+//!   the generation its own publication write recorded;
+//! - at most one live generation per request beyond one heartbeat: a heartbeat of
+//!   generation g that starts after a newer generation was recorded is never told
+//!   "extended" (the older build stops at it);
+//! - a build told "extended until T" is never expired before T, and a heartbeat
+//!   is never told "extended" past an expiry (the heartbeat/expiry race);
+//! - never more distinct requests with a live build than slots, not counting
+//!   builds the store already stopped and that hear it at their next heartbeat;
+//! - at quiescence, every request that was marked processing had a generation
+//!   published, unless a dead letter or its lease expiry failed it first;
+//! - no wedge: a request is never held by its own slot, except a duplicate
+//!   process delivery of an owner whose publication is unconfirmed (no
+//!   heartbeat since it), held exactly until the publication would go quiet.
+//!   Such a message is redelivered after its delay (as a source keeps a hold's
+//!   delay; a gate hold comes back at the next wake-up, at once in the model),
+//!   and a hold is never a failed attempt.
+//!
+//! The clock only moves when a test or [`World::drain`] moves it; a delivery reads
+//! it when it starts, so a delivery started before a move decides with the time
+//! before it, as a slow step (or a replica whose clock lags) does.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
 
 use holdfast_domain::admission::{
-    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, LoadedRequests, Need,
-    ProcessMemo, QueueWrite, Reply, RequestWrite, Write, decide_ingest,
+    AdmissionConfig, AncestryAnswer, AncestryFact, BuildOutcome, Decision, Heartbeat,
+    LoadedRequests, Need, ProcessMemo, QueueWrite, Reply, RequestWrite, Write, decide_ingest,
+    quiet_owners,
 };
 use holdfast_domain::{
-    FailReason, LastGreen, Queue, QueueName, Request, RequestId, RequestState, RevisionUri, Slot,
-    Timestamp, Version,
+    FailReason, Generation, LastGreen, Queue, QueueName, Request, RequestId, RequestState,
+    RevisionUri, Slot, Timestamp, Version,
 };
 
 /// The name of the one queue of the model.
@@ -56,16 +87,18 @@ pub enum Msg {
     DeadLetter(RequestId),
     /// Prune the owners (owner-keyed design only).
     Reconcile,
-    /// The running build of the request is alive (owner-keyed design only).
-    Heartbeat(RequestId),
+    /// The running build of the request, of the generation it was published
+    /// with, is alive (owner-keyed design only).
+    Heartbeat(RequestId, Generation),
 }
 
 impl Msg {
     fn subject(&self) -> Option<&RequestId> {
         match self {
-            Msg::Process(id) | Msg::Outcome(id, _) | Msg::DeadLetter(id) | Msg::Heartbeat(id) => {
-                Some(id)
-            }
+            Msg::Process(id)
+            | Msg::Outcome(id, _)
+            | Msg::DeadLetter(id)
+            | Msg::Heartbeat(id, _) => Some(id),
             Msg::Ingest(_) | Msg::Reconcile => None,
         }
     }
@@ -151,9 +184,33 @@ pub trait Design {
     fn dead_letter(&self, view: &View<'_>) -> Act;
     /// Decides a reconcile pass.
     fn reconcile(&self, cfg: &AdmissionConfig, view: &View<'_>) -> Act;
-    /// Decides a heartbeat; a design without slot leases has nothing to extend.
-    fn heartbeat(&self, _cfg: &AdmissionConfig, _view: &View<'_>) -> Act {
+    /// Decides a heartbeat of `generation`; a design without slot leases has
+    /// nothing to extend.
+    fn heartbeat(&self, _cfg: &AdmissionConfig, _generation: Generation, _view: &View<'_>) -> Act {
         Act::Reply(Reply::Ack)
+    }
+    /// What a heartbeat of `generation` tells its build, from the records its last
+    /// decision read. A design without slot leases never stops a build.
+    fn heartbeat_answer(
+        &self,
+        _cfg: &AdmissionConfig,
+        _generation: Generation,
+        _view: &View<'_>,
+    ) -> Heartbeat {
+        Heartbeat::Extended {
+            expires_at: Timestamp(u64::MAX),
+        }
+    }
+    /// Decides withdrawing the publication of `generation` after its publish
+    /// failed; a design without publication records has nothing to withdraw.
+    fn withdraw(&self, _generation: Generation, _view: &View<'_>) -> Act {
+        Act::Reply(Reply::Ack)
+    }
+    /// Whether the design records each publication (a generation written before
+    /// the publish). The old design publishes every delivery of a processing
+    /// request, without a record, as generation 1.
+    fn records_publications(&self) -> bool {
+        false
     }
     /// How many slots are taken.
     fn occupancy(&self, row: &QueueRow) -> usize;
@@ -179,6 +236,9 @@ fn queue_label(kind: &QueueWrite) -> &'static str {
         QueueWrite::Backfill { .. } => "backfill",
         QueueWrite::RecordGreen => "green",
         QueueWrite::Heartbeat => "heartbeat",
+        QueueWrite::Publish { .. } => "publish",
+        QueueWrite::Withdraw => "withdraw",
+        QueueWrite::MarkExpiring { .. } => "mark-expiring",
         QueueWrite::SetLimit => "limit",
     }
 }
@@ -289,16 +349,47 @@ impl Design for OwnerKeyed {
         }
     }
 
-    fn heartbeat(&self, cfg: &AdmissionConfig, view: &View<'_>) -> Act {
+    fn heartbeat(&self, cfg: &AdmissionConfig, generation: Generation, view: &View<'_>) -> Act {
         act(
             holdfast_domain::admission::decide_heartbeat(
                 view.request,
                 view.row.map(|r| &r.queue),
+                generation,
                 cfg.slot_lease,
                 view.now,
             ),
             view.row,
         )
+    }
+
+    fn heartbeat_answer(
+        &self,
+        cfg: &AdmissionConfig,
+        generation: Generation,
+        view: &View<'_>,
+    ) -> Heartbeat {
+        holdfast_domain::admission::heartbeat_answer(
+            view.request,
+            view.row.map(|r| &r.queue),
+            generation,
+            cfg.slot_lease,
+            view.now,
+        )
+    }
+
+    fn withdraw(&self, generation: Generation, view: &View<'_>) -> Act {
+        act(
+            holdfast_domain::admission::decide_withdraw(
+                view.request,
+                view.row.map(|r| &r.queue),
+                generation,
+            ),
+            view.row,
+        )
+    }
+
+    fn records_publications(&self) -> bool {
+        true
     }
 
     fn occupancy(&self, row: &QueueRow) -> usize {
@@ -336,8 +427,17 @@ pub enum Fault {
     FailBeforeWrite,
     /// The store writes, then reports an error; the delivery retries.
     CommitThenError,
-    /// Publishing the build fails; the delivery retries.
+    /// Publishing the build fails; the delivery withdraws the publication (as
+    /// the app does), then retries.
     PublishFails,
+    /// Publishing reports an error although the build was handed over (it runs
+    /// and may heartbeat): the delivery withdraws the publication as after
+    /// [`Fault::PublishFails`], then retries.
+    PublishAmbiguous,
+    /// The store writes, then the worker dies before it answers anything: the
+    /// message comes back unanswered, as after a crash. After a publication
+    /// write, this is the worker that died between recording and publishing.
+    DieAfterWrite,
 }
 
 /// How a delivery ended.
@@ -347,8 +447,13 @@ pub enum End {
     Reply(Reply),
     /// A store operation failed (injected): the message is retried.
     StoreError,
-    /// Publishing failed (injected): the message is retried.
+    /// Publishing failed (injected): the publication was withdrawn (or the
+    /// withdrawal ended without a write) and the message is retried.
     PublishFailed,
+    /// A heartbeat ended: what it told its build.
+    Heartbeat(Heartbeat),
+    /// The worker died (injected): the message is back in the inbox.
+    Died,
 }
 
 /// What one step did.
@@ -363,6 +468,8 @@ pub enum StepResult {
         /// Whether it was applied.
         applied: bool,
     },
+    /// Publishing the build failed (injected); the delivery withdraws it next.
+    PublishFailed,
     /// The delivery ended.
     Ended(End),
 }
@@ -382,6 +489,12 @@ pub struct Pending {
     pub msg: Msg,
     /// Failed attempts so far (holds do not count).
     pub attempts: u32,
+    /// Not redelivered before this time: the delay of a hold that waits for a
+    /// build's first heartbeat. `None`: at once (a gate hold ends at the earliest
+    /// wake-up, when any slot changes). Only [`World::drain`] and
+    /// [`World::deliver_due`] wait for it; a delivery started by hand is an early
+    /// redelivery, as an at-least-once source may make.
+    pub due: Option<Timestamp>,
 }
 
 #[derive(Debug)]
@@ -397,6 +510,16 @@ struct Delivery {
     memo: ProcessMemo,
     applied: Vec<&'static str>,
     fault: Option<(&'static str, Fault)>,
+    /// The time this step read when it started; every decision of the delivery
+    /// uses it, as the app reads its clock once per step.
+    now: Timestamp,
+    /// The generation whose publish failed, once the delivery withdraws it.
+    withdrawing: Option<Generation>,
+    /// The generation this delivery's applied publication write recorded.
+    recorded: Option<Generation>,
+    /// The newest generation of the subject recorded when the delivery started:
+    /// a heartbeat of an older one that starts after it must be told to stop.
+    newest_at_start: Generation,
     /// Whether the subject owned a slot (ghost) when this delivery last read the
     /// queue: a hold decided on such a read is a wedge; one decided on a read from
     /// before the claim is only stale (the redelivery resumes).
@@ -429,10 +552,19 @@ pub struct World<D> {
     pub inbox: VecDeque<Pending>,
     active: BTreeMap<u64, Delivery>,
     next_delivery: u64,
-    /// Builds published and still running.
-    pub builds: BTreeSet<RequestId>,
-    /// Every publish, in order.
-    pub published: Vec<RequestId>,
+    /// The live builds: published, and not finished, dead or told to stop.
+    pub builds: BTreeMap<(RequestId, Generation), Build>,
+    /// Every publication, in order.
+    pub published: Vec<(RequestId, Generation)>,
+    /// Every heartbeat answer, in order: the build's request and generation, and
+    /// what it was told.
+    pub answers: Vec<(RequestId, Generation, Heartbeat)>,
+    /// The newest generation recorded (a publication write applied) per request.
+    recorded: BTreeMap<RequestId, Generation>,
+    /// Every request ever marked processing (admitted).
+    marked: BTreeSet<RequestId>,
+    /// When each request's slot was marked expiring (the delivery's "now").
+    expired_at: BTreeMap<RequestId, Timestamp>,
     /// What the ancestry source answers, by descendant uri (default: ancestor).
     pub ancestry: BTreeMap<RevisionUri, AncestryAnswer>,
     ghost: BTreeMap<RequestId, u32>,
@@ -449,9 +581,22 @@ pub struct World<D> {
     /// Whether [`World::drain`] ends the newest running build first (default: the
     /// oldest), so that builds succeed out of request order.
     pub finish_newest_first: bool,
-    /// The model clock: what every delivery passes as "now".
+    /// Whether the delivery source scans for quiet owners (default: yes). Without
+    /// it, only redelivered messages recover a publication lost before its
+    /// handover, as with a message broker, and [`World::drain`] fails on an owner
+    /// whose build was never handed over and that no message covers.
+    pub scans: bool,
+    /// The model clock: what a delivery reads as "now" when it starts.
     pub now: Timestamp,
     progress: u64,
+}
+
+/// A live build, as the build system knows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Build {
+    /// Until when its last heartbeat told it the slot is its own ("extended
+    /// until"); `None` before its first heartbeat.
+    pub extended_until: Option<Timestamp>,
 }
 
 /// Steps after which one delivery is considered livelocked.
@@ -473,8 +618,12 @@ impl<D: Design> World<D> {
             inbox: VecDeque::new(),
             active: BTreeMap::new(),
             next_delivery: 1,
-            builds: BTreeSet::new(),
+            builds: BTreeMap::new(),
             published: Vec::new(),
+            answers: Vec::new(),
+            recorded: BTreeMap::new(),
+            marked: BTreeSet::new(),
+            expired_at: BTreeMap::new(),
             ancestry: BTreeMap::new(),
             ghost: BTreeMap::new(),
             tolerated: BTreeSet::new(),
@@ -483,6 +632,7 @@ impl<D: Design> World<D> {
             trace: Vec::new(),
             holds: 0,
             finish_newest_first: false,
+            scans: true,
             now: Timestamp::from_millis(0),
             progress: 0,
         }
@@ -545,15 +695,11 @@ impl<D: Design> World<D> {
         let Some(row) = self.store.queue.as_mut() else {
             return;
         };
-        if !terminal
-            || row
-                .queue
-                .owners
-                .insert(id.clone(), Slot::claimed(self.now))
-                .is_some()
-        {
+        // An owner already (a terminal request not released yet) stays as it is.
+        if !terminal || row.queue.owners.contains_key(id) {
             return;
         }
+        row.queue.owners.insert(id.clone(), Slot::claimed(self.now));
         row.queue.version = row.queue.version.next();
         *self.ghost.entry(id.clone()).or_default() += 1;
         self.tolerated.insert(id.clone());
@@ -597,7 +743,11 @@ impl<D: Design> World<D> {
 
     /// Starts a delivery of `msg` (not taken from the inbox).
     pub fn start(&mut self, msg: Msg) -> u64 {
-        self.start_pending(Pending { msg, attempts: 0 })
+        self.start_pending(Pending {
+            msg,
+            attempts: 0,
+            due: None,
+        })
     }
 
     /// Starts the delivery of the first inbox message equal to `msg`, or of a new
@@ -626,6 +776,10 @@ impl<D: Design> World<D> {
             Msg::Reconcile => (Phase::LoadQueue, None),
             other => (Phase::LoadRequest, other.subject().cloned()),
         };
+        let newest_at_start = subject
+            .as_ref()
+            .and_then(|id| self.recorded.get(id).copied())
+            .unwrap_or(Generation::NONE);
         self.active.insert(
             id,
             Delivery {
@@ -640,6 +794,10 @@ impl<D: Design> World<D> {
                 memo: ProcessMemo::new(),
                 applied: Vec::new(),
                 fault: None,
+                now: self.now,
+                withdrawing: None,
+                recorded: None,
+                newest_at_start,
                 owned_at_load: false,
             },
         );
@@ -671,6 +829,7 @@ impl<D: Design> World<D> {
             self.inbox.push_back(Pending {
                 msg: d.msg,
                 attempts: d.attempts,
+                due: None,
             });
             self.check_state();
         }
@@ -700,13 +859,113 @@ impl<D: Design> World<D> {
         self.deliver(Msg::Process(id.clone()))
     }
 
-    /// Ends the running build of `id` with `outcome`: its outcome message is queued.
+    /// Ends the newest live build of `id` with `outcome`: its outcome message is
+    /// queued (also when no build of `id` is live: a build the model stopped
+    /// tracking, as a late outcome).
     pub fn finish_build(&mut self, id: &RequestId, outcome: BuildOutcome) {
-        self.builds.remove(id);
+        if let Some(g) = self.live(id).last().copied() {
+            self.builds.remove(&(id.clone(), g));
+        }
         self.inbox.push_back(Pending {
             msg: Msg::Outcome(id.clone(), outcome),
             attempts: 0,
+            due: None,
         });
+    }
+
+    /// Ends the live build of `id` of generation `generation` with `outcome`.
+    pub fn finish_generation(
+        &mut self,
+        id: &RequestId,
+        generation: Generation,
+        outcome: BuildOutcome,
+    ) {
+        self.builds.remove(&(id.clone(), generation));
+        self.inbox.push_back(Pending {
+            msg: Msg::Outcome(id.clone(), outcome),
+            attempts: 0,
+            due: None,
+        });
+    }
+
+    /// The generations of `id`'s live builds, oldest first.
+    pub fn live(&self, id: &RequestId) -> Vec<Generation> {
+        self.builds
+            .keys()
+            .filter(|(r, _)| r == id)
+            .map(|(_, g)| *g)
+            .collect()
+    }
+
+    /// The generations of `id` published so far, in order.
+    pub fn generations(&self, id: &RequestId) -> Vec<Generation> {
+        self.published
+            .iter()
+            .filter(|(r, _)| r == id)
+            .map(|(_, g)| *g)
+            .collect()
+    }
+
+    /// The live builds of `id` ended; the caller delivers their outcome message
+    /// (or none: a lost outcome).
+    pub fn builds_ended(&mut self, id: &RequestId) {
+        self.builds.retain(|(r, _), _| r != id);
+    }
+
+    /// Every live build of `id` dies (its runner crashed): no outcome, no
+    /// heartbeat, ever.
+    pub fn kill_builds(&mut self, id: &RequestId) {
+        for g in self.live(id) {
+            self.kill_build(id, g);
+        }
+    }
+
+    /// The live build of `id` of generation `generation` dies.
+    pub fn kill_build(&mut self, id: &RequestId, generation: Generation) {
+        if self.builds.remove(&(id.clone(), generation)).is_some() {
+            self.trace
+                .push(format!("build {} g{generation}: died", id.seq()));
+        }
+    }
+
+    /// Delivers a heartbeat of `id`'s build of `generation` to its end and
+    /// returns what it was told.
+    pub fn heartbeat(&mut self, id: &RequestId, generation: Generation) -> Heartbeat {
+        match self.deliver(Msg::Heartbeat(id.clone(), generation)) {
+            End::Heartbeat(answer) => answer,
+            other => panic!("heartbeat ended with {other:?}: {:#?}", self.trace),
+        }
+    }
+
+    /// Moves the model clock forward by `by`.
+    pub fn tick(&mut self, by: Duration) {
+        let millis = u64::try_from(by.as_millis()).unwrap();
+        self.now = Timestamp::from_millis(self.now.as_millis() + millis);
+    }
+
+    /// The scan of the reference delivery source: a process message for every
+    /// slot owner whose publication went quiet (`quiet_owners`), unless one is
+    /// pending already. Returns the owners it redelivered.
+    pub fn scan(&mut self) -> Vec<RequestId> {
+        let Some(row) = &self.store.queue else {
+            return Vec::new();
+        };
+        let quiet: Vec<RequestId> = quiet_owners(&row.queue, self.cfg.resume_after, self.now)
+            .into_iter()
+            .filter(|id| !self.pending_for(id, |m| matches!(m, Msg::Process(_))))
+            .collect();
+        if !quiet.is_empty() {
+            let seqs: Vec<String> = quiet.iter().map(|id| id.seq().to_string()).collect();
+            self.trace.push(format!("scan: quiet {}", seqs.join(",")));
+        }
+        for id in &quiet {
+            self.inbox.push_back(Pending {
+                msg: Msg::Process(id.clone()),
+                attempts: 0,
+                due: None,
+            });
+        }
+        quiet
     }
 
     /// Runs a delivery to its end.
@@ -853,22 +1112,25 @@ impl<D: Design> World<D> {
                 owners: &d.owners,
                 ancestry: d.ancestry.as_ref(),
                 memo: &d.memo,
-                now: self.now,
+                now: d.now,
                 applied: &d.applied,
             };
-            let act = match &d.msg {
-                Msg::Ingest(_) => match d.request.as_ref() {
+            let act = match (&d.msg, d.withdrawing) {
+                (_, Some(generation)) => self.design.withdraw(generation, &view),
+                (Msg::Ingest(_), None) => match d.request.as_ref() {
                     Some(request) => act(
                         decide_ingest(&self.cfg, request, d.row.as_ref().map(|r| &r.queue)),
                         d.row.as_ref(),
                     ),
                     None => Act::Reply(Reply::Ack),
                 },
-                Msg::Process(id) => self.design.process(&self.cfg, id, &view),
-                Msg::Outcome(_, outcome) => self.design.outcome(&view, *outcome),
-                Msg::DeadLetter(_) => self.design.dead_letter(&view),
-                Msg::Reconcile => self.design.reconcile(&self.cfg, &view),
-                Msg::Heartbeat(_) => self.design.heartbeat(&self.cfg, &view),
+                (Msg::Process(id), None) => self.design.process(&self.cfg, id, &view),
+                (Msg::Outcome(_, outcome), None) => self.design.outcome(&view, *outcome),
+                (Msg::DeadLetter(_), None) => self.design.dead_letter(&view),
+                (Msg::Reconcile, None) => self.design.reconcile(&self.cfg, &view),
+                (Msg::Heartbeat(_, generation), None) => {
+                    self.design.heartbeat(&self.cfg, *generation, &view)
+                }
             };
             match act {
                 Act::Need(Need::Requests(ids)) => {
@@ -892,52 +1154,27 @@ impl<D: Design> World<D> {
                         answer,
                     });
                 }
-                Act::Reply(Reply::Publish { request, plan }) => {
-                    if let Some(("publish", Fault::PublishFails)) = d.fault {
-                        d.fault = None;
-                        return StepResult::Ended(End::PublishFailed);
-                    }
-                    if request.plan.as_ref() != Some(&plan) {
-                        self.violations.push(format!(
-                            "publish of {} with a plan other than the stored one",
-                            request.id
-                        ));
-                    }
-                    // Decided on the delivery's last read: the slot may have been
-                    // released since (a republish racing its outcome), never before.
-                    if !d.owned_at_load {
-                        self.violations.push(format!(
-                            "publish only for a slot owner: {} published without a slot",
-                            request.id
-                        ));
-                    }
-                    self.builds.insert(request.id.clone());
-                    self.published.push(request.id.clone());
-                    let running = self
-                        .builds
-                        .iter()
-                        .filter(|id| {
-                            self.store
-                                .requests
-                                .get(*id)
-                                .is_some_and(|r| !r.state.is_terminal())
-                        })
-                        .count();
-                    if !self.max_lowered && running > self.capacity() {
-                        self.violations.push(format!(
-                            "capacity: {running} builds running, max {}",
-                            self.capacity()
-                        ));
-                    }
-                    self.trace
-                        .push(format!("#{delivery} publish {}", request.id));
-                    return StepResult::Ended(End::Reply(Reply::Publish { request, plan }));
+                Act::Reply(Reply::Publish {
+                    request,
+                    plan,
+                    generation,
+                }) => return self.publish(delivery, d, request, plan, generation),
+                Act::Reply(Reply::Ack) if d.withdrawing.is_some() => {
+                    return StepResult::Ended(End::PublishFailed);
+                }
+                Act::Reply(Reply::Ack) if matches!(d.msg, Msg::Heartbeat(..)) => {
+                    let Msg::Heartbeat(id, generation) = d.msg.clone() else {
+                        unreachable!()
+                    };
+                    let answer = self.design.heartbeat_answer(&self.cfg, generation, &view);
+                    self.heard(&id, generation, answer, d);
+                    return StepResult::Ended(End::Heartbeat(answer));
                 }
                 Act::Reply(reply) => return StepResult::Ended(End::Reply(reply)),
                 Act::Write(write) => {
                     let fault = match d.fault {
                         Some((label, fault))
-                            if fault != Fault::PublishFails
+                            if !matches!(fault, Fault::PublishFails | Fault::PublishAmbiguous)
                                 && (label == "*" || label == write.label) =>
                         {
                             d.fault = None;
@@ -955,6 +1192,13 @@ impl<D: Design> World<D> {
                         d.applied.push(write.label);
                         if let Some(domain) = &write.domain {
                             d.memo.record_applied(domain);
+                            if let Write::Queue {
+                                kind: QueueWrite::Publish { generation, .. },
+                                ..
+                            } = domain
+                            {
+                                d.recorded = Some(*generation);
+                            }
                         }
                         // Loaded owners stay current, as the app keeps them.
                         if let Target::Request { request, .. } = &write.target
@@ -962,9 +1206,17 @@ impl<D: Design> World<D> {
                         {
                             *owner = Some(request.clone());
                         }
+                    } else if let Target::Request { request, .. } = &write.target {
+                        // A request that moved on under the delivery is read again,
+                        // as the app does: a kept copy would make the same
+                        // compare-and-set (an expiry decided from it after the
+                        // mark) fail every round.
+                        d.owners.remove(&request.id);
                     }
-                    if fault == Some(Fault::CommitThenError) {
-                        return StepResult::Ended(End::StoreError);
+                    match fault {
+                        Some(Fault::CommitThenError) => return StepResult::Ended(End::StoreError),
+                        Some(Fault::DieAfterWrite) => return StepResult::Ended(End::Died),
+                        _ => {}
                     }
                     d.phase = Phase::LoadRequest;
                     d.row = None;
@@ -981,6 +1233,123 @@ impl<D: Design> World<D> {
         StepResult::Ended(End::StoreError)
     }
 
+    /// The build system receives a publication: checks it, and starts the build
+    /// of (request, generation) unless the publish fails (injected), in which case
+    /// the delivery goes on to withdraw it. An ambiguous failure starts the build
+    /// and withdraws all the same.
+    fn publish(
+        &mut self,
+        delivery: u64,
+        d: &mut Delivery,
+        request: Request,
+        plan: holdfast_domain::BuildPlan,
+        generation: Generation,
+    ) -> StepResult {
+        let id = request.id.clone();
+        let failed = match d.fault {
+            Some(("publish", fault @ (Fault::PublishFails | Fault::PublishAmbiguous))) => {
+                d.fault = None;
+                Some(fault)
+            }
+            _ => None,
+        };
+        if failed == Some(Fault::PublishFails) {
+            self.trace.push(format!(
+                "#{delivery} {}: publish g{generation} failed",
+                who(d)
+            ));
+            return Self::withdraw_next(d, generation);
+        }
+        if request.plan.as_ref() != Some(&plan) {
+            self.violations.push(format!(
+                "publish of {id} with a plan other than the stored one"
+            ));
+        }
+        // Decided on the delivery's last read: the slot may have been released
+        // since (a republish racing its outcome), never before.
+        if !d.owned_at_load {
+            self.violations.push(format!(
+                "publish only for a slot owner: {id} published without a slot"
+            ));
+        }
+        if self.published.contains(&(id.clone(), generation)) {
+            self.violations.push(format!(
+                "each generation is published once: {id} generation {generation} published again"
+            ));
+        }
+        if self.design.records_publications() && d.recorded != Some(generation) {
+            self.violations.push(format!(
+                "a delivery publishes what it recorded: {id} generation {generation} published by a delivery that recorded {:?}",
+                d.recorded
+            ));
+        }
+        self.builds
+            .insert((id.clone(), generation), Build::default());
+        self.published.push((id.clone(), generation));
+        self.trace
+            .push(format!("#{delivery} publish {id} g{generation}"));
+        if failed == Some(Fault::PublishAmbiguous) {
+            self.trace.push(format!(
+                "#{delivery} {}: publish g{generation} reported failed, handed over",
+                who(d)
+            ));
+            return Self::withdraw_next(d, generation);
+        }
+        StepResult::Ended(End::Reply(Reply::Publish {
+            request,
+            plan,
+            generation,
+        }))
+    }
+
+    /// After a failed publish of `generation`: the delivery withdraws it next.
+    fn withdraw_next(d: &mut Delivery, generation: Generation) -> StepResult {
+        d.withdrawing = Some(generation);
+        d.phase = Phase::LoadRequest;
+        d.row = None;
+        d.request = None;
+        StepResult::PublishFailed
+    }
+
+    /// A build heard the answer of its heartbeat delivery `d`: it keeps running
+    /// when extended, else it stops.
+    ///
+    /// "At most one live generation beyond one heartbeat": a heartbeat that
+    /// started after a newer generation was recorded is never told extended. (One
+    /// that read the queue just before the newer generation was recorded may still
+    /// be; its build then runs on until its next heartbeat.)
+    fn heard(&mut self, id: &RequestId, generation: Generation, answer: Heartbeat, d: &Delivery) {
+        let now = d.now;
+        self.answers.push((id.clone(), generation, answer));
+        let key = (id.clone(), generation);
+        match answer {
+            Heartbeat::Extended { expires_at } => {
+                let newest = d.newest_at_start;
+                if newest > generation {
+                    self.violations.push(format!(
+                        "one live generation: {id} generation {generation} was told extended by a heartbeat that started after generation {newest} was recorded"
+                    ));
+                }
+                if let Some(&marked) = self.expired_at.get(id)
+                    && marked < expires_at
+                {
+                    self.violations.push(format!(
+                        "heartbeat vs expiry: {id} generation {generation} was told extended until {expires_at} (at {now}) after its lease was marked expired at {marked}"
+                    ));
+                }
+                if let Some(build) = self.builds.get_mut(&key) {
+                    build.extended_until = Some(expires_at);
+                }
+            }
+            _ => {
+                if self.builds.remove(&key).is_some() {
+                    self.trace
+                        .push(format!("build {} g{generation}: stops", id.seq()));
+                }
+            }
+        }
+    }
+
     fn apply(&mut self, delivery: u64, d: &Delivery, write: &HWrite) -> bool {
         let actor = d.subject.clone();
         let applied = match &write.target {
@@ -994,6 +1363,7 @@ impl<D: Design> World<D> {
                     let mut after = row.clone();
                     after.queue.version = expected.next();
                     self.check_queue_write(&current, &after, actor.as_ref(), write.label);
+                    self.check_slots(&current, &after, write.label, d.now);
                     self.store.queue = Some(after);
                     true
                 }
@@ -1006,6 +1376,10 @@ impl<D: Design> World<D> {
                         self.check_request_write(&current, &after);
                         if write.label == "mark" {
                             self.check_mark(&after);
+                            self.marked.insert(after.id.clone());
+                        }
+                        if write.label == "expire" {
+                            self.check_expiry(&after.id, d.now);
                         }
                         self.store.requests.insert(after.id.clone(), after);
                         true
@@ -1035,11 +1409,25 @@ impl<D: Design> World<D> {
         let Some(row) = self.store.queue.as_ref() else {
             return " [no queue]".to_owned();
         };
+        // An owner shows its generation once published (`1g2`), a withdrawn
+        // publication (`1g2-`) and an expiring slot (`1g2!`).
         let owners: Vec<String> = row
             .queue
             .owners
-            .keys()
-            .map(|i| i.seq().to_string())
+            .iter()
+            .map(|(i, slot)| {
+                let mut text = i.seq().to_string();
+                if slot.generation > Generation::NONE {
+                    text.push_str(&format!("g{}", slot.generation));
+                    if slot.published_at.is_none() {
+                        text.push('-');
+                    }
+                }
+                if slot.expiring {
+                    text.push('!');
+                }
+                text
+            })
             .collect();
         let states: Vec<String> = self
             .store
@@ -1126,6 +1514,63 @@ impl<D: Design> World<D> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The publication and expiry rules of a queue write, slot by slot:
+    /// generations only grow within a slot, by one and only by a publication
+    /// write (a new slot starts unpublished); a slot is marked expiring only by
+    /// the mark, and the mark never lands before a lease its build was told
+    /// extended ends.
+    fn check_slots(&mut self, before: &QueueRow, after: &QueueRow, label: &str, now: Timestamp) {
+        for (id, slot) in &after.queue.owners {
+            let (generation, expiring) = before
+                .queue
+                .owners
+                .get(id)
+                .map_or((Generation::NONE, false), |b| (b.generation, b.expiring));
+            if slot.generation != generation {
+                let by_publish = label == "publish" && slot.generation == generation.next();
+                if !by_publish {
+                    self.violations.push(format!(
+                        "generations grow by one publication: {id} went from {generation} to {} by {label}",
+                        slot.generation
+                    ));
+                }
+                self.recorded.insert(id.clone(), slot.generation);
+            }
+            if slot.expiring && !expiring {
+                if label != "mark-expiring" {
+                    self.violations.push(format!(
+                        "only the mark marks a slot expiring: {id} by {label}"
+                    ));
+                }
+                self.check_expiry(id, now);
+            }
+            if !slot.expiring && expiring {
+                self.violations.push(format!(
+                    "a slot marked expiring stays marked: {id} by {label}"
+                ));
+            }
+        }
+    }
+
+    /// The heartbeat/expiry race: `id`'s lease is marked expired (or the request
+    /// failed by its lease) at `now`, the deciding delivery's time; no build of it
+    /// may have been told its lease runs beyond that. The expiry is decided by the
+    /// mark: a failure that follows it (possibly by a delivery whose step started
+    /// before the mark, with an earlier "now") is checked at the mark's time.
+    fn check_expiry(&mut self, id: &RequestId, now: Timestamp) {
+        let now = *self.expired_at.entry(id.clone()).or_insert(now);
+        for ((r, g), build) in &self.builds {
+            if r == id
+                && let Some(until) = build.extended_until
+                && until > now
+            {
+                self.violations.push(format!(
+                    "heartbeat vs expiry: {id} generation {g} was told extended until {until} but its lease was expired at {now}"
+                ));
             }
         }
     }
@@ -1251,10 +1696,13 @@ impl<D: Design> World<D> {
                 Some(r) if r.state.is_terminal() => {
                     // An expired owner is failed first and pruned by the next write
                     // of the same pass (or, after a crash, by the next reconcile);
-                    // a dead letter fails first and releases next.
+                    // an outcome or a dead letter writes the terminal state first
+                    // and releases next (a redelivery after a crash too); a process
+                    // delivery that claimed for it meanwhile releases on reload.
                     let expired = r.reason == Some(FailReason::SlotLeaseExpired);
-                    let releasing =
-                        self.pending_for(id, |m| matches!(m, Msg::Process(_) | Msg::DeadLetter(_)));
+                    let releasing = self.pending_for(id, |m| {
+                        matches!(m, Msg::Process(_) | Msg::Outcome(..) | Msg::DeadLetter(_))
+                    });
                     if !expired && !releasing {
                         found.push(format!(
                             "terminal and superseded own no slot: {id} is {} and owns a slot",
@@ -1265,19 +1713,44 @@ impl<D: Design> World<D> {
                 Some(_) => {}
             }
         }
+        // Without exception: an outcome and a dead letter both write the terminal
+        // state before they release, so no step frees the slot of a processing
+        // request (a stale claim would otherwise admit it a second time).
         for r in self.store.requests.values() {
             if r.state == RequestState::Processing
                 && self.ghost.get(&r.id).copied().unwrap_or(0) == 0
                 && !self.tolerated.contains(&r.id)
-                && !self.pending_for(&r.id, |m| {
-                    matches!(m, Msg::Outcome(..) | Msg::DeadLetter(_))
-                })
             {
                 found.push(format!(
                     "processing implies owner: {} is processing without a slot",
                     r.id
                 ));
             }
+        }
+        // Never more distinct requests with a live build than slots. Not counted:
+        // builds the store already stopped, which hear it at their next heartbeat
+        // (never "extended": checked where they hear it): builds of a terminal
+        // request (an outcome of another of its builds, a dead letter or an
+        // expiry ended it). Older generations of a request count once with the
+        // newest.
+        let running: BTreeSet<&RequestId> = self
+            .builds
+            .keys()
+            .map(|(id, _)| id)
+            .filter(|id| {
+                self.store
+                    .requests
+                    .get(*id)
+                    .is_some_and(|r| !r.state.is_terminal())
+                    && !self.tolerated.contains(*id)
+            })
+            .collect();
+        if !self.max_lowered && running.len() > self.capacity() {
+            found.push(format!(
+                "capacity: {} requests have a live build, max {}",
+                running.len(),
+                self.capacity()
+            ));
         }
         for f in found {
             if !self.violations.contains(&f) {
@@ -1286,12 +1759,54 @@ impl<D: Design> World<D> {
         }
     }
 
+    /// A hold of the subject of `d`, which owned its slot on the delivery's last
+    /// read, is legitimate only while its build is unconfirmed: the request was
+    /// read processing, its slot published with no heartbeat since, and the hold
+    /// lasts exactly until the publication would go quiet (`resume_after` after
+    /// it), so that the redelivery finds it confirmed and acks, or quiet and
+    /// publishes the next generation (a delivery that recorded it may have died
+    /// before handing it over). Returns when the message is due again, or `None`
+    /// for any other hold of an owner: a wedge.
+    fn unconfirmed_hold(&self, d: &Delivery, delay: Duration, paused: bool) -> Option<Timestamp> {
+        let id = d.subject.as_ref()?;
+        let request = d.request.as_ref()?;
+        let slot = d.row.as_ref()?.queue.owners.get(id)?;
+        let published = slot.published_at?;
+        let millis = |t: Duration| u64::try_from(t.as_millis()).unwrap();
+        let due = Timestamp::from_millis(d.now.as_millis() + millis(delay));
+        let quiet_at =
+            Timestamp::from_millis(published.as_millis() + millis(self.cfg.resume_after));
+        let unconfirmed = matches!(d.msg, Msg::Process(_))
+            && !paused
+            && request.state == RequestState::Processing
+            && slot.heartbeat_at <= published
+            && due == quiet_at;
+        unconfirmed.then_some(due)
+    }
+
     fn finish(&mut self, delivery: u64, d: Delivery, end: End) {
+        let owned = d
+            .subject
+            .as_ref()
+            .is_some_and(|id| d.owned_at_load && self.ghost.get(id).copied().unwrap_or(0) > 0);
+        let unconfirmed = match &end {
+            End::Reply(Reply::Hold { delay, paused }) if owned => {
+                self.unconfirmed_hold(&d, *delay, *paused)
+            }
+            _ => None,
+        };
         let line = match &end {
             End::Reply(Reply::Publish { .. }) => None,
+            End::Reply(reply) if unconfirmed.is_some() => Some(format!(
+                "#{delivery} {}: {} (unconfirmed)",
+                who(&d),
+                short(reply)
+            )),
             End::Reply(reply) => Some(format!("#{delivery} {}: {}", who(&d), short(reply))),
             End::StoreError => Some(format!("#{delivery} {}: store error", who(&d))),
-            End::PublishFailed => Some(format!("#{delivery} {}: publish failed", who(&d))),
+            End::PublishFailed => Some(format!("#{delivery} {}: publish failed, retry", who(&d))),
+            End::Heartbeat(answer) => Some(format!("#{delivery} {}: {}", who(&d), told(answer))),
+            End::Died => Some(format!("#{delivery} {}: worker died", who(&d))),
         };
         self.trace.extend(line);
         let retry = |w: &mut Self, d: Delivery| {
@@ -1302,40 +1817,55 @@ impl<D: Design> World<D> {
                 (true, Some(id)) => w.inbox.push_back(Pending {
                     msg: Msg::DeadLetter(id),
                     attempts: 0,
+                    due: None,
                 }),
                 _ => w.inbox.push_back(Pending {
                     msg: d.msg,
                     attempts,
+                    due: None,
                 }),
             }
         };
         match end {
-            End::Reply(Reply::Ack) | End::Reply(Reply::Publish { .. }) => {
+            End::Reply(Reply::Ack) | End::Reply(Reply::Publish { .. }) | End::Heartbeat(_) => {
                 self.progress += 1;
                 if let (Msg::Ingest(_), Some(id)) = (&d.msg, &d.subject) {
                     self.inbox.push_back(Pending {
                         msg: Msg::Process(id.clone()),
                         attempts: 0,
+                        due: None,
                     });
                 }
             }
             End::Reply(Reply::Hold { .. }) => {
                 self.holds += 1;
                 if let Some(id) = &d.subject
-                    && d.owned_at_load
-                    && self.ghost.get(id).copied().unwrap_or(0) > 0
+                    && owned
+                    && unconfirmed.is_none()
                 {
                     self.violations
                         .push(format!("no wedge: {id} is held by its own slot"));
                 }
+                // Redelivered after the delay when it waits for a heartbeat (as
+                // the source keeps a hold's delay), at the next wake-up otherwise;
+                // never a failed attempt.
                 self.inbox.push_back(Pending {
                     msg: d.msg,
                     attempts: d.attempts,
+                    due: unconfirmed,
                 });
             }
             End::Reply(Reply::Retry(_)) | End::StoreError | End::PublishFailed => {
                 self.progress += 1;
                 retry(self, d);
+            }
+            End::Died => {
+                self.progress += 1;
+                self.inbox.push_back(Pending {
+                    msg: d.msg,
+                    attempts: d.attempts,
+                    due: None,
+                });
             }
             End::Reply(Reply::DeadLetter(_) | Reply::Error(_)) => {
                 self.progress += 1;
@@ -1345,49 +1875,182 @@ impl<D: Design> World<D> {
                     self.inbox.push_back(Pending {
                         msg: Msg::DeadLetter(id),
                         attempts: 0,
+                        due: None,
                     });
                 }
             }
         }
     }
 
-    /// Delivers everything, finishing running builds (succeeded, one at a time, in
-    /// the order [`World::finish_newest_first`] sets) when nothing else moves, until
-    /// the world is quiet. Fails on a wedge: messages remain that can
-    /// only hold.
+    /// Delivers everything due, finishing live builds (succeeded, one at a time,
+    /// in the order [`World::finish_newest_first`] sets) when nothing else moves,
+    /// and when no build is left either, moving the clock to the next time
+    /// something is due (an owner's `resume_after`, or a held message's delay) and
+    /// scanning for quiet owners (with a reconcile pass), until the world is
+    /// quiet. Then checks that every admitted request was published. Fails on a
+    /// wedge: messages remain that can only hold; and, without
+    /// [`World::scans`], on an unconfirmed owner that nothing covers any more.
     pub fn drain(&mut self) -> Result<(), String> {
         for _ in 0..2_000 {
             while let Some(&id) = self.active.keys().next() {
                 self.run(id);
             }
-            if self.inbox.is_empty() && self.builds.is_empty() {
+            let owners = self
+                .store
+                .queue
+                .as_ref()
+                .map_or(0, |r| r.queue.owners.len());
+            if self.inbox.is_empty() && self.builds.is_empty() && owners == 0 {
+                self.check_quiescent();
                 return Ok(());
             }
             let before = self.progress;
-            for _ in 0..self.inbox.len() {
-                if let Some(id) = self.start_inbox(0) {
-                    self.run(id);
+            self.deliver_due();
+            if self.progress != before {
+                continue;
+            }
+            let next = if self.finish_newest_first {
+                self.builds.keys().next_back()
+            } else {
+                self.builds.keys().next()
+            };
+            if let Some((id, g)) = next.cloned() {
+                self.finish_generation(&id, g, BuildOutcome::Succeeded);
+                continue;
+            }
+            if owners == 0 && self.inbox.iter().all(|p| p.due.is_none()) {
+                return Err(format!(
+                    "wedge: only holds remain ({} messages) with {} slots taken",
+                    self.inbox.len(),
+                    self.design.occupancy(self.row())
+                ));
+            }
+            if !self.scans && self.inbox.is_empty() {
+                let lost = self.unconfirmed_owners();
+                if !lost.is_empty() {
+                    return Err(format!(
+                        "lost: owners {lost:?} have no build and no message, and no scan finds them"
+                    ));
                 }
             }
-            if self.progress == before {
-                let next = if self.finish_newest_first {
-                    self.builds.iter().next_back()
-                } else {
-                    self.builds.iter().next()
-                };
-                match next.cloned() {
-                    Some(id) => self.finish_build(&id, BuildOutcome::Succeeded),
-                    None => {
-                        return Err(format!(
-                            "wedge: only holds remain ({} messages) with {} slots taken",
-                            self.inbox.len(),
-                            self.design.occupancy(self.row())
-                        ));
-                    }
-                }
-            }
+            self.resume_quiet();
         }
         Err("drain did not converge".to_owned())
+    }
+
+    /// Delivers, in inbox order, every message that is due (one pass: what the
+    /// deliveries queue waits for the next pass), and returns how each ended.
+    /// Messages held until later stay in the inbox, as a source keeps a hold's
+    /// delay.
+    pub fn deliver_due(&mut self) -> Vec<End> {
+        let mut ends = Vec::new();
+        for _ in 0..self.inbox.len() {
+            let Some(pending) = self.inbox.pop_front() else {
+                break;
+            };
+            if pending.due.is_some_and(|due| due > self.now) {
+                self.inbox.push_back(pending);
+                continue;
+            }
+            let delivery = self.start_pending(pending);
+            ends.push(self.run(delivery));
+        }
+        ends
+    }
+
+    /// Nothing moves, no build runs, and slots are owned (or messages are held
+    /// until later): their publications were lost (a worker or build died), or
+    /// held messages wait for them. Moves the clock to the earliest time an owner
+    /// without a pending process message goes quiet (without scans: its lease
+    /// runs out) or a held message is due (not back), scans (if the source does),
+    /// and queues a reconcile pass for owners that are marked expiring, expired or
+    /// terminal. An owner with a pending process message is left to it: the scan
+    /// would not redeliver it.
+    fn resume_quiet(&mut self) {
+        let owners_due: Vec<Timestamp> = self.store.queue.as_ref().map_or(Vec::new(), |row| {
+            row.queue
+                .owners
+                .iter()
+                .filter(|(id, slot)| {
+                    !slot.expiring && !self.pending_for(id, |m| matches!(m, Msg::Process(_)))
+                })
+                .map(|(_, slot)| {
+                    if self.scans {
+                        slot.resume_due(self.cfg.resume_after)
+                    } else {
+                        slot.expires_at(self.cfg.slot_lease)
+                    }
+                })
+                .collect()
+        });
+        let held = self.inbox.iter().filter_map(|p| p.due);
+        let due = owners_due.into_iter().chain(held).min();
+        if let Some(due) = due
+            && due > self.now
+        {
+            self.now = due;
+            self.trace.push(format!("clock {due}"));
+        }
+        if self.scans {
+            self.scan();
+        }
+        self.inbox.push_back(Pending {
+            msg: Msg::Reconcile,
+            attempts: 0,
+            due: None,
+        });
+    }
+
+    /// The owners (by sequence number) of a live request whose build was never
+    /// handed over (nothing published, or no heartbeat since the publication),
+    /// and whose slot is neither marked expiring nor past its lease: only a
+    /// process message publishes it. (A build that stops after its handover is
+    /// found by a scan, or failed by its lease.)
+    fn unconfirmed_owners(&self) -> Vec<u64> {
+        self.store.queue.as_ref().map_or(Vec::new(), |row| {
+            row.queue
+                .owners
+                .iter()
+                .filter(|(id, slot)| {
+                    !slot.expiring
+                        && !slot.expired(self.cfg.slot_lease, self.now)
+                        && slot
+                            .published_at
+                            .is_none_or(|published| slot.heartbeat_at <= published)
+                        && self
+                            .store
+                            .requests
+                            .get(*id)
+                            .is_some_and(|r| !r.state.is_terminal())
+                })
+                .map(|(id, _)| id.seq())
+                .collect()
+        })
+    }
+
+    /// At quiescence: every request that was marked processing had at least one
+    /// generation published, unless a dead letter or its lease expiry failed it
+    /// before any publication could happen.
+    fn check_quiescent(&mut self) {
+        for id in &self.marked {
+            if self.published.iter().any(|(r, _)| r == id) {
+                continue;
+            }
+            let request = self.store.requests.get(id);
+            let failed_first = request.is_some_and(|r| {
+                r.state == RequestState::Failed
+                    && matches!(
+                        r.reason,
+                        Some(FailReason::DeadLettered | FailReason::SlotLeaseExpired)
+                    )
+            });
+            if !failed_first {
+                let state = request.map_or("missing".to_owned(), |r| r.state.to_string());
+                self.violations.push(format!(
+                    "every admitted request is published: {id} was marked processing and is {state} without a publication"
+                ));
+            }
+        }
     }
 
     /// After a drain: no slot is taken and every request is terminal.
@@ -1413,11 +2076,25 @@ fn who(d: &Delivery) -> String {
         Msg::Outcome(..) => "outcome",
         Msg::DeadLetter(_) => "dead-letter",
         Msg::Reconcile => "reconcile",
-        Msg::Heartbeat(_) => "heartbeat",
+        Msg::Heartbeat(..) => "heartbeat",
     };
-    match &d.subject {
-        Some(id) => format!("{kind} {}", id.seq()),
-        None => kind.to_owned(),
+    match (&d.msg, &d.subject) {
+        (Msg::Heartbeat(_, g), Some(id)) => format!("{kind} {} g{g}", id.seq()),
+        (_, Some(id)) => format!("{kind} {}", id.seq()),
+        (_, None) => kind.to_owned(),
+    }
+}
+
+/// A heartbeat answer as the trace shows it.
+fn told(answer: &Heartbeat) -> String {
+    match answer {
+        Heartbeat::Extended { expires_at } => format!("extended until {expires_at}"),
+        Heartbeat::NotOwner { state } => match state {
+            Some(state) => format!("not owner ({state})"),
+            None => "not owner (missing)".to_owned(),
+        },
+        Heartbeat::LeaseExpired { expired_at } => format!("lease expired at {expired_at}"),
+        Heartbeat::Stale { current } => format!("stale (current g{current})"),
     }
 }
 

@@ -1,14 +1,16 @@
-//! Random interleavings of ingest, process, outcome, dead letter and reconcile
-//! deliveries with random faults and crashes; every invariant is checked after
-//! every step, and the drained world must end with no owners and every request
-//! terminal.
+//! Random interleavings of ingest, process, outcome, dead letter, reconcile and
+//! heartbeat deliveries with random faults, crashes and duplicates, a clock that
+//! moves (so leases run out and publications go quiet), scans that redeliver quiet
+//! owners (or a source that only redelivers its messages, which must recover a
+//! lost publication by itself), and builds that die; every invariant is checked
+//! after every step, and the drained world must end with no owners, every request
+//! terminal and every admitted request published.
 
 use std::time::Duration;
 
-use holdfast_domain::Timestamp;
 use holdfast_domain::admission::{AdmissionConfig, AncestryAnswer, BuildOutcome};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
+use proptest::test_runner::{FileFailurePersistence, RngAlgorithm};
 
 use crate::admission::model::{Fault, Msg, OwnerKeyed, World, uri};
 
@@ -19,6 +21,9 @@ const URIS: usize = 6;
 enum Op {
     Ingest(usize),
     Start(usize),
+    /// Starts the inbox message at this index and runs it to its end: a worker
+    /// that handles one message alone, so builds start while ops still run.
+    Run(usize),
     Step(usize, Option<Fault>),
     Crash(usize),
     /// Starts a duplicate of a pending or in-flight message; with `true`, runs it
@@ -26,19 +31,31 @@ enum Op {
     Duplicate(usize, bool),
     FinishBuild(usize, BuildOutcome),
     DeadLetter(usize),
-    Reconcile,
+    /// Starts a reconcile pass; with `true`, lets it read the queue at once, so
+    /// that what happens before its next step (a heartbeat) races its decision.
+    Reconcile(bool),
     Leak(usize),
-    /// Heartbeats the running build at this index.
-    Heartbeat(usize),
+    /// Starts a heartbeat of the live build at this index, with the generation it
+    /// was published with; with `true`, runs it to its end at once.
+    Heartbeat(usize, bool),
+    /// The live build at this index dies: no outcome, no heartbeat, ever.
+    KillBuild(usize),
     /// Moves the model clock forward by this many seconds (the slot lease is
-    /// [`LEASE_SECS`]), so owners without a heartbeat expire.
+    /// [`LEASE_SECS`], `resume_after` [`RESUME_SECS`]), so publications without a
+    /// heartbeat go quiet and owners without one expire.
     Tick(u64),
+    /// The delivery source's scan: a process message for every quiet owner.
+    Scan,
     /// Sets the stored slot limit (0 pauses the queue); the drain restores `max`.
     SetLimit(u32),
 }
 
 /// The slot lease of the generated cases, in seconds.
-const LEASE_SECS: u64 = 60;
+const LEASE_SECS: u64 = 40;
+
+/// How long a publication of the generated cases may go without a heartbeat
+/// before it is published again, in seconds.
+const RESUME_SECS: u64 = 20;
 
 fn fault() -> impl Strategy<Value = Option<Fault>> {
     prop_oneof![
@@ -46,6 +63,8 @@ fn fault() -> impl Strategy<Value = Option<Fault>> {
         1 => Just(Some(Fault::FailBeforeWrite)),
         1 => Just(Some(Fault::CommitThenError)),
         3 => Just(Some(Fault::PublishFails)),
+        2 => Just(Some(Fault::PublishAmbiguous)),
+        1 => Just(Some(Fault::DieAfterWrite)),
     ]
 }
 
@@ -61,15 +80,18 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..URIS).prop_map(Op::Ingest),
         4 => any::<usize>().prop_map(Op::Start),
+        3 => any::<usize>().prop_map(Op::Run),
         12 => (any::<usize>(), fault()).prop_map(|(i, f)| Op::Step(i, f)),
         1 => any::<usize>().prop_map(Op::Crash),
         3 => (any::<usize>(), prop::bool::weighted(0.3)).prop_map(|(i, l)| Op::Duplicate(i, l)),
         2 => (any::<usize>(), outcome()).prop_map(|(i, o)| Op::FinishBuild(i, o)),
         1 => any::<usize>().prop_map(Op::DeadLetter),
-        1 => Just(Op::Reconcile),
+        2 => any::<bool>().prop_map(Op::Reconcile),
         2 => any::<usize>().prop_map(Op::Leak),
-        2 => any::<usize>().prop_map(Op::Heartbeat),
-        2 => (0..=60u64).prop_map(Op::Tick),
+        5 => (any::<usize>(), any::<bool>()).prop_map(|(i, run)| Op::Heartbeat(i, run)),
+        1 => any::<usize>().prop_map(Op::KillBuild),
+        3 => (0..=40u64).prop_map(Op::Tick),
+        2 => Just(Op::Scan),
         1 => (0..=3u32).prop_map(Op::SetLimit),
     ]
 }
@@ -80,16 +102,24 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
         Op::Ingest(i) => w.inbox.push_back(crate::admission::model::Pending {
             msg: Msg::Ingest(uri(&format!("rev-{i}"))),
             attempts: 0,
+            due: None,
         }),
         Op::Start(i) => {
             if !w.inbox.is_empty() {
                 w.start_inbox(i % w.inbox.len());
             }
         }
+        Op::Run(i) => {
+            if !w.inbox.is_empty()
+                && let Some(d) = w.start_inbox(i % w.inbox.len())
+            {
+                w.run(d);
+            }
+        }
         Op::Step(i, fault) => {
             if let Some(&d) = active.get(i % active.len().max(1)) {
                 if let Some(fault) = fault {
-                    let label = if fault == Fault::PublishFails {
+                    let label = if matches!(fault, Fault::PublishFails | Fault::PublishAmbiguous) {
                         "publish"
                     } else {
                         "*"
@@ -127,9 +157,9 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
             }
         }
         Op::FinishBuild(i, outcome) => {
-            let builds: Vec<_> = w.builds.iter().cloned().collect();
-            if let Some(id) = builds.get(i % builds.len().max(1)) {
-                w.finish_build(id, outcome);
+            let builds: Vec<_> = w.builds.keys().cloned().collect();
+            if let Some((id, g)) = builds.get(i % builds.len().max(1)) {
+                w.finish_generation(id, *g, outcome);
             }
         }
         Op::DeadLetter(i) => {
@@ -138,8 +168,11 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
                 w.start(Msg::DeadLetter(id.clone()));
             }
         }
-        Op::Reconcile => {
-            w.start(Msg::Reconcile);
+        Op::Reconcile(read) => {
+            let d = w.start(Msg::Reconcile);
+            if read {
+                w.step(d);
+            }
         }
         Op::Leak(i) => {
             let ids: Vec<_> = w
@@ -153,14 +186,24 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
                 w.inject_leak(id);
             }
         }
-        Op::Heartbeat(i) => {
-            let builds: Vec<_> = w.builds.iter().cloned().collect();
-            if let Some(id) = builds.get(i % builds.len().max(1)) {
-                w.start(Msg::Heartbeat(id.clone()));
+        Op::Heartbeat(i, run) => {
+            let builds: Vec<_> = w.builds.keys().cloned().collect();
+            if let Some((id, g)) = builds.get(i % builds.len().max(1)) {
+                let d = w.start(Msg::Heartbeat(id.clone(), *g));
+                if run {
+                    w.run(d);
+                }
             }
         }
-        Op::Tick(secs) => {
-            w.now = Timestamp::from_millis(w.now.as_millis() + secs * 1_000);
+        Op::KillBuild(i) => {
+            let builds: Vec<_> = w.builds.keys().cloned().collect();
+            if let Some((id, g)) = builds.get(i % builds.len().max(1)) {
+                w.kill_build(id, *g);
+            }
+        }
+        Op::Tick(secs) => w.tick(Duration::from_secs(secs)),
+        Op::Scan => {
+            w.scan();
         }
         Op::SetLimit(max) => w.set_max(max),
     }
@@ -168,11 +211,16 @@ fn apply(w: &mut World<OwnerKeyed>, op: Op) {
 
 /// Runs one generated case and returns the world after draining it; `newest_first`
 /// makes the drain end running builds newest first, so older builds succeed after
-/// newer ones (the last green must not move back).
+/// newer ones (the last green must not move back). Without `scans`, the delivery
+/// source only redelivers its messages, as a message broker does: no scan op,
+/// none in the drain, and no build dies (a build that dies after its
+/// publication was handed over is found by a scan, or failed by its lease),
+/// so every lost publication must come back through a held message.
 fn run_case(
     max: u32,
     green: bool,
     newest_first: bool,
+    scans: bool,
     ops: Vec<Op>,
 ) -> (World<OwnerKeyed>, Result<(), String>) {
     let mut w = World::new(
@@ -180,10 +228,12 @@ fn run_case(
         AdmissionConfig {
             max_concurrent: max,
             slot_lease: Duration::from_secs(LEASE_SECS),
+            resume_after: Duration::from_secs(RESUME_SECS),
             ..AdmissionConfig::default()
         },
     );
     w.finish_newest_first = newest_first;
+    w.scans = scans;
     if green {
         w.set_last_green("rev-green");
         w.ancestry.insert(uri("rev-1"), AncestryAnswer::NotAncestor);
@@ -192,6 +242,9 @@ fn run_case(
             .insert(uri("rev-5"), AncestryAnswer::Failed("flaky".into()));
     }
     for op in ops {
+        if !scans && matches!(op, Op::Scan | Op::KillBuild(_)) {
+            continue;
+        }
         apply(&mut w, op);
         if !w.violations.is_empty() {
             return (w, Ok(()));
@@ -206,27 +259,33 @@ fn run_case(
     w.inbox.push_back(crate::admission::model::Pending {
         msg: Msg::Reconcile,
         attempts: 0,
+        due: None,
     });
     let drained = w.drain();
     (w, drained)
 }
 
 /// The generator reaches the paths the invariants guard: a fixed-seed sample of
-/// cases must contain crashes, conflicts, fences, prunes, holds, retries and
-/// dead letters, or the property test above would prove little.
+/// cases must contain crashes, conflicts, fences, prunes, holds, retries, dead
+/// letters, and (issue 25) publications again of a later generation, failed
+/// publications withdrawn (also after an ambiguous failure), quiet owners
+/// scanned, dead builds and workers, stale heartbeats, a mark that races another
+/// write and duplicates held until their build is confirmed, or the property
+/// test below would prove little.
 #[test]
 fn generated_cases_reach_the_guarded_paths() {
     use proptest::strategy::ValueTree;
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    use proptest::test_runner::{Config, TestRng, TestRunner};
 
     let mut runner = TestRunner::new_with_rng(
         Config::default(),
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+        TestRng::from_seed(RngAlgorithm::XorShift, &[7; 16]),
     );
     let strategy = (
         1u32..=3,
         any::<bool>(),
         any::<bool>(),
+        prop::bool::weighted(0.75),
         prop::collection::vec(op(), 50),
     );
     let needles = [
@@ -255,11 +314,34 @@ fn generated_cases_reach_the_guarded_paths() {
         // A pass that freed something, not the one every case ends with.
         "reconcile: prune applied",
         "lockstep",
+        // Publications, heartbeats and expiry (issue 25).
+        ": publish applied",
+        ": publish conflict",
+        ": withdraw applied",
+        ": mark-expiring applied",
+        ": mark-expiring conflict",
+        ": heartbeat conflict",
+        "extended until",
+        "stale (current",
+        "lease expired at",
+        "not owner",
+        "scan: quiet",
+        ": worker died",
+        // A build that died (no outcome, no heartbeat).
+        ": died",
+        // A build published again: a generation after the first.
+        " g2",
+        " g3",
+        // A duplicate held until its build's first heartbeat, and a publish that
+        // failed after handing the build over (withdrawn unless it heartbeated).
+        "(unconfirmed)",
+        "reported failed, handed over",
     ];
     let mut seen = vec![0usize; needles.len()];
-    for _ in 0..400 {
-        let (max, green, newest_first, ops) = strategy.new_tree(&mut runner).unwrap().current();
-        let (w, drained) = run_case(max, green, newest_first, ops);
+    for _ in 0..1_000 {
+        let (max, green, newest_first, scans, ops) =
+            strategy.new_tree(&mut runner).unwrap().current();
+        let (w, drained) = run_case(max, green, newest_first, scans, ops);
         assert!(
             drained.is_ok() && w.violations.is_empty(),
             "{:#?}",
@@ -279,13 +361,13 @@ fn generated_cases_reach_the_guarded_paths() {
         .filter(|(_, n)| **n == 0)
         .map(|(needle, _)| *needle)
         .collect();
-    assert!(missing.is_empty(), "never reached: {missing:?}");
     let report: Vec<String> = needles
         .iter()
         .zip(&seen)
         .map(|(needle, n)| format!("{needle}: {n}"))
         .collect();
     eprintln!("{}", report.join("\n"));
+    assert!(missing.is_empty(), "never reached: {missing:?}");
 }
 
 /// Cases proptest once shrank to a failure, kept as values: a saved seed replays
@@ -328,7 +410,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Crash(11112699534872681491),
                 Op::FinishBuild(0, BuildOutcome::Succeeded),
                 Op::Step(855949420844165618, None),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::Step(4769298714669558845, None),
                 Op::Start(6289346000705349634),
                 Op::Step(16051597172014949391, None),
@@ -336,7 +418,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::FinishBuild(10373471183213152437, BuildOutcome::Failed),
                 Op::Ingest(3),
                 Op::Step(4837404609808104994, None),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::Step(9436166563718124006, Some(Fault::CommitThenError)),
                 Op::Step(4553156780878478397, None),
                 Op::Step(1960261026409708783, None),
@@ -440,7 +522,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Step(2099563812546244808, None),
                 Op::Crash(10146112400175338998),
                 Op::Step(15269467288868779099, Some(Fault::CommitThenError)),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::Crash(9793286270424736337),
                 Op::Leak(5735950816995909752),
                 Op::Step(5412485087821249595, Some(Fault::FailBeforeWrite)),
@@ -545,7 +627,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Crash(4031085691651840145),
                 Op::Step(5877961262855061249, Some(Fault::PublishFails)),
                 Op::Start(14326484333938481289),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::DeadLetter(6250917677908992612),
                 Op::FinishBuild(10135428509144366650, BuildOutcome::Succeeded),
                 Op::Duplicate(17914697252238461443, false),
@@ -679,7 +761,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Crash(5231159544557206978),
                 Op::Start(15998190469091516167),
                 Op::Duplicate(8973532241100192898, true),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::Step(9317856311581912924, None),
                 Op::Duplicate(14382826910343024066, false),
                 Op::FinishBuild(16542124279788970497, BuildOutcome::Failed),
@@ -689,7 +771,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Step(15906037147942073863, None),
                 Op::Duplicate(7949199600223915123, true),
                 Op::Duplicate(30368876859624120, false),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::FinishBuild(6643893355201674141, BuildOutcome::Cancelled),
             ],
         ),
@@ -710,7 +792,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Ingest(3),
                 Op::Step(8222178416296987623, None),
                 Op::FinishBuild(15688198122137158745, BuildOutcome::Succeeded),
-                Op::Heartbeat(10832605445786899036),
+                Op::Heartbeat(10832605445786899036, false),
                 Op::Leak(5881440517988705062),
                 Op::FinishBuild(465132174314418726, BuildOutcome::Cancelled),
                 Op::Start(16022509182091507372),
@@ -722,10 +804,10 @@ fn saved_failure_cases_drain_clean() {
                 Op::Crash(17984416526180357352),
                 Op::SetLimit(2),
                 Op::Step(12717118540725690162, None),
-                Op::Reconcile,
+                Op::Reconcile(false),
                 Op::FinishBuild(9488576917635658486, BuildOutcome::Failed),
                 Op::Step(12457339723697605059, None),
-                Op::Heartbeat(8581584081299972212),
+                Op::Heartbeat(8581584081299972212, false),
                 Op::FinishBuild(6193407730319259395, BuildOutcome::Succeeded),
                 Op::Start(16355910740533360474),
                 Op::Start(17295599173863507838),
@@ -740,7 +822,7 @@ fn saved_failure_cases_drain_clean() {
                 Op::Step(16111699881474165033, None),
                 Op::Step(4679455925035476458, None),
                 Op::Crash(6895260192384177560),
-                Op::Heartbeat(17222834308977094427),
+                Op::Heartbeat(17222834308977094427, false),
                 Op::Step(1634714950278246598, None),
                 Op::Start(11878525937069688334),
                 Op::Ingest(0),
@@ -752,7 +834,7 @@ fn saved_failure_cases_drain_clean() {
         ),
     ];
     for (n, (max, green, newest_first, ops)) in cases.into_iter().enumerate() {
-        let (w, drained) = run_case(max, green, newest_first, ops);
+        let (w, drained) = run_case(max, green, newest_first, true, ops);
         assert!(drained.is_ok(), "case {n}: {drained:?}\n{:#?}", w.trace);
         assert!(w.violations.is_empty(), "case {n}: {:#?}", w.violations);
         assert!(w.row().queue.owners.is_empty(), "case {n}: {:#?}", w.trace);
@@ -766,6 +848,10 @@ proptest! {
         failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
             "tests/admission/proptests.proptest-regressions",
         ))),
+        // Most of a case's time went to the default ChaCha generator in the
+        // unoptimised test build (every `prop_oneof!` arm before the picked one
+        // forks it); with XorShift the cases themselves dominate again.
+        rng_algorithm: RngAlgorithm::XorShift,
         ..ProptestConfig::default()
     })]
 
@@ -774,9 +860,10 @@ proptest! {
         max in 1u32..=3,
         green in any::<bool>(),
         newest_first in any::<bool>(),
+        scans in prop::bool::weighted(0.75),
         ops in prop::collection::vec(op(), 50),
     ) {
-        let (w, drained) = run_case(max, green, newest_first, ops);
+        let (w, drained) = run_case(max, green, newest_first, scans, ops);
         prop_assert!(drained.is_ok(), "{:?}\n{:#?}", drained, w.trace);
         prop_assert!(w.violations.is_empty(), "{:#?}\n{:#?}", w.violations, w.trace);
         prop_assert!(w.row().queue.owners.is_empty(), "{:#?}", w.trace);

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::{DeadLetterReason, Decision, QueueWrite, Reply, check_pair, reply, write_queue};
+use super::{
+    DeadLetterReason, Decision, QueueWrite, Reply, loaded_pair, reply, write_queue, write_slot,
+};
 use crate::ids::QueueName;
 use crate::request::{Generation, Queue, Request, RequestId, RequestState};
 use crate::timestamp::Timestamp;
@@ -53,12 +55,10 @@ pub fn decide_heartbeat(
     lease: Duration,
     now: Timestamp,
 ) -> Decision {
-    let (Some(request), Some(queue)) = (request, queue) else {
-        return reply(Reply::Ack);
+    let (request, queue) = match loaded_pair(request, queue) {
+        Ok(pair) => pair,
+        Err(decision) => return decision,
     };
-    if let Err(decision) = check_pair(request, queue) {
-        return decision;
-    }
     match queue.owners.get(&request.id) {
         Some(slot)
             if !request.state.is_terminal()
@@ -84,12 +84,10 @@ pub fn decide_withdraw(
     queue: Option<&Queue>,
     generation: Generation,
 ) -> Decision {
-    let (Some(request), Some(queue)) = (request, queue) else {
-        return reply(Reply::Ack);
+    let (request, queue) = match loaded_pair(request, queue) {
+        Ok(pair) => pair,
+        Err(decision) => return decision,
     };
-    if let Err(decision) = check_pair(request, queue) {
-        return decision;
-    }
     match queue.owners.get(&request.id) {
         // A heartbeat since the publication proves it was handed over (the
         // error was ambiguous): nothing to withdraw.
@@ -98,11 +96,9 @@ pub fn decide_withdraw(
                 && slot.published_at.is_some()
                 && !slot.confirmed() =>
         {
-            let mut next = queue.clone();
-            if let Some(slot) = next.owners.get_mut(&request.id) {
+            write_slot(QueueWrite::Withdraw, queue, &request.id, |slot| {
                 slot.published_at = None;
-            }
-            write_queue(QueueWrite::Withdraw, queue, next)
+            })
         }
         _ => reply(Reply::Ack),
     }
@@ -110,11 +106,9 @@ pub fn decide_withdraw(
 
 /// The heartbeat write: the slot of `id` in `queue` runs its lease again from `now`.
 pub(super) fn refresh(queue: &Queue, id: &RequestId, now: Timestamp) -> Decision {
-    let mut next = queue.clone();
-    if let Some(slot) = next.owners.get_mut(id) {
-        slot.heartbeat_at = now;
-    }
-    write_queue(QueueWrite::Heartbeat, queue, next)
+    write_slot(QueueWrite::Heartbeat, queue, id, |slot| {
+        slot.heartbeat_at = now
+    })
 }
 
 /// What the heartbeat of `generation` of `request`'s build (the records

@@ -48,7 +48,7 @@ use std::time::Duration;
 use crate::ids::{QueueName, RevisionUri};
 use crate::request::{
     BuildPlan, FailReason, Generation, Queue, Request, RequestId, RequestIdError, RequestState,
-    Version,
+    Slot, Version,
 };
 
 pub use heartbeat::{
@@ -422,6 +422,35 @@ fn release(queue: &Queue, id: &RequestId) -> Decision {
     let mut next = queue.clone();
     next.owners.remove(id);
     write_queue(QueueWrite::Release, queue, next)
+}
+
+/// The write of `kind` that changes the slot of `id` in `queue` by `change`; `id`
+/// owns a slot in every caller (it decided from that slot).
+fn write_slot(
+    kind: QueueWrite,
+    queue: &Queue,
+    id: &RequestId,
+    change: impl FnOnce(&mut Slot),
+) -> Decision {
+    let mut next = queue.clone();
+    match next.owners.get_mut(id) {
+        Some(slot) => change(slot),
+        None => return inconsistent(id, "a slot write without a slot"),
+    }
+    write_queue(kind, queue, next)
+}
+
+/// The request and its queue as loaded (request first), checked to belong
+/// together; `Err` with an ack when either is missing.
+fn loaded_pair<'a>(
+    request: Option<&'a Request>,
+    queue: Option<&'a Queue>,
+) -> Result<(&'a Request, &'a Queue), Decision> {
+    let (Some(request), Some(queue)) = (request, queue) else {
+        return Err(reply(Reply::Ack));
+    };
+    check_pair(request, queue)?;
+    Ok((request, queue))
 }
 
 /// The request moved to `state` by a write of `kind`, on the version that was read.

@@ -10,7 +10,7 @@ use super::reconcile::{mark_expiring, prune_decision};
 use super::{
     AdmissionConfig, AncestryAnswer, AncestryFact, DeadLetterReason, Decision, LoadedRequests,
     Need, QueueWrite, Reply, RequestWrite, RetryReason, Write, check_pair, inconsistent, is_head,
-    release, reply, write_queue, write_request,
+    release, reply, write_queue, write_request, write_slot,
 };
 use crate::request::{
     BuildPlan, BuildStrategy, Generation, Queue, Request, RequestId, RequestState, Slot, Version,
@@ -199,7 +199,7 @@ fn processing(
         });
     }
     if slot.quiet(config.resume_after, input.now) {
-        return publish(queue, &request.id, input.now);
+        return publish(queue, &request.id, slot, input.now);
     }
     if slot.confirmed() {
         return reply(Reply::Ack);
@@ -217,22 +217,16 @@ fn processing(
 }
 
 /// The publication write: the next generation of `id`'s build, published `now`.
-fn publish(queue: &Queue, id: &RequestId, now: Timestamp) -> Decision {
-    let mut next = queue.clone();
-    let Some(slot) = next.owners.get_mut(id) else {
-        return inconsistent(id, "publishing without a slot");
+fn publish(queue: &Queue, id: &RequestId, slot: &Slot, now: Timestamp) -> Decision {
+    let generation = slot.generation.next();
+    let kind = QueueWrite::Publish {
+        id: id.clone(),
+        generation,
     };
-    slot.generation = slot.generation.next();
-    slot.published_at = Some(now);
-    let generation = slot.generation;
-    write_queue(
-        QueueWrite::Publish {
-            id: id.clone(),
-            generation,
-        },
-        queue,
-        next,
-    )
+    write_slot(kind, queue, id, |slot| {
+        slot.generation = generation;
+        slot.published_at = Some(now);
+    })
 }
 
 fn accepted(

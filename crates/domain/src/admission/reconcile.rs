@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{
     Decision, LoadedRequests, Need, QueueWrite, Reply, RequestWrite, inconsistent, reply,
-    write_queue, write_request,
+    write_queue, write_request, write_slot,
 };
 use crate::request::{FailReason, Queue, Request, RequestId, RequestState, Slot};
 use crate::timestamp::Timestamp;
@@ -124,11 +124,14 @@ pub(super) fn prune_decision(
 
 /// The mark that starts an expiry: the slot of `id` in `queue` is expiring.
 pub(super) fn mark_expiring(queue: &Queue, id: &RequestId) -> Decision {
-    let mut next = queue.clone();
-    if let Some(slot) = next.owners.get_mut(id) {
-        slot.expiring = true;
-    }
-    write_queue(QueueWrite::MarkExpiring { id: id.clone() }, queue, next)
+    write_slot(
+        QueueWrite::MarkExpiring { id: id.clone() },
+        queue,
+        id,
+        |slot| {
+            slot.expiring = true;
+        },
+    )
 }
 
 /// The owners of `queue` a delivery should process at `now`: those neither

@@ -5,8 +5,6 @@
 
 use crate::support;
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_domain::{Generation, Queue, QueueName, RequestId, Slot, Timestamp};
 use holdfast_ports::conformance::support::T0;
@@ -14,79 +12,10 @@ use holdfast_ports::{CasOutcome, QueueStore};
 use sqlx::{PgConnection, Row};
 use support::TestDb;
 
-// ---------------------------------------------------------------------------------
-// Warning capture.
-// ---------------------------------------------------------------------------------
-
-/// The warnings logged while this is the thread's default subscriber, one line
-/// each: the message, then `field=value` pairs. Under `#[tokio::test]` (a
-/// current-thread runtime) that is everything the test's futures log.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl Warnings {
-    fn lines(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// How many lines contain every one of `parts`.
-    fn count(&self, parts: &[&str]) -> usize {
-        self.lines()
-            .iter()
-            .filter(|l| parts.iter().all(|p| l.contains(p)))
-            .count()
-    }
-}
-
-struct Line(String);
-
-impl tracing::field::Visit for Line {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0.insert_str(0, &format!("{value:?}"));
-        } else {
-            self.0.push_str(&format!(" {}={value:?}", field.name()));
-        }
-    }
-
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.push_str(&format!(" {}={value}", field.name()));
-    }
-}
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        *meta.level() <= tracing::Level::WARN
-    }
-
-    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
-        Some(tracing::level_filters::LevelFilter::WARN)
-    }
-
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut line = Line(String::new());
-        event.record(&mut line);
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(line.0);
-    }
-
-    fn enter(&self, _: &tracing::span::Id) {}
-
-    fn exit(&self, _: &tracing::span::Id) {}
-}
+/// The warning capture the SQLite adapter's tests use too.
+#[path = "../../adapters-sqlite/tests/common/warnings.rs"]
+mod warnings;
+use warnings::Warnings;
 
 // ---------------------------------------------------------------------------------
 // Helpers.

@@ -44,7 +44,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::{Connection, PgConnection};
 
-use crate::cli_support::Holdfast;
+use crate::cli_support::{Holdfast, KILL_SEED_ENV, kill_seed};
 use crate::fleet_support::{
     Cluster, FUNDING, Replica, Shutdown, TYPE, WALLET, check_fleet, fleet, fund, progress,
     stop_fleet, stop_living_fleet, tail_of, turn,
@@ -885,17 +885,6 @@ const KILL_EVERY_MS: std::ops::Range<u64> = 200..600;
 /// successor's orphan recovery does not release are swept within the run.
 const KILL_LEASE_MS: &str = "2000";
 const KILL_SWEEP_MS: &str = "250";
-const KILL_SEED_ENV: &str = "HOLDFAST_KILL_SEED";
-
-/// `HOLDFAST_KILL_SEED`, else a fresh seed.
-fn kill_seed() -> u64 {
-    match std::env::var(KILL_SEED_ENV) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{KILL_SEED_ENV}={v:?} is not a number")),
-        Err(_) => StdRng::from_os_rng().random(),
-    }
-}
 
 /// Three replicas of two workers paying to [`PAYEE`], one SIGKILLed at random
 /// every 200-600 ms and started again, for [`KILLING`]; halfway through the server

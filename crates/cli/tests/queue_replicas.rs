@@ -31,7 +31,7 @@
 //! choices with `HOLDFAST_KILL_SEED=<seed>` (printed by each run; the timing of
 //! real processes is not replayed).
 
-use crate::cli_support::Holdfast;
+use crate::cli_support::{Holdfast, KILL_SEED_ENV, kill_seed};
 use crate::pg_support::TestDb;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -73,16 +73,6 @@ const OVERLAP_SLACK: Duration = Duration::from_millis(500);
 const KILLING: Duration = Duration::from_secs(20);
 /// How long the queues may take to drain once the killing stops.
 const DRAIN: Duration = Duration::from_secs(30);
-const SEED_ENV: &str = "HOLDFAST_KILL_SEED";
-
-fn seed() -> u64 {
-    match std::env::var(SEED_ENV) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{SEED_ENV}={v:?} is not a number")),
-        Err(_) => StdRng::from_os_rng().random(),
-    }
-}
 
 /// The binary with the environment of `cli_support` (no stray `HOLDFAST_*`), the
 /// queue settings of these tests, and `--db url`.
@@ -737,8 +727,8 @@ async fn postgres_workers_killed_at_random_publish_each_generation_once() {
     let Some(db) = TestDb::create("queue_replicas::workers_killed_at_random").await else {
         return;
     };
-    let seed = seed();
-    eprintln!("queue_replicas seed: {seed} (replay the choices with {SEED_ENV}={seed})");
+    let seed = kill_seed();
+    eprintln!("queue_replicas seed: {seed} (replay the choices with {KILL_SEED_ENV}={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().expect("working directory");
     let config = config(RESUME_AFTER);

@@ -22,7 +22,7 @@
 
 use crate::pg_support;
 
-use crate::cli_support;
+use crate::cli_support::{self, KILL_SEED_ENV, kill_seed};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -45,7 +45,6 @@ const SWEEP_MS: u64 = 200;
 /// Scheduling slack on a loaded machine for the surviving replica's sweeper.
 const SLACK_MS: u64 = 1_000;
 const REPLICAS: usize = 3;
-const SEED_ENV: &str = "HOLDFAST_KILL_SEED";
 
 /// One replica: its name, history file and current process.
 struct Replica {
@@ -102,15 +101,6 @@ impl Replica {
 impl Drop for Replica {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var(SEED_ENV) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{SEED_ENV}={v:?} is not a number")),
-        Err(_) => StdRng::from_os_rng().random(),
     }
 }
 
@@ -171,8 +161,8 @@ fn read_history(files: &[PathBuf]) -> History {
 
 /// Runs the kill phase and the checks on the database at `h.url`.
 async fn kill_and_check(h: Holdfast, backend_name: &str) {
-    let seed = seed();
-    println!("{backend_name} kill test seed: {seed} (replay with {SEED_ENV}={seed})");
+    let seed = kill_seed();
+    println!("{backend_name} kill test seed: {seed} (replay with {KILL_SEED_ENV}={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
     let funding: [(&str, &str); 3] = [("10", "f10"), ("50", "f50"), ("100", "f100")];
     for (amount, tx) in funding {

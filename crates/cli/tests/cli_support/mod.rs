@@ -14,6 +14,21 @@ use tempfile::TempDir;
 /// The seed every command runs with.
 pub const SEED: &str = "7";
 
+/// The variable that replays the random choices of a kill test.
+pub const KILL_SEED_ENV: &str = "HOLDFAST_KILL_SEED";
+
+/// `HOLDFAST_KILL_SEED`, else a fresh seed: print it, so a failing run can be
+/// replayed.
+pub fn kill_seed() -> u64 {
+    use rand::{Rng, SeedableRng};
+    match std::env::var(KILL_SEED_ENV) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{KILL_SEED_ENV}={v:?} is not a number")),
+        Err(_) => rand::rngs::StdRng::from_os_rng().random(),
+    }
+}
+
 /// A database the commands of one test share, and a working directory.
 #[derive(Debug)]
 pub struct Holdfast {

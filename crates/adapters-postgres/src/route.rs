@@ -255,14 +255,20 @@ impl Route {
         }
     }
 
-    /// Tries the hosts in order, each within `bound`: the first whose session
-    /// fits, with its connection; else what each answered.
+    /// Tries the current host first, then the others in order, each within
+    /// `bound`: the first whose session fits, with its connection; else what each
+    /// answered. Sticky: while the current host fits, the instance stays, so an
+    /// old primary that comes back writable earlier in the list (a split brain)
+    /// never pulls an instance away from the promoted one.
     pub(crate) async fn walk(
         &self,
         bound: Duration,
     ) -> Result<(usize, PgConnection), Vec<HostTried>> {
+        let current = self.current();
+        let order = std::iter::once(current).chain((0..self.hosts.len()).filter(|&i| i != current));
         let mut tried = Vec::with_capacity(self.hosts.len());
-        for (i, host) in self.hosts.iter().enumerate() {
+        for i in order {
+            let host = &self.hosts[i];
             match self.probe(i, bound).await {
                 Ok(conn) => return Ok((i, conn)),
                 Err(outcome) => tried.push(HostTried {

@@ -41,6 +41,11 @@ use crate::route::Route;
 /// service's first call after a server restart finds a live connection.
 pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
+/// How long after a breakage a connection handed back still counts as idle since
+/// before it (see [`Health`]): the failed statement's own connection returns to
+/// the pool after the failure was noted.
+const RETURN_GRACE: Duration = Duration::from_secs(1);
+
 /// The longest one request to the pool waits; callers ask again until the
 /// configured acquire timeout ([`crate::PgBackend`] keeps waiting, the pool does
 /// not). A request that opens a new connection spends its slice on the connect
@@ -154,8 +159,12 @@ impl Health {
         self.look.notified().await;
     }
 
+    /// Marks a breakage at `elapsed`, reaching [`RETURN_GRACE`] past it: the
+    /// connection whose statement failed (a read-only refusal after a failover
+    /// leaves it alive) goes back to the pool only after the failure is noted,
+    /// and must be checked before its next use too.
     fn broken_at(&self, elapsed: Duration) {
-        let at = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX - 1);
+        let at = u64::try_from((elapsed + RETURN_GRACE).as_millis()).unwrap_or(u64::MAX - 1);
         self.last_broken.store(at + 1, Ordering::Relaxed);
     }
 
@@ -460,8 +469,12 @@ mod tests {
         // Idle since before the breakage: nobody used it since.
         assert!(health.suspect_at(ms(120), ms(500)));
         assert!(health.suspect_at(ms(120), ms(20)));
-        // Released after the breakage (its release ping passed).
-        assert!(!health.suspect_at(ms(120), ms(19)));
+        // Handed back just after it: the failed statement's own connection, which
+        // may be alive on a server of the wrong kind.
+        assert!(health.suspect_at(ms(120), ms(19)));
+        assert!(health.suspect_at(ms(100) + RETURN_GRACE + ms(30), ms(31)));
+        // Released after the grace (its release ping passed).
+        assert!(!health.suspect_at(ms(100) + RETURN_GRACE + ms(30), ms(29)));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Precision, Quantity, SelectRequest, Selection,
+    Action, Candidate, ClaimVerdict, FaultKind, Precision, Quantity, SelectRequest, Selection,
     SelectionConfig, SelectionFailure, SelectionPolicy, StoreFailure, TokenId, TokenType, TxId,
     WalletId,
 };
@@ -203,7 +203,10 @@ pub fn run(data: &[u8]) {
         action = match action {
             Action::Fetch(fetch) => {
                 if input.fault(10) {
-                    selection.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng)
+                    selection.on_candidates(
+                        Err(StoreFailure::new(FaultKind::Unavailable, "fetch failed")),
+                        &mut rng,
+                    )
                 } else {
                     let page = match fetch.bands {
                         Some(bands) => bands.answer(
@@ -238,7 +241,10 @@ pub fn run(data: &[u8]) {
                             store.claim(t);
                         }
                     }
-                    selection.on_claim(Err(StoreFailure::new("claim failed")), &mut rng)
+                    selection.on_claim(
+                        Err(StoreFailure::new(FaultKind::Busy, "claim failed")),
+                        &mut rng,
+                    )
                 } else {
                     let mut verdicts = Vec::with_capacity(window.len());
                     for t in &window {
@@ -261,7 +267,10 @@ pub fn run(data: &[u8]) {
             }
             Action::CheckBalance => {
                 if input.fault(10) {
-                    selection.on_balance(Err(StoreFailure::new("balance failed")), &mut rng)
+                    selection.on_balance(
+                        Err(StoreFailure::new(FaultKind::Timeout, "balance failed")),
+                        &mut rng,
+                    )
                 } else {
                     // An insufficient-funds verdict must name the whole balance:
                     // what others can take plus what this call holds.
@@ -279,7 +288,10 @@ pub fn run(data: &[u8]) {
                             known_won.remove(t);
                         }
                     }
-                    selection.on_released(Err(StoreFailure::new("release failed")), &mut rng)
+                    selection.on_released(
+                        Err(StoreFailure::new(FaultKind::Backend, "release failed")),
+                        &mut rng,
+                    )
                 } else {
                     for t in &tokens {
                         store.release(t);

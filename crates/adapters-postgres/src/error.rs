@@ -91,6 +91,9 @@ pub fn fault(err: &sqlx::Error) -> StoreFault {
         sqlx::Error::Database(_) => {
             let code = sqlstate(err).unwrap_or_default();
             match code.get(..2) {
+                // query_canceled: `statement_timeout` ran out (or the statement was
+                // cancelled); the outcome is unknown, the session lives on
+                _ if code == "57014" => StoreFault::Timeout(message),
                 // connection exceptions, operator intervention (terminated backend),
                 // insufficient resources (too many connections)
                 Some("08" | "57" | "53") => StoreFault::Unavailable(message),

@@ -703,3 +703,67 @@ fn url_helpers_find_and_replace_the_authority() {
     assert_eq!(user_of("postgres://alice:x@h/db"), "alice");
     assert_eq!(user_of("postgres://h/db"), "postgres");
 }
+
+// ---------------------------------------------------------------------------------
+// statement_timeout: a store call that runs past it is a Timeout fault.
+// ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_past_its_statement_timeout_is_a_timeout_fault_and_can_be_retried() {
+    const TEST: &str = "faults::a_statement_past_its_statement_timeout";
+    let Some(db) = TestDb::create(TEST).await else {
+        return;
+    };
+    let setup = db.backend(Default::default(), 2).await;
+    // The row-lock wait is bounded far beyond the statement: the statement's bound
+    // is what runs out (57014 query_canceled, not 55P03 lock_not_available).
+    let bounded = PgBackend::connect(
+        &db.url,
+        PgOptions {
+            max_connections: 1,
+            line_wait: Duration::from_millis(50),
+            lock_timeout: Duration::from_secs(60),
+            statement_timeout: Duration::from_millis(300),
+            wakeups: false,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{TEST}: connect: {e}"));
+    let (s, timed) = (setup.stores(), bounded.stores());
+    for release in Release::ALL {
+        let name = format!("timeout-{release:?}").to_lowercase();
+        let consumer = tx(&format!("consumer-{name}"));
+        let window = claim_all(&s, &name, &consumer).await;
+        let mut blocker = db.connection().await;
+        hold_row(&mut blocker, &name).await;
+        // The blocker holds the row until it commits: the statement waits for it
+        // until its statement_timeout ends it.
+        let err = release
+            .run(&timed, &consumer, &window)
+            .await
+            .expect_err("the row is held beyond the statement timeout");
+        assert!(
+            matches!(err, LockStoreError::Fault(StoreFault::Timeout(_))),
+            "{release:?}: {err:?}"
+        );
+        assert_eq!(
+            err.fault_kind(),
+            Some(holdfast_domain::FaultKind::Timeout),
+            "{release:?}"
+        );
+        sqlx::query("COMMIT")
+            .execute(&mut blocker)
+            .await
+            .expect("COMMIT");
+        let _ = blocker.close().await;
+        // The session lives on: the same call on the same pool of one succeeds.
+        let done = release
+            .run(&timed, &consumer, &window)
+            .await
+            .unwrap_or_else(|e| panic!("{release:?}: the retried call failed: {e}"));
+        assert_eq!(done, usize::try_from(TOKENS).expect("small"), "{release:?}");
+    }
+    bounded.close().await;
+    setup.close().await;
+}

@@ -39,6 +39,7 @@ use tracing::Instrument;
 
 use crate::clock::SystemClock;
 use crate::config::Config;
+use crate::error::{ErrorKind, of_fault};
 use crate::failpoint;
 use crate::metrics as m;
 
@@ -51,6 +52,17 @@ pub enum AncestryError {
     /// The source failed: the message is retried and nothing is claimed.
     #[error("ancestry source failed: {0}")]
     Failed(String),
+}
+
+impl AncestryError {
+    /// What kind of failure this is ([`ErrorKind`]): an unknown revision is not
+    /// found, a failed source unavailable (the message is retried).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            AncestryError::NotFound(_) => ErrorKind::NotFound,
+            AncestryError::Failed(_) => ErrorKind::Unavailable,
+        }
+    }
 }
 
 /// Answers whether one revision is an ancestor of another (for example by asking
@@ -171,6 +183,24 @@ pub enum AdmitError {
         /// The bound.
         max: u32,
     },
+    /// The handle is shutting down and takes no new work; retry the message on
+    /// another replica. Never returned by [`Admission`] itself.
+    #[error("shutting down: this handle takes no new admission steps; retry on another replica")]
+    ShuttingDown,
+}
+
+impl AdmitError {
+    /// What kind of failure this is ([`ErrorKind`]): a store error its fault's
+    /// kind; more conflicts than the bound busy (contention: retry later); a
+    /// runaway step a backend error (a rule bug).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            AdmitError::Store { source, .. } => of_fault(source.fault_kind(), ErrorKind::Backend),
+            AdmitError::Conflicts { .. } => ErrorKind::Busy,
+            AdmitError::Runaway { .. } => ErrorKind::Backend,
+            AdmitError::ShuttingDown => ErrorKind::ShuttingDown,
+        }
+    }
 }
 
 /// The result of ingesting a revision.
@@ -268,6 +298,18 @@ pub enum SetLimitError {
     /// The step failed; retrying is safe.
     #[error(transparent)]
     Admit(#[from] AdmitError),
+}
+
+impl SetLimitError {
+    /// What kind of failure this is ([`ErrorKind`]): a limit out of range is
+    /// invalid input, a missing queue not found, a failed step its own kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SetLimitError::TooLarge { .. } => ErrorKind::InvalidInput,
+            SetLimitError::QueueMissing(_) => ErrorKind::NotFound,
+            SetLimitError::Admit(e) => e.kind(),
+        }
+    }
 }
 
 /// The largest stored slot limit (PostgreSQL keeps it as a 32-bit integer).
@@ -672,7 +714,8 @@ impl Admission {
             }
             Err(e) => {
                 let kind = match e {
-                    AdmitError::Store { .. } => "store",
+                    // A shutting-down handle refuses before any step runs.
+                    AdmitError::Store { .. } | AdmitError::ShuttingDown => "store",
                     AdmitError::Conflicts { .. } | AdmitError::Runaway { .. } => "conflicts",
                 };
                 metrics::counter!(m::ADMISSION_ERRORS, "step" => step, "kind" => kind).increment(1);

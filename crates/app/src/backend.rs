@@ -15,6 +15,8 @@ use holdfast_adapters_sqlite::{OpenError, SqliteBackend, SqliteOptions};
 use holdfast_ports::Stores;
 use tracing::Instrument;
 
+use crate::error::ErrorKind;
+
 /// The default database: a SQLite file in the working directory.
 pub const DEFAULT_DB_URL: &str = "sqlite://holdfast.db";
 
@@ -193,23 +195,43 @@ pub enum BackendError {
 
 impl BackendError {
     /// Whether the error is the caller's input (a URL or option that can never
-    /// work), as opposed to the database being unreachable or failing.
+    /// work), as opposed to the database being unreachable or failing: whether
+    /// its [`kind`](BackendError::kind) is [`ErrorKind::InvalidInput`].
     pub fn is_bad_input(&self) -> bool {
+        self.kind() == ErrorKind::InvalidInput
+    }
+
+    /// What kind of failure this is ([`ErrorKind`]): a URL or option that can
+    /// never work is invalid input; a database that cannot be reached, refuses
+    /// every session or gave no connection in time is unavailable; a schema that
+    /// is too new or a migration that failed is a schema error; opening that
+    /// did not finish within the connect timeout is a timeout; a fault while
+    /// opening keeps its kind.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            BackendError::UnknownScheme { .. } | BackendError::NotCompiled { .. } => true,
+            BackendError::UnknownScheme { .. } | BackendError::NotCompiled { .. } => {
+                ErrorKind::InvalidInput
+            }
             #[cfg(feature = "sqlite")]
-            BackendError::Sqlite(e) => matches!(
-                e,
-                OpenError::InvalidLocation { .. } | OpenError::InvalidOption { .. }
-            ),
+            BackendError::Sqlite(e) => match e {
+                OpenError::InvalidLocation { .. } | OpenError::InvalidOption { .. } => {
+                    ErrorKind::InvalidInput
+                }
+                OpenError::Unavailable { .. } => ErrorKind::Unavailable,
+                OpenError::SchemaTooNew { .. } | OpenError::Migration { .. } => ErrorKind::Schema,
+                OpenError::Fault(fault) => fault.kind().into(),
+            },
             #[cfg(feature = "postgres")]
-            BackendError::Postgres(e) => matches!(
-                e,
+            BackendError::Postgres(e) => match e {
                 ConnectError::InvalidUrl { .. }
-                    | ConnectError::Hosts { .. }
-                    | ConnectError::Options(_)
-            ),
-            BackendError::Timeout { .. } => false,
+                | ConnectError::Hosts { .. }
+                | ConnectError::Options(_) => ErrorKind::InvalidInput,
+                ConnectError::NoHost { .. }
+                | ConnectError::Timeout { .. }
+                | ConnectError::Unavailable { .. } => ErrorKind::Unavailable,
+                ConnectError::Migration { .. } => ErrorKind::Schema,
+            },
+            BackendError::Timeout { .. } => ErrorKind::Timeout,
         }
     }
 }

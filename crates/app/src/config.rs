@@ -1,6 +1,12 @@
 //! The configuration of a holdfast process: one plain [`Config`] with documented
 //! defaults, loaded from a TOML file and `HOLDFAST_*` environment variables (the
 //! environment overrides the file), then validated with errors that name the key.
+//! `DATABASE_URL` is the fallback for `db_url`: used when neither `HOLDFAST_DB`
+//! nor the file sets it. An unknown `HOLDFAST_*` variable is not an error, so a
+//! service may keep settings of its own under the prefix: [`Config::apply_env`]
+//! returns it, [`Config::unknown_env`] lists those of the process, and the
+//! process-environment loaders ([`Config::from_env`], [`Config::load`]) log a
+//! warning naming it (and the variable it is likely a typo of).
 //!
 //! # File format
 //!
@@ -31,8 +37,9 @@
 //! ```
 //!
 //! The table of every key, its environment variable, default and meaning is
-//! [`KEYS`]; `docs/configuration.md` is generated from it by [`reference_markdown`].
-//! Per-queue overrides exist only in the file.
+//! [`KEYS`]; that of the per-queue overrides, declared with [`QueueOverride`], is
+//! [`QUEUE_KEYS`]. `docs/configuration.md` is generated from both by
+//! [`reference_markdown`]. Per-queue overrides exist only in the file.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,8 +54,10 @@ use holdfast_domain::{
 use holdfast_ports::LockStrategy;
 use serde::Deserialize;
 
+use crate::error::ErrorKind;
+
 /// Environment variables with the `HOLDFAST_` prefix that are not configuration
-/// keys but are reserved for the command (so [`Config::apply_env`] does not refuse
+/// keys but are reserved for the command (so [`Config::apply_env`] does not report
 /// them as unknown).
 pub const RESERVED_ENV: &[&str] = &[
     "HOLDFAST_CONFIG",
@@ -305,18 +314,45 @@ impl Default for AdmissionSection {
     }
 }
 
-/// `[admission.queues."<name>"]`: what differs from the `[admission]` default.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct QueueOverride {
-    /// Slots of this queue.
-    pub max_concurrent: Option<u32>,
-    /// Gate wait delay of this queue, in ms.
-    pub gate_wait_delay_ms: Option<u64>,
-    /// Slot lease of this queue, in ms.
-    pub slot_lease_ms: Option<u64>,
-    /// `resume_after` of this queue, in ms.
-    pub resume_after_ms: Option<u64>,
+/// One key of a per-queue override (`[admission.queues."<name>"]`), as the
+/// reference lists it. [`QUEUE_KEYS`] has them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueKeySpec {
+    /// The key inside the queue's table (`slot_lease_ms`).
+    pub key: &'static str,
+    /// The `[admission]` key whose value applies when the override is absent
+    /// (`admission.slot_lease_ms`).
+    pub default_key: &'static str,
+    /// What it means.
+    pub meaning: &'static str,
+}
+
+/// Declares [`QueueOverride`] and [`QUEUE_KEYS`] from one list, so the keys the
+/// file parser accepts and the keys the reference lists cannot drift apart.
+macro_rules! queue_overrides {
+    ($($field:ident: $ty:ty => $meaning:literal,)*) => {
+        /// `[admission.queues."<name>"]`: what differs from the `[admission]`
+        /// default. Every field is listed in [`QUEUE_KEYS`].
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct QueueOverride {
+            $(#[doc = $meaning] pub $field: Option<$ty>,)*
+        }
+
+        /// Every key of a per-queue override, in the order of the reference.
+        pub static QUEUE_KEYS: &[QueueKeySpec] = &[$(QueueKeySpec {
+            key: stringify!($field),
+            default_key: concat!("admission.", stringify!($field)),
+            meaning: $meaning,
+        },)*];
+    };
+}
+
+queue_overrides! {
+    max_concurrent: u32 => "Build slots of this queue (at least 1); stored with the queue at its first request, then changed only by `holdfast queue set-limit`.",
+    gate_wait_delay_ms: u64 => "How long a request of this queue is held when its gate is closed (1 to 3600000 ms).",
+    slot_lease_ms: u64 => "How long a slot owner of this queue keeps its slot without a heartbeat; then reconcile fails it with `slot_lease_expired` and frees the slot. Queues of long builds need a long lease (1 ms to 30 days).",
+    resume_after_ms: u64 => "How long a published build of this queue may go without a heartbeat of its generation before it is presumed lost and published again with the next generation (1 ms to 30 days).",
 }
 
 /// Why a configuration could not be loaded or was refused.
@@ -337,14 +373,6 @@ pub enum ConfigError {
         path: String,
         /// The parser's message, naming the key.
         message: String,
-    },
-    /// A `HOLDFAST_*` variable that is not a configuration key.
-    #[error(
-        "unknown environment variable {var}; expected one of the HOLDFAST_* keys in docs/configuration.md"
-    )]
-    UnknownEnv {
-        /// The variable.
-        var: String,
     },
     /// An environment value that does not parse.
     #[error("invalid environment variable {var} = {value:?}; expected {expected}")]
@@ -367,6 +395,48 @@ pub enum ConfigError {
         expected: String,
     },
 }
+
+impl ConfigError {
+    /// What kind of failure this is: always [`ErrorKind::InvalidInput`] (a file
+    /// that cannot be read, a value that does not parse or is out of range: the
+    /// configuration must be fixed).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ConfigError::Read { .. }
+            | ConfigError::Toml { .. }
+            | ConfigError::Env { .. }
+            | ConfigError::Invalid { .. } => ErrorKind::InvalidInput,
+        }
+    }
+}
+
+/// A `HOLDFAST_*` variable that is neither a configuration key nor reserved
+/// ([`RESERVED_ENV`]): ignored, and reported by [`Config::apply_env`] so the
+/// caller can warn about it (a typo of a key would otherwise go unnoticed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownVar {
+    /// The variable.
+    pub var: String,
+    /// The known variable it is likely a typo of, if one is that close.
+    pub did_you_mean: Option<&'static str>,
+}
+
+impl std::fmt::Display for UnknownVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ignoring environment variable {}: not a holdfast configuration key",
+            self.var
+        )?;
+        match self.did_you_mean {
+            Some(known) => write!(f, "; did you mean {known}?"),
+            None => f.write_str(" (see docs/configuration.md)"),
+        }
+    }
+}
+
+/// The variable that sets `db_url` when `HOLDFAST_DB` is unset.
+pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
 /// The longest accepted connect or busy timeout (one hour).
 pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
@@ -397,36 +467,57 @@ impl Config {
         })
     }
 
-    /// Applies `HOLDFAST_*` variables from `vars` over this configuration. Variables
-    /// without the prefix are ignored; a prefixed one that is neither a key of
-    /// [`KEYS`] nor in [`RESERVED_ENV`] is an error.
-    pub fn apply_env<I, K, V>(&mut self, vars: I) -> Result<(), ConfigError>
+    /// Applies `HOLDFAST_*` variables from `vars` over this configuration, and
+    /// `DATABASE_URL` (non-empty) as `db_url` when neither `vars` (`HOLDFAST_DB`)
+    /// nor the file set it: the fallback, so a `DATABASE_URL` meant for another
+    /// tool never overrides holdfast's own setting.
+    /// Other variables without the prefix are ignored. A prefixed one that is
+    /// neither a key of [`KEYS`] nor in [`RESERVED_ENV`] is ignored too and
+    /// returned, with the known variable it is likely a typo of, for the caller to
+    /// warn about; a value that does not parse is an error naming the variable.
+    pub fn apply_env<I, K, V>(&mut self, vars: I) -> Result<Vec<UnknownVar>, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,
         V: AsRef<str>,
     {
+        let mut unknown = Vec::new();
+        let mut database_url = None;
+        let mut db_set = false;
         for (var, value) in vars {
             let (var, value) = (var.as_ref(), value.as_ref());
+            if var == DATABASE_URL_ENV {
+                database_url = Some(value.to_owned());
+                continue;
+            }
             if !var.starts_with("HOLDFAST_") || RESERVED_ENV.contains(&var) {
                 continue;
             }
             let Some(spec) = KEYS.iter().find(|k| k.env == var) else {
-                return Err(ConfigError::UnknownEnv {
+                unknown.push(UnknownVar {
                     var: var.to_owned(),
+                    did_you_mean: likely_meant(var),
                 });
+                continue;
             };
+            db_set |= spec.key == "db_url";
             (spec.set)(self, value).map_err(|expected| ConfigError::Env {
                 var: var.to_owned(),
                 value: value.to_owned(),
                 expected,
             })?;
         }
-        Ok(())
+        let db_unset = !db_set && self.db_url == crate::backend::DEFAULT_DB_URL;
+        if let Some(url) = database_url.filter(|url| db_unset && !url.trim().is_empty()) {
+            self.db_url = url;
+        }
+        unknown.sort_by(|a, b| a.var.cmp(&b.var));
+        Ok(unknown)
     }
 
     /// The configuration a process starts with: defaults, then the file (if any),
-    /// then the process environment; validated.
+    /// then the process environment ([`Config::apply_env`]; a warning is logged
+    /// for each unknown `HOLDFAST_*` variable); validated.
     #[cfg(feature = "config-file")]
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let config = match file {
@@ -436,16 +527,28 @@ impl Config {
         config.with_process_env()
     }
 
-    /// The defaults, then the process environment (`HOLDFAST_*`); validated. The
-    /// configuration of a service that reads no file.
+    /// The defaults, then the process environment (`HOLDFAST_*`, and
+    /// `DATABASE_URL` when `HOLDFAST_DB` is unset; a warning is logged for each
+    /// unknown `HOLDFAST_*` variable); validated. The configuration of a service
+    /// that reads no file.
     pub fn from_env() -> Result<Config, ConfigError> {
         Config::default().with_process_env()
     }
 
+    /// The `HOLDFAST_*` variables of the process environment that name no key,
+    /// for a service that shows them its own way (the loaders also log each as a
+    /// `tracing` warning, which needs a subscriber to be seen).
+    pub fn unknown_env() -> Vec<UnknownVar> {
+        Config::default()
+            .apply_env(process_env().filter(|(k, _)| k.starts_with("HOLDFAST_")))
+            .unwrap_or_default()
+    }
+
     fn with_process_env(mut self) -> Result<Config, ConfigError> {
-        self.apply_env(std::env::vars_os().filter_map(|(k, v)| {
-            Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
-        }))?;
+        let unknown = self.apply_env(process_env())?;
+        for u in unknown {
+            tracing::warn!(var = %u.var, did_you_mean = u.did_you_mean, "{u}");
+        }
         self.validate()?;
         Ok(self)
     }
@@ -742,6 +845,57 @@ fn check_admission(
     Ok(())
 }
 
+/// The known `HOLDFAST_*` variable (a key's, or a reserved one) that `var` is an
+/// obvious typo of: the closest by edit distance (transpositions count once),
+/// at most one edit per four characters and at most three; ties go to the first.
+fn likely_meant(var: &str) -> Option<&'static str> {
+    let name = var.strip_prefix("HOLDFAST_").unwrap_or(var);
+    KEYS.iter()
+        .map(|k| k.env)
+        .chain(RESERVED_ENV.iter().copied())
+        .filter_map(|known| {
+            let known_name = known.strip_prefix("HOLDFAST_").unwrap_or(known);
+            let d = edit_distance(name, known_name);
+            let len = name.chars().count().max(known_name.chars().count()).max(4);
+            (d <= 3 && d * 4 <= len).then_some((d, known))
+        })
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, known)| known)
+}
+
+/// The optimal-string-alignment distance of `a` and `b`: insertions, deletions,
+/// substitutions and transpositions of neighbours, each one edit.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut d = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = d;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// The process environment, as text (variables that are not Unicode are skipped;
+/// values that are not are read as empty, which every key refuses).
+fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default())))
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -901,7 +1055,7 @@ pub static KEYS: &[KeySpec] = &[
         "db_url",
         "HOLDFAST_DB",
         |c| c.db_url,
-        "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`."
+        "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`. `HOLDFAST_DB` overrides the file; a non-empty `DATABASE_URL` is the fallback, used only when neither `HOLDFAST_DB` nor the file sets it."
     ),
     key!(
         "connect_timeout_ms",
@@ -1156,9 +1310,12 @@ pub fn reference_markdown() -> String {
     );
     out.push_str(
         "holdfast reads an optional TOML file (`--config FILE`), then `HOLDFAST_*` environment\n\
-         variables, which override the file. Every key is optional. Durations are whole\n\
-         milliseconds (`_ms` keys). An unknown key or variable is an error naming it; a value\n\
-         out of range is an error naming the key and the accepted range.\n\n",
+         variables, which override the file; `DATABASE_URL` is the fallback for `db_url` when\n\
+         neither `HOLDFAST_DB` nor the file sets it. Every key is optional. Durations are whole milliseconds (`_ms` keys). An\n\
+         unknown key in the file is an error naming it. An unknown `HOLDFAST_*` variable is\n\
+         ignored with a logged warning naming it (and the variable it is likely a typo of), so\n\
+         a service may keep settings of its own under the prefix. A value that does not parse\n\
+         or is out of range is an error naming the key or variable and what was expected.\n\n",
     );
     out.push_str("| key | environment | default | meaning |\n|---|---|---|---|\n");
     for k in KEYS {
@@ -1173,9 +1330,25 @@ pub fn reference_markdown() -> String {
     }
     out.push_str(
         "\n## Per-queue admission overrides\n\n\
-         Only in the file: a table `[admission.queues.\"<queue name>\"]` with `max_concurrent`\n\
-         and/or `gate_wait_delay_ms` overrides the `[admission]` default for that queue.\n\n\
-         ```toml\n[admission]\nmax_concurrent = 1\n\n[admission.queues.\"monorepo/main\"]\nmax_concurrent = 4\n```\n\n\
+         Only in the file: a table `[admission.queues.\"<queue name>\"]` overrides the\n\
+         `[admission]` default of that queue, key by key; a key it leaves out keeps the\n\
+         default. An unknown key in it is an error naming the key.\n\n",
+    );
+    out.push_str("| key | default | meaning |\n|---|---|---|\n");
+    for q in QUEUE_KEYS {
+        let default = KEYS
+            .iter()
+            .find(|k| k.key == q.default_key)
+            .map_or_else(String::new, |k| format!(" ({})", (k.get)(&defaults)));
+        let _ = writeln!(
+            out,
+            "| `{}` | `{}`{default} | {} |",
+            q.key, q.default_key, q.meaning
+        );
+    }
+    out.push_str(
+        "\n```toml\n[admission]\nmax_concurrent = 1\n\n\
+         [admission.queues.\"monorepo/main\"]\nmax_concurrent = 4\nslot_lease_ms = 21600000   # 6 h builds\n```\n\n\
          ## Reserved variables\n\n",
     );
     let _ = writeln!(

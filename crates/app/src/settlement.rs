@@ -32,6 +32,7 @@ use holdfast_ports::{
 };
 use tracing::Instrument;
 
+use crate::error::{ErrorKind, of_fault};
 use crate::metrics as m;
 
 /// Why settling failed. Settling is idempotent: the caller may simply retry.
@@ -85,6 +86,33 @@ pub enum SettleError {
         /// The store error.
         source: StatusStoreError,
     },
+    /// The handle is shutting down and takes no new work; retry on another
+    /// replica. Never returned by [`Settlement`] itself.
+    #[error("shutting down: this handle takes no new settlements; retry on another replica")]
+    ShuttingDown,
+}
+
+impl SettleError {
+    /// What kind of failure this is ([`ErrorKind`]): a double spend and outputs
+    /// that differ from the recorded ones are conflicts, invalid or unconserved
+    /// outputs invalid input, a store error its fault's kind.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SettleError::DoubleSpend { .. } => ErrorKind::Conflict,
+            SettleError::Outputs { source, .. } => match source {
+                LockStoreError::OutputsDiffer { .. } => ErrorKind::Conflict,
+                LockStoreError::NotConserved(_) | LockStoreError::BadOutputs { .. } => {
+                    ErrorKind::InvalidInput
+                }
+                other => of_fault(other.fault_kind(), ErrorKind::Backend),
+            },
+            SettleError::Locks { source, .. } | SettleError::ListUnsettled { source } => {
+                of_fault(source.fault_kind(), ErrorKind::Backend)
+            }
+            SettleError::Status { source, .. } => of_fault(source.fault_kind(), ErrorKind::Backend),
+            SettleError::ShuttingDown => ErrorKind::ShuttingDown,
+        }
+    }
 }
 
 /// What one settlement did.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use holdfast::config::{Config, ConfigError, KEYS};
+use holdfast::config::{Config, ConfigError, KEYS, QUEUE_KEYS, UnknownVar};
 use holdfast_domain::{QueueName, SelectionConfig, SelectionPolicy};
 
 fn queue(name: &str) -> QueueName {
@@ -80,25 +80,20 @@ fn unknown_keys_are_errors_naming_the_key() {
 #[test]
 fn the_environment_overrides_the_file_and_names_bad_variables() {
     let mut c = Config::from_toml_str("[selection]\nsufficiency_window = 8").expect("parses");
-    c.apply_env([
-        ("HOLDFAST_SUFFICIENCY_WINDOW", "2"),
-        ("HOLDFAST_SEED", "9"),
-        ("HOLDFAST_BLACKLIST", "false"),
-        ("HOLDFAST_LOG", "debug"),
-        ("PATH", "/bin"),
-    ])
-    .expect("applies");
+    let unknown = c
+        .apply_env([
+            ("HOLDFAST_SUFFICIENCY_WINDOW", "2"),
+            ("HOLDFAST_SEED", "9"),
+            ("HOLDFAST_BLACKLIST", "false"),
+            ("HOLDFAST_LOG", "debug"),
+            ("PATH", "/bin"),
+        ])
+        .expect("applies");
+    assert_eq!(unknown, Vec::new());
     assert_eq!(c.selection.sufficiency_window, 2);
     assert_eq!(c.seed, Some(9));
     assert!(!c.selection.blacklist);
 
-    let err = c
-        .apply_env([("HOLDFAST_SUFFICENCY_WINDOW", "2")])
-        .expect_err("typo");
-    assert!(
-        err.to_string().contains("HOLDFAST_SUFFICENCY_WINDOW"),
-        "{err}"
-    );
     let err = c
         .apply_env([("HOLDFAST_MAX_RETRIES", "-1")])
         .expect_err("negative");
@@ -166,5 +161,122 @@ fn every_key_is_settable_from_its_environment_variable() {
             .unwrap_or_else(|e| panic!("{}: {e}", k.env));
         let shown = (k.get)(&c);
         assert!(shown.contains(samples(k.env)), "{} shows {shown}", k.key);
+    }
+}
+
+/// Unknown `HOLDFAST_*` variables are ignored and reported (the loaders log a
+/// warning for each), with the key a typo most likely meant; they change nothing.
+#[test]
+fn unknown_variables_are_reported_with_the_key_they_likely_meant() {
+    let mut c = Config::default();
+    let unknown = c
+        .apply_env([
+            ("HOLDFAST_SUFFICENCY_WINDOW", "2"),
+            ("HOLDFAST_PAYMENTS_WEBHOOK", "https://example"),
+            ("HOLDFAST_SEDE", "4"),
+            ("HOLDFAST_LOGS", "debug"),
+            ("HOLDFAST_MAX_RETRIES", "7"),
+        ])
+        .expect("unknown variables are not errors");
+    let shown: Vec<(&str, Option<&str>)> = unknown
+        .iter()
+        .map(|u| (u.var.as_str(), u.did_you_mean))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("HOLDFAST_LOGS", Some("HOLDFAST_LOG")),
+            ("HOLDFAST_PAYMENTS_WEBHOOK", None),
+            ("HOLDFAST_SEDE", Some("HOLDFAST_SEED")),
+            (
+                "HOLDFAST_SUFFICENCY_WINDOW",
+                Some("HOLDFAST_SUFFICIENCY_WINDOW")
+            ),
+        ]
+    );
+    let mut expected = Config::default();
+    expected.selection.max_retries = 7;
+    assert_eq!(c, expected, "unknown variables change nothing");
+    let typo = UnknownVar {
+        var: "HOLDFAST_SUFFICENCY_WINDOW".into(),
+        did_you_mean: Some("HOLDFAST_SUFFICIENCY_WINDOW"),
+    };
+    assert_eq!(
+        typo.to_string(),
+        "ignoring environment variable HOLDFAST_SUFFICENCY_WINDOW: not a holdfast \
+         configuration key; did you mean HOLDFAST_SUFFICIENCY_WINDOW?"
+    );
+    assert!(
+        unknown[1]
+            .to_string()
+            .ends_with("(see docs/configuration.md)")
+    );
+}
+
+/// `DATABASE_URL` is the fallback for `db_url`: it is the database when neither
+/// `HOLDFAST_DB` nor the file names one; `HOLDFAST_DB` wins in either order, a
+/// file's `db_url` wins over it, and an empty one is unset.
+#[test]
+fn database_url_is_the_fallback_database() {
+    let file = || Config::from_toml_str("db_url = \"sqlite://file.db\"").expect("parses");
+    let no_file = Config::default;
+    let pg = ("DATABASE_URL", "postgres://u@h/db");
+    let mine = ("HOLDFAST_DB", "sqlite://mine.db");
+    type Case<'a> = (fn() -> Config, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (no_file, &[], "sqlite://holdfast.db"),
+        (no_file, &[pg], "postgres://u@h/db"),
+        (no_file, &[pg, mine], "sqlite://mine.db"),
+        (no_file, &[mine, pg], "sqlite://mine.db"),
+        (no_file, &[("DATABASE_URL", "")], "sqlite://holdfast.db"),
+        (file, &[], "sqlite://file.db"),
+        (file, &[pg], "sqlite://file.db"),
+        (file, &[pg, mine], "sqlite://mine.db"),
+    ];
+    for (start, vars, want) in cases {
+        let mut c = start();
+        let unknown = c.apply_env(vars.iter().copied()).expect("applies");
+        assert!(unknown.is_empty(), "{vars:?}: {unknown:?}");
+        assert_eq!(c.db_url, *want, "{vars:?}");
+    }
+}
+
+/// Every per-queue key parses in `[admission.queues."<name>"]`, changes that queue's
+/// settings (and no other's), falls back to an `[admission]` key, and is in the
+/// reference; the parser and the reference share one declaration.
+#[test]
+fn every_per_queue_key_overrides_its_queue_and_is_documented() {
+    let keys: Vec<&str> = QUEUE_KEYS.iter().map(|k| k.key).collect();
+    assert_eq!(
+        keys,
+        [
+            "max_concurrent",
+            "gate_wait_delay_ms",
+            "slot_lease_ms",
+            "resume_after_ms"
+        ]
+    );
+    let reference = holdfast::config::reference_markdown();
+    for k in QUEUE_KEYS {
+        let c = Config::from_toml_str(&format!("[admission.queues.\"q\"]\n{} = 7", k.key))
+            .unwrap_or_else(|e| panic!("{}: {e}", k.key));
+        c.validate().unwrap_or_else(|e| panic!("{}: {e}", k.key));
+        assert_ne!(
+            c.admission_for(&queue("q")),
+            c.admission_default(),
+            "{} changes nothing",
+            k.key
+        );
+        assert_eq!(c.admission_for(&queue("other")), c.admission_default());
+        assert!(
+            KEYS.iter().any(|spec| spec.key == k.default_key),
+            "{}",
+            k.default_key
+        );
+        assert!(
+            reference.contains(&format!("| `{}` | `{}`", k.key, k.default_key)),
+            "{} is not in the per-queue table",
+            k.key
+        );
     }
 }

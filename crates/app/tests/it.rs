@@ -7,6 +7,8 @@ mod pg_support;
 
 mod admission_concurrent;
 mod config;
+mod error_kinds;
+mod handle;
 mod lease_shorter_than_select;
 mod owned_recovery;
 mod races;

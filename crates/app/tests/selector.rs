@@ -680,6 +680,41 @@ async fn below_the_balance_without_contention_is_insufficient_funds() {
     );
 }
 
+/// A database outage: every candidate read fails as unavailable until the leg's
+/// budget is spent. The select fails at once (no backoff for an outage) with the
+/// fault it met, kind and message intact: a service answers 503, not 500.
+#[tokio::test(start_paused = true)]
+async fn an_outage_is_a_store_error_that_keeps_the_kind_unavailable() {
+    let mut tokens = MockTokenStore::new();
+    tokens.expect_candidates().returning(|_| {
+        Err(holdfast_ports::TokenStoreError::Fault(
+            StoreFault::Unavailable("connection refused".into()),
+        ))
+    });
+    let selector = TokenSelector::new(
+        stores(tokens, MockLockStore::new(), MockTxStatusStore::new()),
+        TokioClock::new(),
+        config(3, 2),
+        Some(3),
+    )
+    .expect("config");
+    let report = selector
+        .select_with_stats(&wallet(), &chf(), q(10), &tx("t1"))
+        .await;
+    let err = report.result.expect_err("every read fails");
+    assert_eq!(
+        err,
+        SelectError::Store(StoreFault::Unavailable("connection refused".into()))
+    );
+    assert_eq!(err.kind(), holdfast::ErrorKind::Unavailable);
+    assert_eq!(err.kind().http_status(), 503);
+    assert_eq!(
+        err.to_string(),
+        "token store error: database unavailable: connection refused"
+    );
+    assert_eq!(report.stats.legs, 1, "{:?}", report.stats);
+}
+
 #[tokio::test]
 async fn a_zero_amount_is_an_input_error_before_any_io() {
     let selector = TokenSelector::new(

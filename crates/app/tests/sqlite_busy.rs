@@ -8,7 +8,7 @@ use std::time::Duration;
 use holdfast::{SelectError, SystemClock, TokenSelector};
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{Precision, Quantity, SelectionConfig, TokenId, TokenType, TxId, WalletId};
-use holdfast_ports::NewToken;
+use holdfast_ports::{NewToken, StoreFault};
 
 use crate::common::TempDb;
 
@@ -67,8 +67,11 @@ async fn a_select_on_a_file_locked_elsewhere_waits_out_one_busy_timeout() {
         .select_with_stats(&wallet(), &chf(), q(15), &tx("t1"))
         .await;
     match &report.result {
-        Err(SelectError::Store(message)) => {
-            assert!(message.contains("busy"), "{message}")
+        Err(e @ SelectError::Store(fault)) => {
+            // The fault keeps its kind: busy, a 503 with Retry-After, not a 500.
+            assert!(matches!(fault, StoreFault::Busy(_)), "{fault:?}");
+            assert!(fault.to_string().contains("busy"), "{fault}");
+            assert_eq!(e.kind(), holdfast::ErrorKind::Busy);
         }
         other => panic!("a select under a foreign write lock: {other:?}"),
     }

@@ -177,7 +177,9 @@ impl CliError {
                 | SelectError::FundsLocked
                 | SelectError::DeadlineExceeded { .. },
             ) => ErrorClass::Refused,
-            CliError::Select(SelectError::Store(_)) => ErrorClass::Backend,
+            CliError::Select(SelectError::Store(_) | SelectError::ShuttingDown) => {
+                ErrorClass::Backend
+            }
             CliError::Refused { .. }
             | CliError::NoSlot { .. }
             | CliError::Stale { .. }

@@ -145,7 +145,9 @@ impl Db {
                 cmd.env_remove(key);
             }
         }
-        cmd.env_remove("RUST_LOG").env("HOLDFAST_SEED", "7");
+        cmd.env_remove("RUST_LOG")
+            .env_remove("DATABASE_URL")
+            .env("HOLDFAST_SEED", "7");
         cmd.current_dir(self.dir.path());
         cmd
     }
@@ -515,11 +517,49 @@ fn configuration_is_refused_naming_the_key() {
             "0",
             &["selection.sufficiency_window"],
         ),
-        env_row("HOLDFAST_BOGUS", "1", &["HOLDFAST_BOGUS"]),
     ];
     for r in &rows {
         db.check(r);
     }
+}
+
+/// An unknown `HOLDFAST_*` variable is not refused (a service may keep settings of
+/// its own under the prefix): the command runs, and a warning on stderr names the
+/// variable and, for a typo, the key it likely meant. An unknown key in a
+/// `--config` file stays an error (the rows above).
+#[test]
+fn unknown_variables_are_warned_about_not_refused() {
+    let db = seeded();
+    let out = db
+        .command()
+        .arg("--db")
+        .arg(&db.url)
+        .env("HOLDFAST_SUFFICENCY_WINDOW", "2")
+        .env("HOLDFAST_PAYMENTS_WEBHOOK", "https://example.invalid/hook")
+        .args(["tokens", "balance", "--wallet", "w", "--type", "CHF"])
+        .output()
+        .expect("run holdfast");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 2, "one warning per variable: {stderr}");
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("HOLDFAST_SUFFICENCY_WINDOW")
+                && l.contains("did you mean HOLDFAST_SUFFICIENCY_WINDOW?")),
+        "{stderr}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("HOLDFAST_PAYMENTS_WEBHOOK") && !l.contains("did you mean")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("example.invalid"),
+        "values are not logged: {stderr}"
+    );
 }
 
 #[test]

@@ -134,6 +134,22 @@ fn default_database_is_holdfast_db_in_the_working_directory() {
         .assert()
         .success();
     assert!(h.dir.path().join("other.db").exists());
+    // DATABASE_URL chooses the database when HOLDFAST_DB is unset...
+    h.bare()
+        .env("DATABASE_URL", "sqlite://from-database-url.db")
+        .arg("migrate")
+        .assert()
+        .success();
+    assert!(h.dir.path().join("from-database-url.db").exists());
+    // ...and HOLDFAST_DB wins when both are set.
+    h.bare()
+        .env("DATABASE_URL", "sqlite://not-this.db")
+        .env("HOLDFAST_DB", "sqlite://this.db")
+        .arg("migrate")
+        .assert()
+        .success();
+    assert!(h.dir.path().join("this.db").exists());
+    assert!(!h.dir.path().join("not-this.db").exists());
 }
 
 #[test]

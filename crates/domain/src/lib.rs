@@ -9,10 +9,12 @@
 //! - [`selection`], [`blacklist`], [`window`]: the token selection engine.
 //! - [`request`], [`admission`]: build-slot admission.
 //! - [`lease`]: the lock lifecycle (settlement and lease expiry).
+//! - [`fault`]: the kinds of store failure every layer keeps.
 #![warn(missing_docs)]
 
 pub mod admission;
 pub mod blacklist;
+pub mod fault;
 pub mod ids;
 pub mod lease;
 pub mod quantity;
@@ -27,6 +29,7 @@ pub use admission::{
     BuildOutcome, Decision, Heartbeat, Need, ProcessInput, ProcessMemo, Reply, Write,
 };
 pub use blacklist::{Blacklist, BlacklistReason};
+pub use fault::FaultKind;
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
 pub use lease::{
     Imbalance, LeaseConfig, LeaseConfigError, LockAction, PersistPolicy, PersistResult,

@@ -92,6 +92,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::blacklist::{Blacklist, BlacklistReason};
+use crate::fault::FaultKind;
 use crate::ids::{TokenId, TokenType, TxId, WalletId};
 use crate::quantity::{Precision, Quantity};
 use crate::token::{Candidate, ClaimVerdict};
@@ -137,14 +138,18 @@ pub enum SelectionError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct StoreFailure {
+    /// What kind of failure the store reported; [`SelectionFailure::Store`]
+    /// keeps it, so a service can tell an outage from corrupt data.
+    pub kind: FaultKind,
     /// What the store reported.
     pub message: String,
 }
 
 impl StoreFailure {
-    /// A store failure with this message.
-    pub fn new(message: impl Into<String>) -> Self {
+    /// A store failure of this kind with this message.
+    pub fn new(kind: FaultKind, message: impl Into<String>) -> Self {
         StoreFailure {
+            kind,
             message: message.into(),
         }
     }
@@ -291,8 +296,10 @@ pub enum SelectionFailure {
     FundsLocked,
     /// A leg's retry budget was spent on store errors (module docs, "Store-bound
     /// legs"): an outage, not locked funds.
-    #[error("token store error: {message}")]
+    #[error("token store error ({kind}): {message}")]
     Store {
+        /// The kind of the last store error.
+        kind: FaultKind,
         /// The last store error.
         message: String,
     },
@@ -480,7 +487,7 @@ struct Leg {
     /// A store error happened since the last charged retry (the next charge, or
     /// the failure to charge, is for it).
     store_error_pending: bool,
-    last_store_error: Option<String>,
+    last_store_error: Option<StoreFailure>,
 }
 
 impl Selection {
@@ -679,10 +686,13 @@ impl Selection {
         }
         if unanswered > 0 {
             self.stats.store_errors += u64::try_from(unanswered).unwrap_or(u64::MAX);
-            self.record_store_error(StoreFailure::new(format!(
-                "claim answer had no clear verdict for {unanswered} of {} proposed tokens",
-                window.len()
-            )));
+            self.record_store_error(StoreFailure::new(
+                FaultKind::Backend,
+                format!(
+                    "claim answer had no clear verdict for {unanswered} of {} proposed tokens",
+                    window.len()
+                ),
+            ));
             if !self.charge_retry() {
                 return self.end_leg(rng);
             }
@@ -1104,7 +1114,7 @@ impl Selection {
     fn record_store_error(&mut self, failure: StoreFailure) {
         self.leg.store_error_pending = true;
         self.scan.store_error = true;
-        self.leg.last_store_error = Some(failure.message);
+        self.leg.last_store_error = Some(failure);
     }
 
     /// Spends one immediate retry, for a store error if one was just recorded,
@@ -1179,8 +1189,13 @@ impl Selection {
 
     fn end_leg(&mut self, rng: &mut impl Rng) -> Action {
         if self.store_bound() {
-            let message = self.leg.last_store_error.clone().unwrap_or_default();
-            return self.fail(SelectionFailure::Store { message });
+            let last = self.leg.last_store_error.clone().unwrap_or_else(|| {
+                StoreFailure::new(FaultKind::Backend, "no store error was recorded")
+            });
+            return self.fail(SelectionFailure::Store {
+                kind: last.kind,
+                message: last.message,
+            });
         }
         if self.leg.number >= self.config.max_retries {
             return self.fail(SelectionFailure::FundsLocked);
@@ -1329,7 +1344,7 @@ mod tests {
         s.on_balance(Ok(q(10)), &mut rng);
         assert_eq!(s.answer_if_stopped(), Some(SelectionFailure::FundsLocked));
         // A scan that ran out after a store error may have run out because of it.
-        let failed = Err(StoreFailure::new("busy"));
+        let failed = Err(StoreFailure::new(FaultKind::Busy, "busy"));
         let mut s = ran_out(&mut rng, failed);
         s.on_balance(Ok(q(10)), &mut rng);
         assert_eq!(s.answer_if_stopped(), None);

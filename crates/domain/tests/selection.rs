@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Selected, Selection, SelectionConfig, SelectionError,
-    SelectionFailure, SelectionPolicy, StoreFailure, TokenId,
+    Action, Candidate, ClaimVerdict, FaultKind, Selected, Selection, SelectionConfig,
+    SelectionError, SelectionFailure, SelectionPolicy, StoreFailure, TokenId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -311,10 +311,12 @@ fn a_store_error_is_retried_not_blacklisted() {
 
 #[test]
 fn store_errors_that_exhaust_the_budget_surface_as_a_store_failure() {
-    for (what, mut wallet) in [
-        ("fetch", Wallet::of(&[5])),
-        ("claim", Wallet::of(&[5])),
-        ("balance", Wallet::of(&[1])),
+    // The simulated store fails fetches as unavailable, claims as busy and balance
+    // reads as timed out (`selection_sim`): the failure keeps the kind.
+    for (what, fault, mut wallet) in [
+        ("fetch", FaultKind::Unavailable, Wallet::of(&[5])),
+        ("claim", FaultKind::Busy, Wallet::of(&[5])),
+        ("balance", FaultKind::Timeout, Wallet::of(&[1])),
     ] {
         match what {
             "fetch" => wallet.fail_fetches = u32::MAX,
@@ -323,7 +325,8 @@ fn store_errors_that_exhaust_the_budget_surface_as_a_store_failure() {
         }
         let r = run(wallet, 5, defaults(), 3);
         assert!(
-            matches!(&r.outcome, Err(SelectionFailure::Store { message }) if message.contains(what)),
+            matches!(&r.outcome, Err(SelectionFailure::Store { kind, message })
+                if message.contains(what) && *kind == fault),
             "{what}: {}",
             r.trace
         );
@@ -414,7 +417,13 @@ fn a_store_error_ending_a_leg_of_locked_funds_is_not_a_store_failure() {
     ));
     assert_eq!(s.stats().immediate_retries, 2);
     assert_eq!(s.stats().balance_checks, 1);
-    let next = s.on_candidates(Err(StoreFailure::new("page read failed")), &mut rng);
+    let next = s.on_candidates(
+        Err(StoreFailure::new(
+            FaultKind::Unavailable,
+            "page read failed",
+        )),
+        &mut rng,
+    );
     assert_eq!(next, Action::Release(vec![tid(0), tid(1)]));
     let next = s.on_released(Ok(()), &mut rng);
     assert!(matches!(next, Action::Backoff(_)), "{next:?}");
@@ -437,14 +446,16 @@ fn store_errors_that_are_most_of_a_legs_budget_end_the_call_as_a_store_failure()
     let won = vec![(tid(0), ClaimVerdict::Won), (tid(1), ClaimVerdict::Won)];
     assert_eq!(s.on_claim(Ok(won), &mut rng), Action::CheckBalance);
     let mut action = s.on_balance(Ok(q(12)), &mut rng);
-    for _ in 0..3 {
+    // Two busy fetches, then an unavailable one: the failure is of the last kind.
+    for kind in [FaultKind::Busy, FaultKind::Busy, FaultKind::Unavailable] {
         assert!(matches!(action, Action::Fetch(_)), "{action:?}");
-        action = s.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng);
+        action = s.on_candidates(Err(StoreFailure::new(kind, "fetch failed")), &mut rng);
     }
     assert_eq!(action, Action::Release(vec![tid(0), tid(1)]));
     assert_eq!(
         s.on_released(Ok(()), &mut rng),
         Action::Done(Err(SelectionFailure::Store {
+            kind: FaultKind::Unavailable,
             message: "fetch failed".into()
         }))
     );
@@ -689,7 +700,10 @@ fn an_ambiguous_claim_is_released_after_success_elsewhere() {
     s.start(&mut rng);
     let claim = s.on_candidates(Ok(vec![cand(0, 5), cand(1, 6)]), &mut rng);
     assert_eq!(claim, Action::Claim(vec![tid(0)]));
-    let next = s.on_claim(Err(StoreFailure::new("timeout")), &mut rng);
+    let next = s.on_claim(
+        Err(StoreFailure::new(FaultKind::Timeout, "timeout")),
+        &mut rng,
+    );
     assert_eq!(next, Action::Claim(vec![tid(1)]));
     let next = s.on_claim(Ok(vec![(tid(1), ClaimVerdict::Won)]), &mut rng);
     assert_eq!(next, Action::Release(vec![tid(0)]));

@@ -8,8 +8,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Selection, SelectionConfig, SelectionFailure, SelectionPolicy,
-    StoreFailure, TokenId,
+    Action, Candidate, ClaimVerdict, FaultKind, Selection, SelectionConfig, SelectionFailure,
+    SelectionPolicy, StoreFailure, TokenId,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -293,12 +293,12 @@ proptest! {
             let action = match input {
                 Input::Start => s.start(&mut rng),
                 Input::Page(page) => s.on_candidates(
-                    page.map(|p| amounts(&p)).map_err(|()| StoreFailure::new("boom")),
+                    page.map(|p| amounts(&p)).map_err(|()| StoreFailure::new(FaultKind::Unavailable, "boom")),
                     &mut rng,
                 ),
                 Input::Claim { echo, verdicts, error } => {
                     let answer = if error {
-                        Err(StoreFailure::new("boom"))
+                        Err(StoreFailure::new(FaultKind::Unavailable, "boom"))
                     } else if echo {
                         Ok(last_claim
                             .iter()
@@ -311,11 +311,11 @@ proptest! {
                     s.on_claim(answer, &mut rng)
                 }
                 Input::Balance(b) => s.on_balance(
-                    b.map(q).map_err(|()| StoreFailure::new("boom")),
+                    b.map(q).map_err(|()| StoreFailure::new(FaultKind::Unavailable, "boom")),
                     &mut rng,
                 ),
                 Input::Released(ok) => s.on_released(
-                    if ok { Ok(()) } else { Err(StoreFailure::new("boom")) },
+                    if ok { Ok(()) } else { Err(StoreFailure::new(FaultKind::Unavailable, "boom")) },
                     &mut rng,
                 ),
                 Input::Backoff => s.on_backoff_elapsed(&mut rng),

@@ -1,9 +1,11 @@
 //! Errors of the ports: one enum per port family, each wrapping a [`StoreFault`]
 //! for the backend failing. Lost races and stale tokens are verdicts, not errors.
 
-use holdfast_domain::{TokenId, TokenType, TxId, WalletId};
+use holdfast_domain::{FaultKind, TokenId, TokenType, TxId, WalletId};
 
-/// The backend failed. Messages never contain passwords or other secrets.
+/// The backend failed. Messages never contain passwords or other secrets. Each
+/// variant is one [`FaultKind`] ([`StoreFault::kind`]), which every error above
+/// keeps so a service can map it (an outage is not corrupt data).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreFault {
     /// The database stayed locked by another writer for longer than the busy timeout.
@@ -12,6 +14,10 @@ pub enum StoreFault {
     /// The database could not be reached, or the connection was lost.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// A statement or lock wait ran past its bound (PostgreSQL's
+    /// `statement_timeout`); the outcome is unknown.
+    #[error("database timeout: {0}")]
+    Timeout(String),
     /// A stored row is not valid (for example a non-canonical amount).
     #[error("corrupt data: {0}")]
     Corrupt(String),
@@ -21,6 +27,45 @@ pub enum StoreFault {
     /// Any other backend failure; the outcome of the operation is unknown.
     #[error("backend error: {0}")]
     Backend(String),
+}
+
+impl StoreFault {
+    /// A fault of `kind` with `message`.
+    pub fn new(kind: FaultKind, message: impl Into<String>) -> StoreFault {
+        let message = message.into();
+        match kind {
+            FaultKind::Busy => StoreFault::Busy(message),
+            FaultKind::Unavailable => StoreFault::Unavailable(message),
+            FaultKind::Timeout => StoreFault::Timeout(message),
+            FaultKind::Corrupt => StoreFault::Corrupt(message),
+            FaultKind::Schema => StoreFault::Schema(message),
+            FaultKind::Backend => StoreFault::Backend(message),
+        }
+    }
+
+    /// The kind of this fault.
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            StoreFault::Busy(_) => FaultKind::Busy,
+            StoreFault::Unavailable(_) => FaultKind::Unavailable,
+            StoreFault::Timeout(_) => FaultKind::Timeout,
+            StoreFault::Corrupt(_) => FaultKind::Corrupt,
+            StoreFault::Schema(_) => FaultKind::Schema,
+            StoreFault::Backend(_) => FaultKind::Backend,
+        }
+    }
+
+    /// The driver's message, without the kind's prefix.
+    pub fn message(&self) -> &str {
+        match self {
+            StoreFault::Busy(m)
+            | StoreFault::Unavailable(m)
+            | StoreFault::Timeout(m)
+            | StoreFault::Corrupt(m)
+            | StoreFault::Schema(m)
+            | StoreFault::Backend(m) => m,
+        }
+    }
 }
 
 /// Errors of [`crate::TokenStore`].
@@ -52,6 +97,17 @@ pub enum TokenStoreError {
     /// The backend failed.
     #[error(transparent)]
     Fault(#[from] StoreFault),
+}
+
+impl TokenStoreError {
+    /// The kind of the backend's failure; `None` for a refusal of the call
+    /// ([`TokenStoreError::Conflict`], [`TokenStoreError::BalanceOverflow`]).
+    pub fn fault_kind(&self) -> Option<FaultKind> {
+        match self {
+            TokenStoreError::Fault(f) => Some(f.kind()),
+            TokenStoreError::Conflict { .. } | TokenStoreError::BalanceOverflow { .. } => None,
+        }
+    }
 }
 
 /// Errors of [`crate::LockStore`].
@@ -101,6 +157,22 @@ pub enum LockStoreError {
     Fault(#[from] StoreFault),
 }
 
+impl LockStoreError {
+    /// The kind of the backend's failure; `None` for a verdict or a refusal of
+    /// the call (a double spend, outputs that are invalid, unconserved or differ,
+    /// a window too large).
+    pub fn fault_kind(&self) -> Option<FaultKind> {
+        match self {
+            LockStoreError::Fault(f) => Some(f.kind()),
+            LockStoreError::WindowTooLarge { .. }
+            | LockStoreError::DoubleSpend { .. }
+            | LockStoreError::BadOutputs { .. }
+            | LockStoreError::NotConserved(_)
+            | LockStoreError::OutputsDiffer { .. } => None,
+        }
+    }
+}
+
 /// The outputs of a transaction do not conserve one of its token types.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -131,4 +203,101 @@ pub enum QueueStoreError {
     /// The backend failed.
     #[error(transparent)]
     Fault(#[from] StoreFault),
+}
+
+impl StatusStoreError {
+    /// The kind of the backend's failure (always `Some`: every variant is one).
+    pub fn fault_kind(&self) -> Option<FaultKind> {
+        match self {
+            StatusStoreError::Fault(f) => Some(f.kind()),
+        }
+    }
+}
+
+impl QueueStoreError {
+    /// The kind of the backend's failure (always `Some`: every variant is one).
+    pub fn fault_kind(&self) -> Option<FaultKind> {
+        match self {
+            QueueStoreError::Fault(f) => Some(f.kind()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_keeps_its_kind_and_message() {
+        for kind in FaultKind::ALL {
+            let fault = StoreFault::new(kind, "the driver said so");
+            assert_eq!(fault.kind(), kind);
+            assert_eq!(fault.message(), "the driver said so");
+            assert!(
+                fault.to_string().ends_with(": the driver said so"),
+                "{fault}"
+            );
+        }
+        assert_eq!(
+            StoreFault::Timeout("canceling statement due to statement timeout".into()).to_string(),
+            "database timeout: canceling statement due to statement timeout"
+        );
+    }
+
+    #[test]
+    fn port_errors_tell_faults_from_verdicts() {
+        let fault = || StoreFault::Busy("locked".into());
+        let tx = TxId::new("t").expect("tx");
+        let token = TokenId::new(tx.clone(), 0);
+        let cases: Vec<(String, Option<FaultKind>)> = vec![
+            (
+                "tokens fault".into(),
+                TokenStoreError::Fault(StoreFault::Corrupt("x".into())).fault_kind(),
+            ),
+            (
+                "tokens conflict".into(),
+                TokenStoreError::Conflict {
+                    token: "t:0".into(),
+                    detail: "amount".into(),
+                }
+                .fault_kind(),
+            ),
+            (
+                "locks fault".into(),
+                LockStoreError::Fault(fault()).fault_kind(),
+            ),
+            (
+                "double spend".into(),
+                LockStoreError::DoubleSpend {
+                    token,
+                    spent_by: tx,
+                }
+                .fault_kind(),
+            ),
+            (
+                "window".into(),
+                LockStoreError::WindowTooLarge { len: 300, max: 256 }.fault_kind(),
+            ),
+            (
+                "status fault".into(),
+                StatusStoreError::Fault(StoreFault::Unavailable("down".into())).fault_kind(),
+            ),
+            (
+                "queue fault".into(),
+                QueueStoreError::Fault(StoreFault::Timeout("slow".into())).fault_kind(),
+            ),
+        ];
+        let expected = [
+            Some(FaultKind::Corrupt),
+            None,
+            Some(FaultKind::Busy),
+            None,
+            None,
+            Some(FaultKind::Unavailable),
+            Some(FaultKind::Timeout),
+        ];
+        for ((what, got), want) in cases.iter().zip(expected) {
+            assert_eq!(*got, want, "{what}");
+        }
+    }
 }

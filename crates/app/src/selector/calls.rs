@@ -5,8 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_domain::{ClaimVerdict, StoreFailure, Timestamp, TokenId, TxId};
-use holdfast_ports::LockStore;
+use holdfast_domain::{ClaimVerdict, FaultKind, StoreFailure, Timestamp, TokenId, TxId};
+use holdfast_ports::{LockStore, LockStoreError, StoreFault, TokenStoreError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -56,8 +56,38 @@ pub(super) async fn release(
         .map_err(failure)
 }
 
-pub(super) fn failure(e: impl std::fmt::Display) -> StoreFailure {
-    StoreFailure::new(e.to_string())
+/// The engine's view of a port error: a fault keeps its kind and the driver's
+/// message; anything else (a refusal the selector never provokes, such as a
+/// window too large) is a [`FaultKind::Backend`] failure.
+pub(super) fn failure(e: impl PortError) -> StoreFailure {
+    match e.fault() {
+        Some(fault) => StoreFailure::new(fault.kind(), fault.message()),
+        None => StoreFailure::new(FaultKind::Backend, e.to_string()),
+    }
+}
+
+/// The port errors a select meets.
+pub(super) trait PortError: std::fmt::Display {
+    /// The backend's fault, if the error is one.
+    fn fault(&self) -> Option<&StoreFault>;
+}
+
+impl PortError for LockStoreError {
+    fn fault(&self) -> Option<&StoreFault> {
+        match self {
+            LockStoreError::Fault(fault) => Some(fault),
+            _ => None,
+        }
+    }
+}
+
+impl PortError for TokenStoreError {
+    fn fault(&self) -> Option<&StoreFault> {
+        match self {
+            TokenStoreError::Fault(fault) => Some(fault),
+            _ => None,
+        }
+    }
 }
 
 /// Attempts of [`give_back`], and the backoff before its second attempt (doubling).
@@ -140,6 +170,7 @@ impl HeldGuard {
         self.in_flight = Some(tokio::spawn(task.in_current_span()));
         let answer = answer_rx.await.unwrap_or_else(|_| {
             Err(StoreFailure::new(
+                FaultKind::Backend,
                 "the store call ended without an answer (it panicked or was cancelled)",
             ))
         });

@@ -61,12 +61,14 @@ use holdfast_domain::{
     SelectionError, SelectionFailure, SelectionStats, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
-    Clock, LockStore, ReadWithClaim, Stores, Subscription, TokenStore, WaitEnd, WakeKey, WakeUps,
+    Clock, LockStore, ReadWithClaim, StoreFault, Stores, Subscription, TokenStore, WaitEnd,
+    WakeKey, WakeUps,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tracing::Instrument;
 
+use crate::error::ErrorKind;
 use crate::metrics::{self as m, SelectOutcomeLabel};
 use calls::{HeldGuard, claim, failure, give_back, release, renew};
 use races::{Answer, candidate_read, read_size};
@@ -100,12 +102,18 @@ pub enum SelectError {
         /// The deadline, in ms.
         deadline_ms: u64,
     },
-    /// The store failed (without contention) until the retry budget ran out.
+    /// The store failed (without contention) until the retry budget ran out: the
+    /// last store fault, with its kind ([`StoreFault::kind`]: an unavailable
+    /// database is not corrupt data).
     #[error("token store error: {0}")]
-    Store(String),
+    Store(StoreFault),
     /// The request was refused before any I/O (an amount of zero).
     #[error(transparent)]
     Input(SelectionError),
+    /// The handle is shutting down and takes no new work; retry on another
+    /// replica. Never returned by [`TokenSelector`] itself.
+    #[error("shutting down: this handle takes no new selects; retry on another replica")]
+    ShuttingDown,
 }
 
 impl From<SelectionFailure> for SelectError {
@@ -119,7 +127,9 @@ impl From<SelectionFailure> for SelectError {
                 requested,
             },
             SelectionFailure::FundsLocked => SelectError::FundsLocked,
-            SelectionFailure::Store { message } => SelectError::Store(message),
+            SelectionFailure::Store { kind, message } => {
+                SelectError::Store(StoreFault::new(kind, message))
+            }
         }
     }
 }
@@ -131,7 +141,23 @@ impl SelectError {
             SelectError::InsufficientFunds { .. } => SelectOutcomeLabel::InsufficientFunds,
             SelectError::FundsLocked => SelectOutcomeLabel::FundsLocked,
             SelectError::DeadlineExceeded { .. } => SelectOutcomeLabel::DeadlineExceeded,
-            SelectError::Store(_) | SelectError::Input(_) => SelectOutcomeLabel::Error,
+            SelectError::Store(_) | SelectError::Input(_) | SelectError::ShuttingDown => {
+                SelectOutcomeLabel::Error
+            }
+        }
+    }
+
+    /// What kind of failure this is ([`ErrorKind`]): insufficient funds, funds
+    /// locked, a deadline (timeout), the store fault's kind, invalid input, or
+    /// shutting down.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SelectError::InsufficientFunds { .. } => ErrorKind::InsufficientFunds,
+            SelectError::FundsLocked => ErrorKind::FundsLocked,
+            SelectError::DeadlineExceeded { .. } => ErrorKind::Timeout,
+            SelectError::Store(fault) => fault.kind().into(),
+            SelectError::Input(_) => ErrorKind::InvalidInput,
+            SelectError::ShuttingDown => ErrorKind::ShuttingDown,
         }
     }
 }

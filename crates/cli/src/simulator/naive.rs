@@ -24,7 +24,7 @@ use holdfast_domain::{
     Candidate, ClaimVerdict, Quantity, SelectRequest, Selected, SelectionStats, TokenId, TokenType,
     WalletId,
 };
-use holdfast_ports::{Clock, LockStore, TokenStore};
+use holdfast_ports::{Clock, LockStore, StoreFault, TokenStore, TokenStoreError};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -110,7 +110,12 @@ impl NaiveSelector {
             .tokens
             .list_tokens(wallet, Some(token_type.clone()), NAIVE_READ_LIMIT)
             .await
-            .map_err(|e| SelectError::Store(e.to_string()))?;
+            .map_err(|e| {
+                SelectError::Store(match e {
+                    TokenStoreError::Fault(fault) => fault,
+                    other => StoreFault::Backend(other.to_string()),
+                })
+            })?;
         let tokens: Arc<Vec<Candidate>> = Arc::new(
             rows.into_iter()
                 .filter(|t| t.spendable && t.spent_by.is_none())
@@ -201,9 +206,9 @@ impl NaiveSelector {
                                     won.push(candidate.id.clone());
                                     held.insert(candidate.id.clone());
                                     sum = sum.checked_add(candidate.quantity).ok_or_else(|| {
-                                        SelectError::Store(
+                                        SelectError::Store(StoreFault::Backend(
                                             "selected amounts overflow 128 bits".to_owned(),
-                                        )
+                                        ))
                                     })?;
                                     if sum >= request.amount {
                                         return Ok(Selected {

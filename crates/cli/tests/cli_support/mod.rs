@@ -54,7 +54,8 @@ impl Holdfast {
         }
     }
 
-    /// The binary, in the working directory, with a clean environment, without `--db`.
+    /// The binary, in the working directory, with a clean environment, without `--db`
+    /// (and without the test server's `DATABASE_URL`, which would choose the database).
     pub fn bare(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_holdfast"));
         for (key, _) in std::env::vars_os() {
@@ -63,6 +64,7 @@ impl Holdfast {
             }
         }
         cmd.env_remove("RUST_LOG")
+            .env_remove("DATABASE_URL")
             .env("HOLDFAST_SEED", SEED)
             // Not derived from the host name: outputs are the same on every machine.
             .env("HOLDFAST_OWNER", "cli-test")
@@ -485,7 +487,7 @@ pub fn check_demo(summary: &serde_json::Value, backend: &str) {
 /// Runs `locks sweep` with a lease of 1 ms once the lease has run out for every
 /// lock taken before this call (slow finality), and returns its JSON.
 fn sweep_with_expired_leases(h: &Holdfast) -> serde_json::Value {
-    // Real processes cannot share a paused clock: wait out the 1 ms lease.
+    // sleep: real processes cannot share a paused clock: wait out the 1 ms lease.
     std::thread::sleep(std::time::Duration::from_millis(20));
     let output = h
         .cmd()
@@ -781,6 +783,7 @@ pub fn queue_lease_expiry(h: &Holdfast) {
     let admitted = step(&["queue", "process", "--request", "request/lease/1"]);
     assert_eq!(admitted["reply"]["kind"], "publish");
     step(&["queue", "ingest", "--queue", "lease", "--uri", "rev-2"]);
+    // sleep: the 1 s slot lease must run out; real processes share no paused clock.
     std::thread::sleep(std::time::Duration::from_millis(1_500));
     let reconciled = step(&["queue", "reconcile", "--queue", "lease"]);
     assert_eq!(
@@ -837,7 +840,7 @@ pub fn queue_republish(h: &Holdfast) -> Steps {
             .is_some_and(|d| (1..=300).contains(&d)),
         "{duplicate}"
     );
-    // Real processes cannot share a paused clock: wait out the 300 ms.
+    // sleep: real processes cannot share a paused clock: wait out the 300 ms.
     std::thread::sleep(std::time::Duration::from_millis(400));
     let shown = step(&["queue", "show", "--queue", "again"]);
     assert_eq!(shown["resume_after_ms"], 300, "{shown}");

@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, Precision, Quantity, SelectRequest, Selected, Selection,
-    SelectionConfig, SelectionFailure, SelectionStats, StoreFailure, TokenId, TokenType, TxId,
-    WalletId,
+    Action, Candidate, ClaimVerdict, FaultKind, Precision, Quantity, SelectRequest, Selected,
+    Selection, SelectionConfig, SelectionFailure, SelectionStats, StoreFailure, TokenId, TokenType,
+    TxId, WalletId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -267,7 +267,10 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 );
                 if take_fault(&mut wallet.fail_fetches) {
                     let _ = writeln!(trace, "store error");
-                    selection.on_candidates(Err(StoreFailure::new("fetch failed")), &mut rng)
+                    selection.on_candidates(
+                        Err(StoreFailure::new(FaultKind::Unavailable, "fetch failed")),
+                        &mut rng,
+                    )
                 } else {
                     let page = match fetch.bands {
                         Some(b) => b.answer(
@@ -289,7 +292,10 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 if take_fault(&mut wallet.fail_claims) {
                     verdict_log.push((Vec::new(), clears));
                     let _ = writeln!(trace, "store error");
-                    selection.on_claim(Err(StoreFailure::new("claim failed")), &mut rng)
+                    selection.on_claim(
+                        Err(StoreFailure::new(FaultKind::Busy, "claim failed")),
+                        &mut rng,
+                    )
                 } else {
                     let verdicts = wallet.claim(&ids);
                     verdict_log.push((verdicts.clone(), clears));
@@ -315,7 +321,10 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 let _ = write!(trace, "L{leg} balance -> ");
                 if take_fault(&mut wallet.fail_balances) {
                     let _ = writeln!(trace, "store error");
-                    selection.on_balance(Err(StoreFailure::new("balance failed")), &mut rng)
+                    selection.on_balance(
+                        Err(StoreFailure::new(FaultKind::Timeout, "balance failed")),
+                        &mut rng,
+                    )
                 } else {
                     let balance = wallet.balance_for_consumer();
                     let _ = writeln!(trace, "{balance}");
@@ -326,7 +335,10 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 let _ = write!(trace, "L{leg} release {} -> ", names(&wallet, &ids));
                 if take_fault(&mut wallet.fail_releases) {
                     let _ = writeln!(trace, "store error");
-                    selection.on_released(Err(StoreFailure::new("release failed")), &mut rng)
+                    selection.on_released(
+                        Err(StoreFailure::new(FaultKind::Backend, "release failed")),
+                        &mut rng,
+                    )
                 } else {
                     wallet.release(&ids);
                     let _ = writeln!(trace, "ok");

@@ -1,15 +1,17 @@
 //! `cargo xtask ci`: what `.ci/run` runs, in order — formatting, clippy with
 //! warnings denied (the workspace, then the library with each backend feature
-//! alone), `cargo doc` with warnings denied, the whole test suite (see [`crate::testing`]; it includes the
+//! alone), `cargo doc` with warnings denied, the README's examples built outside
+//! the workspace on its dependency block (see [`crate::readme`]), the whole test suite (see [`crate::testing`]; it includes the
 //! fuzz targets' proptest fallback, and the failover tests of `cargo xtask failover`,
 //! which start their own primary and standby from the PostgreSQL binaries and
 //! fail under `CI=true` without them), the HTML report rendered in headless
-//! Chromium (see [`crate::browser`]), the tidy checks (see [`crate::tidy`]). The
+//! Chromium (see [`crate::browser`]), `cargo package` of every publishable crate
+//! (see [`crate::package`]), the tidy checks (see [`crate::tidy`]). The
 //! first failing step stops the run.
 
 use std::time::Instant;
 
-use crate::{Error, browser, process, testing, tidy};
+use crate::{Error, browser, process, readme, testing, tidy};
 
 /// The `ci` task.
 pub fn run(args: &[String]) -> Result<(), Error> {
@@ -61,8 +63,11 @@ pub fn run(args: &[String]) -> Result<(), Error> {
                 .env("RUSTDOCFLAGS", "-D warnings"),
         )
     })?;
+    // The README's examples, outside the workspace, on its dependency block alone.
+    step("readme", readme::run)?;
     let summary = step("test", || testing::suite(&[]))?;
     step("browser", || browser::run(&[]))?;
+    step("package", crate::package::run)?;
     step("tidy", tidy::run)?;
     eprintln!(
         "xtask ci: all steps passed in {:.0}s",

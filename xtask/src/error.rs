@@ -6,7 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The first argument named no task.
-    #[error("unknown task {0:?}; expected one of: ci, test, fuzz, demo, bench, browser, help")]
+    #[error(
+        "unknown task {0:?}; expected one of: ci, test, failover, fuzz, demo, bench, browser, readme, help"
+    )]
     UnknownTask(String),
     /// A task got an argument it does not take.
     #[error("task {task} takes no argument {arg:?}")]

@@ -15,8 +15,10 @@ mod demo;
 mod error;
 mod failover;
 mod fuzz;
+mod package;
 mod postgres;
 mod process;
+mod readme;
 mod testing;
 mod tidy;
 
@@ -54,6 +56,10 @@ const TASKS: &[(&str, &str)] = &[
         "browser [--screenshot FILE.png]",
         "the simulator's HTML report rendered in headless Chromium: charts and figures table present",
     ),
+    (
+        "readme",
+        "the README's Rust examples built in a crate outside the workspace with exactly its dependency block",
+    ),
     ("help", "this list"),
 ];
 
@@ -77,6 +83,13 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
         "bench" => bench::run(rest),
         "browser" => browser::run(rest),
         "ci" => ci::run(rest),
+        "readme" => match rest.first() {
+            Some(arg) => Err(Error::UnexpectedArgument {
+                task: "readme",
+                arg: arg.clone(),
+            }),
+            None => readme::run(),
+        },
         "test" => testing::run(rest),
         "failover" => failover::run(rest),
         "fuzz" => fuzz::run(rest),

@@ -8,6 +8,15 @@
 //! `ran <name>` when it ran against the server, `skipped <name>` when it skipped.
 //! The summary counts those lines, so "N PostgreSQL tests ran" is measured, not
 //! assumed from test names.
+//!
+//! Two callers, two rules for a skip ([`skip_verdict`]):
+//! - [`suite`], the test step of `cargo xtask ci`, fails when any PostgreSQL test
+//!   skipped, or when none reported at all (the tally is then not wired up): "every
+//!   test ran" is the gate's claim. Without a server it fails at once, before the
+//!   tests. `HOLDFAST_ALLOW_PG_SKIPS=1` lets a local run without PostgreSQL pass with
+//!   a loud warning; under `CI=true` it is ignored.
+//! - [`run`], `cargo xtask test`, only warns: a developer selects tests (`-p`, a
+//!   filter) and may have no PostgreSQL; the summary line still counts the skips.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -18,6 +27,11 @@ use crate::{Error, process};
 
 /// Environment variable naming the tally file the PostgreSQL tests append to.
 pub const TALLY_VAR: &str = "HOLDFAST_PG_TALLY";
+/// Set to `1` to let `cargo xtask ci` pass although PostgreSQL tests skipped (a
+/// local run without PostgreSQL); ignored under `CI=true`.
+pub const ALLOW_SKIPS_VAR: &str = "HOLDFAST_ALLOW_PG_SKIPS";
+/// How many skipped tests a refusal names.
+const NAMED_SKIPS: usize = 5;
 
 /// What a test run measured.
 #[derive(Debug)]
@@ -30,6 +44,8 @@ pub struct Summary {
     pub pg_ran: usize,
     /// PostgreSQL tests that skipped for want of a server.
     pub pg_skipped: usize,
+    /// The tally as the tests wrote it (`ran <name>` / `skipped <name>` lines).
+    pub tally: String,
     /// Where the server came from.
     pub server: String,
     /// Wall time of the whole run, server start and stop included.
@@ -79,15 +95,91 @@ impl Summary {
 }
 
 /// The `test` task: `args` are passed to the runner (nextest filters, `-p`, ...).
+/// Skipped PostgreSQL tests are a warning here (see the module docs).
 pub fn run(args: &[String]) -> Result<(), Error> {
-    suite(args).map(|summary| summary.print())
-}
-
-/// Runs the suite and returns what it measured; the server is provided for the
-/// duration of the run and removed afterwards, also when a test fails.
-pub fn suite(args: &[String]) -> Result<Summary, Error> {
     let started = Instant::now();
     let server = postgres::provide()?;
+    measure(args, server, started).map(|summary| summary.print())
+}
+
+/// The test step of `cargo xtask ci`: the whole suite, which fails when any
+/// PostgreSQL test skipped unless [`ALLOW_SKIPS_VAR`] allows it (see the module docs).
+pub fn suite(args: &[String]) -> Result<Summary, Error> {
+    let started = Instant::now();
+    let allow = skips_allowed();
+    let server = postgres::provide()?;
+    if let Server::Absent(reason) = &server
+        && !allow
+    {
+        return Err(Error::NoPostgres(format!(
+            "{reason}; every PostgreSQL test would skip. {}",
+            how_to_allow()
+        )));
+    }
+    let summary = measure(args, server, started)?;
+    match skip_verdict(&summary.tally, allow) {
+        Ok(None) => Ok(summary),
+        Ok(Some(warning)) => {
+            eprintln!("xtask test: WARNING: {warning}");
+            Ok(summary)
+        }
+        Err(err) => {
+            summary.print();
+            Err(err)
+        }
+    }
+}
+
+/// Whether [`ALLOW_SKIPS_VAR`] is `1` outside CI.
+fn skips_allowed() -> bool {
+    std::env::var(ALLOW_SKIPS_VAR).is_ok_and(|v| v == "1") && !postgres::under_ci()
+}
+
+fn how_to_allow() -> String {
+    format!(
+        "Install PostgreSQL or set DATABASE_URL; to pass without them locally, set \
+         {ALLOW_SKIPS_VAR}=1 (ignored under CI=true)"
+    )
+}
+
+/// What the tally of a `cargo xtask ci` run means: `Ok(None)` when PostgreSQL
+/// tests ran and none skipped; `Ok(Some(warning))` when some skipped and
+/// `allow_skips` (the local opt-in) lets that pass; an error when some skipped
+/// without it, or when no PostgreSQL test reported at all (the tally is broken,
+/// so "none skipped" would be unmeasured).
+pub fn skip_verdict(tally: &str, allow_skips: bool) -> Result<Option<String>, Error> {
+    let (ran, skipped) = read_tally(tally);
+    if ran == 0 && skipped.is_empty() {
+        return Err(Error::NoPostgres(format!(
+            "no PostgreSQL test wrote to {TALLY_VAR}: the skip check cannot measure anything"
+        )));
+    }
+    if skipped.is_empty() {
+        return Ok(None);
+    }
+    let mut named = skipped
+        .iter()
+        .take(NAMED_SKIPS)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if skipped.len() > NAMED_SKIPS {
+        named.push_str(", ...");
+    }
+    let what = format!(
+        "{} PostgreSQL test(s) SKIPPED ({named}), {ran} ran",
+        skipped.len()
+    );
+    if allow_skips {
+        Ok(Some(format!("{what}; allowed by {ALLOW_SKIPS_VAR}=1")))
+    } else {
+        Err(Error::NoPostgres(format!("{what}. {}", how_to_allow())))
+    }
+}
+
+/// Runs the suite on `server` (provided since `started`) and returns what it
+/// measured; the server is removed afterwards, also when a test fails.
+fn measure(args: &[String], server: Server, started: Instant) -> Result<Summary, Error> {
     let tally = Tally::create()?;
     let nextest = nextest_available();
     let runner = if nextest {
@@ -126,12 +218,15 @@ pub fn suite(args: &[String]) -> Result<Summary, Error> {
         Ok(())
     }
     .and_then(|()| process::run(&mut tests));
-    let (pg_ran, pg_skipped) = tally.count();
+    let tally_text = tally.read();
+    let (pg_ran, skipped) = read_tally(&tally_text);
+    let pg_skipped = skipped.len();
     let summary = Summary {
         runner,
         doc_tests,
         pg_ran,
         pg_skipped,
+        tally: tally_text,
         server: server.describe(),
         seconds: started.elapsed().as_secs_f64(),
         counts: if nextest { junit_counts(&junit) } else { None },
@@ -213,21 +308,24 @@ impl Tally {
         Ok(Tally { path })
     }
 
-    /// (ran, skipped) lines written by the tests.
-    fn count(&self) -> (usize, usize) {
-        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
-        count_lines(&text)
+    /// The lines written by the tests.
+    fn read(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap_or_default()
     }
 }
 
-fn count_lines(text: &str) -> (usize, usize) {
-    text.lines().fold((0, 0), |(ran, skipped), line| {
-        match line.split_whitespace().next() {
-            Some("ran") => (ran + 1, skipped),
-            Some("skipped") => (ran, skipped + 1),
-            _ => (ran, skipped),
+/// How many `ran` lines a tally holds, and the names of its `skipped` lines.
+fn read_tally(text: &str) -> (usize, Vec<String>) {
+    let mut ran = 0;
+    let mut skipped = Vec::new();
+    for line in text.lines() {
+        match line.split_once(char::is_whitespace).unwrap_or((line, "")) {
+            ("ran", _) => ran += 1,
+            ("skipped", name) => skipped.push(name.trim().to_owned()),
+            _ => {}
         }
-    })
+    }
+    (ran, skipped)
 }
 
 impl Drop for Tally {
@@ -238,7 +336,7 @@ impl Drop for Tally {
 
 #[cfg(test)]
 mod tests {
-    use super::{Counts, count_lines, parse_junit};
+    use super::{ALLOW_SKIPS_VAR, Counts, Error, parse_junit, read_tally, skip_verdict};
 
     #[test]
     fn junit_counts_come_from_the_testsuites_element() {
@@ -259,6 +357,57 @@ mod tests {
     #[test]
     fn tally_counts_ran_and_skipped_lines() {
         let text = "ran pg::claims::window\nskipped pg::sweep\nran pg::queue\n\ngarbage\n";
-        assert_eq!(count_lines(text), (2, 1));
+        assert_eq!(read_tally(text), (2, vec!["pg::sweep".to_owned()]));
+    }
+
+    #[test]
+    fn a_run_where_every_postgresql_test_ran_passes() {
+        let tally = "ran pg::claims::window\nran pg::queue\n";
+        assert!(matches!(skip_verdict(tally, false), Ok(None)));
+        assert!(matches!(skip_verdict(tally, true), Ok(None)));
+    }
+
+    #[test]
+    fn a_skipped_postgresql_test_fails_the_gate_and_names_the_opt_in() {
+        let tally = "ran pg::queue\nskipped pg::sweep\nskipped fleet::failover\n";
+        match skip_verdict(tally, false) {
+            Err(Error::NoPostgres(message)) => {
+                assert!(
+                    message.contains("2 PostgreSQL test(s) SKIPPED"),
+                    "{message}"
+                );
+                assert!(message.contains("pg::sweep, fleet::failover"), "{message}");
+                assert!(
+                    message.contains(&format!("{ALLOW_SKIPS_VAR}=1")),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_local_opt_in_turns_skips_into_a_warning() {
+        let tally = "skipped pg::sweep\n";
+        match skip_verdict(tally, true) {
+            Ok(Some(warning)) => {
+                assert!(
+                    warning.contains("1 PostgreSQL test(s) SKIPPED (pg::sweep), 0 ran"),
+                    "{warning}"
+                );
+                assert!(warning.contains(ALLOW_SKIPS_VAR), "{warning}");
+            }
+            other => panic!("expected a warning, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_empty_tally_is_an_error_even_with_the_opt_in() {
+        for allow in [false, true] {
+            assert!(matches!(
+                skip_verdict("\n", allow),
+                Err(Error::NoPostgres(_))
+            ));
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! Tidy checks: the dependency invariants of ARCHITECTURE.md, checked against
-//! `cargo metadata` and `Cargo.lock` rather than good intentions.
+//! Tidy checks: the invariants of ARCHITECTURE.md, checked against `cargo
+//! metadata`, `Cargo.lock` and the source tree rather than good intentions.
 //!
 //! - `holdfast-domain` has no async runtime, database driver or `async-trait` in its
 //!   normal dependency tree (a service can import the rules alone);
@@ -8,11 +8,27 @@
 //!   `sync`, `time` and `macros` (the wake-up primitives: no runtime, no I/O),
 //!   and only the `conformance` feature may enable more of it;
 //! - neither adapter depends on the other (in any dependency kind);
-//! - `Cargo.lock` holds one `libsqlite3-sys` version (two would link two SQLites).
+//! - `Cargo.lock` holds one `libsqlite3-sys` version (two would link two SQLites);
+//! - `holdfast` with one backend feature pulls no command-line crate and not the
+//!   other backend (`cargo tree`);
+//! - `crates/domain/clippy.toml` bans every way to the clock (`now`, `elapsed`),
+//!   the environment and OS randomness (`OsRng`, `from_os_rng`, `rand::rng` and
+//!   the other global-generator functions) that [`DOMAIN_BANNED_METHODS`] and
+//!   [`DOMAIN_BANNED_TYPES`] list; clippy then enforces the bans;
+//! - every source module starts with `//!`, and no test is skipped with an
+//!   attribute (a skip at run time is `cargo xtask ci`'s, see `crate::testing`);
+//! - test code sleeps only with a stated reason (`// sleep: <reason>`) or on
+//!   tokio's paused clock ([`check_test_sleeps`]);
+//! - both adapters keep the same file map: a file of one has a counterpart of the
+//!   same name in the other unless [`BACKEND_SPECIFIC_FILES`] says why not;
+//! - every `Duration` or numeric constant in an adapter's code is declared in
+//!   [`ADAPTER_CONSTANTS`] as a fact, a bound or a documented tuning (adapters
+//!   decide no policy).
 //!
-//! The checks are ordinary `#[test]`s below (so `cargo xtask test` runs them) and
-//! also the last step of `cargo xtask ci`. Each check is exercised on synthetic
-//! metadata with a forbidden edge, so a checker that cannot fail is itself a failure.
+//! All run as the last step of `cargo xtask ci` ([`run`]); all but the `cargo
+//! tree` one also run as ordinary `#[test]`s on the real workspace (so `cargo
+//! xtask test` runs them). Each check is exercised on a synthetic violation too,
+//! so a checker that cannot fail is itself a failure.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -457,6 +473,735 @@ pub fn check_sources(files: &[(PathBuf, String)]) -> Vec<String> {
     violations
 }
 
+// --- The domain's bans ----------------------------------------------------------
+
+/// The domain's clippy configuration, relative to the workspace root.
+const DOMAIN_CLIPPY: &str = "crates/domain/clippy.toml";
+
+/// Functions and methods the domain's clippy configuration must ban: each reads
+/// the clock, the environment or OS randomness.
+const DOMAIN_BANNED_METHODS: &[&str] = &[
+    "std::time::SystemTime::now",
+    "std::time::Instant::now",
+    "std::time::Instant::elapsed",
+    "std::time::SystemTime::elapsed",
+    "std::env::var",
+    "std::env::var_os",
+    "std::env::vars",
+    "std::env::vars_os",
+    "std::env::args",
+    "std::env::args_os",
+    "rand::SeedableRng::from_os_rng",
+    "rand::SeedableRng::try_from_os_rng",
+    "rand::rng",
+    "rand::thread_rng",
+    "rand::random",
+    "rand::random_iter",
+    "rand::random_range",
+    "rand::random_bool",
+    "rand::random_ratio",
+    "rand::fill",
+];
+
+/// Types the domain's clippy configuration must ban: OS randomness and the
+/// OS-seeded global generator.
+const DOMAIN_BANNED_TYPES: &[&str] = &["rand::rngs::OsRng", "rand::rngs::ThreadRng"];
+
+/// The paths a clippy.toml text lists under `table` (`disallowed-methods`,
+/// `disallowed-types`): the `path` of each `{ path = "..", .. }` entry and each
+/// bare `".."` entry.
+fn banned_paths(toml: &str, table: &str) -> BTreeSet<String> {
+    let text: String = toml
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut paths = BTreeSet::new();
+    let mut lines = text.split('\n');
+    let mut body = String::new();
+    // Collect the text of the array that starts at `table = [`.
+    while let Some(line) = lines.next() {
+        let Some(rest) = line
+            .trim_start()
+            .strip_prefix(table)
+            .map(str::trim_start)
+            .and_then(|r| r.strip_prefix('='))
+            .map(str::trim_start)
+            .and_then(|r| r.strip_prefix('['))
+        else {
+            continue;
+        };
+        body.push_str(rest);
+        if !rest.contains(']') {
+            for more in lines.by_ref() {
+                body.push('\n');
+                body.push_str(more);
+                if more.trim_start().starts_with(']') {
+                    break;
+                }
+            }
+        }
+        body.push('\n');
+    }
+    let mut rest = body.as_str();
+    loop {
+        rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+        if let Some(inner) = rest.strip_prefix('{') {
+            let close = inner.find('}').unwrap_or(inner.len());
+            let path = inner[..close].split(',').find_map(|pair| {
+                let (key, value) = pair.split_once('=')?;
+                (key.trim() == "path").then(|| value.trim().trim_matches('"').to_owned())
+            });
+            paths.extend(path);
+            rest = inner.get(close + 1..).unwrap_or("");
+        } else if let Some(inner) = rest.strip_prefix('"') {
+            let close = inner.find('"').unwrap_or(inner.len());
+            paths.insert(inner[..close].to_owned());
+            rest = inner.get(close + 1..).unwrap_or("");
+        } else if let Some(after) = rest.strip_prefix(']') {
+            rest = after;
+        } else {
+            break;
+        }
+    }
+    paths
+}
+
+/// The domain's clippy configuration bans every path of [`DOMAIN_BANNED_METHODS`]
+/// and [`DOMAIN_BANNED_TYPES`], so "the domain reads no clock, environment or OS
+/// randomness" is enforced by clippy rather than hoped.
+pub fn check_domain_bans(clippy_toml: &str) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (table, required) in [
+        ("disallowed-methods", DOMAIN_BANNED_METHODS),
+        ("disallowed-types", DOMAIN_BANNED_TYPES),
+    ] {
+        let banned = banned_paths(clippy_toml, table);
+        for path in required.iter().filter(|p| !banned.contains(**p)) {
+            violations.push(format!(
+                "{DOMAIN_CLIPPY}: `{path}` is not in {table}; the domain could read the clock, \
+                 the environment or OS randomness through it"
+            ));
+        }
+    }
+    violations
+}
+
+// --- The adapters' file maps ----------------------------------------------------
+
+const SQLITE_SRC: &str = "crates/adapters-sqlite/src";
+const POSTGRES_SRC: &str = "crates/adapters-postgres/src";
+
+/// Files of one adapter's `src` that the other has no counterpart of, each with
+/// why: (adapter `src`, file, reason). Every other file exists in both, for the
+/// same role, so a reader who knows one adapter knows where to look in the other.
+const BACKEND_SPECIFIC_FILES: &[(&str, &str, &str)] = &[
+    (
+        SQLITE_SRC,
+        "pool.rs",
+        "rusqlite is synchronous: one writer with group commit and readers on blocking threads (PostgreSQL's pool is sqlx's, set up in session.rs)",
+    ),
+    (
+        SQLITE_SRC,
+        "lockout.rs",
+        "the file's one write lock and its busy timeout; PostgreSQL has row locks and statement timeouts",
+    ),
+    (
+        SQLITE_SRC,
+        "dbfile.rs",
+        "the database is a file whose path can be deleted or replaced; PostgreSQL has no file",
+    ),
+    (
+        SQLITE_SRC,
+        "timetext.rs",
+        "SQLite stores timestamps as text; PostgreSQL binds them as numbers in codec.rs",
+    ),
+    (
+        POSTGRES_SRC,
+        "session.rs",
+        "a server connection's settings, the sqlx pool and Health (SQLite's connections are pool.rs)",
+    ),
+    (
+        POSTGRES_SRC,
+        "url.rs",
+        "passwords in connection URLs; a SQLite URL carries none",
+    ),
+    (
+        POSTGRES_SRC,
+        "hosts.rs",
+        "multi-host URLs and target_session_attrs; SQLite has one file",
+    ),
+    (
+        POSTGRES_SRC,
+        "route.rs",
+        "following the primary across hosts at a failover; SQLite has no replicas",
+    ),
+    (
+        POSTGRES_SRC,
+        "durability.rs",
+        "whether replication settings can lose an acknowledged commit; SQLite has no replication",
+    ),
+];
+
+/// Each adapter's `src` files (paths below `src`, `/`-separated) exist in the
+/// other adapter too, unless `declared` names them as specific to it; a
+/// declaration must name a file that exists in its adapter only.
+pub fn check_adapter_file_maps(
+    maps: &[(&str, BTreeSet<String>)],
+    declared: &[(&str, &str, &str)],
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (adapter, files) in maps {
+        let others: Vec<&(&str, BTreeSet<String>)> =
+            maps.iter().filter(|(a, _)| a != adapter).collect();
+        for file in files {
+            let in_others = others.iter().all(|(_, f)| f.contains(file));
+            let specific = declared.iter().any(|(a, f, _)| a == adapter && f == file);
+            if !in_others && !specific {
+                violations.push(format!(
+                    "{adapter}/{file} has no counterpart in {}: give the same role the same file \
+                     in both adapters, or declare it in tidy's BACKEND_SPECIFIC_FILES with why",
+                    others
+                        .iter()
+                        .map(|(a, _)| *a)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            } else if in_others && specific {
+                violations.push(format!(
+                    "{adapter}/{file} is declared specific to it in BACKEND_SPECIFIC_FILES, \
+                     but every adapter has it: remove the declaration"
+                ));
+            }
+        }
+    }
+    for (adapter, file, _) in declared {
+        let exists = maps
+            .iter()
+            .any(|(a, files)| a == adapter && files.contains(*file));
+        if !exists {
+            violations.push(format!(
+                "BACKEND_SPECIFIC_FILES declares {adapter}/{file}, which does not exist: remove it"
+            ));
+        }
+    }
+    violations
+}
+
+/// The `.rs` files below `src` among `sources` (root-relative paths), as paths
+/// relative to `src` with `/` separators.
+fn file_map(sources: &[(PathBuf, String)], src: &str) -> BTreeSet<String> {
+    sources
+        .iter()
+        .filter_map(|(path, _)| path.strip_prefix(src).ok())
+        .map(|rel| {
+            rel.components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+        .collect()
+}
+
+// --- Test code ------------------------------------------------------------------
+
+/// Which lines of a root-relative source file are test code: all of a file under
+/// a `tests` directory, a `tests.rs` file or the conformance suite
+/// (`crates/ports/src/conformance`); elsewhere the inline `#[cfg(test)] mod .. {`
+/// modules (to their closing brace at the module's indentation, as rustfmt
+/// writes it).
+fn test_lines(path: &Path, text: &str) -> Vec<bool> {
+    let lines: Vec<&str> = text.lines().collect();
+    let whole = path.components().any(|c| c.as_os_str() == "tests")
+        || path.file_name().is_some_and(|n| n == "tests.rs")
+        || path.starts_with("crates/ports/src/conformance");
+    if whole {
+        return vec![true; lines.len()];
+    }
+    let mut mask = vec![false; lines.len()];
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim() != "#[cfg(test)]" {
+            i += 1;
+            continue;
+        }
+        let Some(decl) = (i + 1..lines.len())
+            .find(|&j| !lines[j].trim().is_empty() && !lines[j].trim_start().starts_with("#["))
+        else {
+            break;
+        };
+        let head = lines[decl].trim();
+        let is_module =
+            head.ends_with('{') && head.split_whitespace().take(2).any(|word| word == "mod");
+        if !is_module {
+            i = decl;
+            continue;
+        }
+        let indent = &lines[decl][..lines[decl].len() - lines[decl].trim_start().len()];
+        let close = format!("{indent}}}");
+        let end = (decl + 1..lines.len())
+            .find(|&j| lines[j].trim_end() == close)
+            .unwrap_or(lines.len() - 1);
+        for flag in &mut mask[i..=end] {
+            *flag = true;
+        }
+        i = end + 1;
+    }
+    mask
+}
+
+// --- Sleeps in tests ------------------------------------------------------------
+
+/// The comment that states why a test sleeps, on the sleeping line or in the
+/// comment lines right above it: `// sleep: <reason>`.
+const SLEEP_REASON: &str = "// sleep:";
+
+/// A call that sleeps (`thread::sleep`, `tokio::time::sleep`, `sleep_until`).
+const SLEEP_CALLS: &[&str] = &["sleep(", "sleep_until("];
+
+/// Whether `line` has a stated sleep reason: the marker followed by some text.
+fn states_sleep_reason(line: &str) -> bool {
+    line.find(SLEEP_REASON)
+        .is_some_and(|at| !line[at + SLEEP_REASON.len()..].trim().is_empty())
+}
+
+/// Which lines run on tokio's paused clock: the bodies of
+/// `#[tokio::test(start_paused = true)]` functions, and what follows a
+/// `tokio::time::pause()` call to the end of its block. A sleep there only moves
+/// the paused clock, once every task is idle: deterministic, not a guess.
+fn paused_lines(text: &str) -> Vec<bool> {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |line: &str| line.len() - line.trim_start().len();
+    // The first line from `from` that closes a block opened at an indentation
+    // below `inner`.
+    let block_end = |from: usize, inner: usize| {
+        (from..lines.len())
+            .find(|&j| lines[j].trim() == "}" && indent(lines[j]) < inner)
+            .unwrap_or(lines.len().saturating_sub(1))
+    };
+    let mut mask = vec![false; lines.len()];
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim();
+        let start =
+            if trimmed.starts_with("#[tokio::test") && trimmed.contains("start_paused = true") {
+                (i + 1..lines.len())
+                    .find(|&j| lines[j].contains("fn "))
+                    .map(|f| (i, indent(lines[f]) + 1))
+            } else if trimmed.contains("time::pause()") && !trimmed.starts_with("//") {
+                Some((i, indent(line)))
+            } else {
+                None
+            };
+        if let Some((from, inner)) = start {
+            let end = block_end(from + 1, inner);
+            for flag in mask.iter_mut().take(end + 1).skip(from) {
+                *flag = true;
+            }
+        }
+    }
+    mask
+}
+
+/// Test code that sleeps without a stated reason. A sleep as synchronisation
+/// ("give the task time to get there") makes a test slow and flaky; a test waits
+/// on the condition instead (poll it, a channel, `tokio::time::pause`). Where
+/// time itself must pass (a lease run out, a workload's pace, a poll interval)
+/// the test says so: `// sleep: <reason>`. Sleeps on the paused clock
+/// ([`paused_lines`]) need no reason.
+pub fn check_test_sleeps(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files {
+        let lines: Vec<&str> = text.lines().collect();
+        let tests = test_lines(path, text);
+        let paused = paused_lines(text);
+        for (n, line) in lines.iter().enumerate() {
+            if !tests[n] || paused[n] {
+                continue;
+            }
+            let code = line.split("//").next().unwrap_or("");
+            let sleeps = SLEEP_CALLS.iter().any(|call| {
+                code.match_indices(call).any(|(at, _)| {
+                    !code[..at]
+                        .chars()
+                        .next_back()
+                        .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                })
+            });
+            if !sleeps || states_sleep_reason(line) {
+                continue;
+            }
+            let above = lines[..n]
+                .iter()
+                .rev()
+                .take_while(|l| l.trim_start().starts_with("//"))
+                .any(|l| states_sleep_reason(l));
+            if !above {
+                violations.push(format!(
+                    "{}:{}: a test sleeps without a stated reason: wait on the condition instead \
+                     (poll it, a channel, tokio::time::pause), or say why time must pass with \
+                     `{SLEEP_REASON} <reason>` on the line or just above",
+                    path.display(),
+                    n + 1
+                ));
+            }
+        }
+    }
+    violations
+}
+
+// --- Tuned constants in the adapters --------------------------------------------
+
+/// Why a number may live in an adapter, which decides no policy.
+#[derive(Debug, Clone, Copy)]
+pub enum Basis {
+    /// A fact of the database, its protocol or a stored form, not a choice.
+    Fact,
+    /// The edge of what the adapter accepts, stores or prints: validation.
+    Bound,
+    /// A mechanism's tuning (a pause, a poll interval, a timeout of the
+    /// connection machinery), not a rule of the domain; the value is stated and
+    /// argued in the named file.
+    Tuned(&'static str),
+}
+
+/// A `Duration` or numeric constant of an adapter, declared with its basis.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterConstant {
+    /// The file, relative to the workspace root.
+    pub file: &'static str,
+    /// The constant's name.
+    pub name: &'static str,
+    /// Why it may live there.
+    pub basis: Basis,
+    /// What it is, in a few words.
+    pub what: &'static str,
+}
+
+const fn constant(
+    file: &'static str,
+    name: &'static str,
+    basis: Basis,
+    what: &'static str,
+) -> AdapterConstant {
+    AdapterConstant {
+        file,
+        name,
+        basis,
+        what,
+    }
+}
+
+const PG_CODEC: &str = "crates/adapters-postgres/src/codec.rs";
+const PG_LOCKS: &str = "crates/adapters-postgres/src/locks.rs";
+const PG_OPTIONS: &str = "crates/adapters-postgres/src/options.rs";
+const PG_QUEUES: &str = "crates/adapters-postgres/src/queues.rs";
+const PG_ROUTE: &str = "crates/adapters-postgres/src/route.rs";
+const PG_SESSION: &str = "crates/adapters-postgres/src/session.rs";
+const PG_TOKENS: &str = "crates/adapters-postgres/src/tokens.rs";
+const PG_WAKE: &str = "crates/adapters-postgres/src/wake.rs";
+const SQLITE_CODEC: &str = "crates/adapters-sqlite/src/codec.rs";
+const SQLITE_LOCKOUT: &str = "crates/adapters-sqlite/src/lockout.rs";
+const SQLITE_OPTIONS: &str = "crates/adapters-sqlite/src/options.rs";
+const SQLITE_POOL: &str = "crates/adapters-sqlite/src/pool.rs";
+const SQLITE_SCHEMA: &str = "crates/adapters-sqlite/src/schema.rs";
+const SQLITE_TIMETEXT: &str = "crates/adapters-sqlite/src/timetext.rs";
+const SQLITE_TOKENS: &str = "crates/adapters-sqlite/src/tokens.rs";
+const SQLITE_WAKE: &str = "crates/adapters-sqlite/src/wake.rs";
+
+/// Every `Duration` or numeric constant of the adapters' non-test code. Policy
+/// (retries, leases, limits a service chooses) belongs to the domain and
+/// `Config`; what an adapter may keep is listed here with why.
+pub const ADAPTER_CONSTANTS: &[AdapterConstant] = &[
+    constant(
+        PG_CODEC,
+        "MAX_OWNER_MS",
+        Basis::Fact,
+        "latest owner time SQLite's stored form holds, kept alike",
+    ),
+    constant(
+        PG_LOCKS,
+        "SWEEP_LOCK_KEY",
+        Basis::Fact,
+        "advisory lock key of sweep leadership",
+    ),
+    constant(
+        PG_LOCKS,
+        "CLAIM_LINE_SPACE",
+        Basis::Fact,
+        "first key of the read-and-claim advisory locks",
+    ),
+    constant(
+        PG_LOCKS,
+        "CLAIM_LINE_STRIPES",
+        Basis::Tuned("crates/adapters-postgres/src/locks.rs"),
+        "in-process turns of read-and-claims (mutex stripes)",
+    ),
+    constant(
+        PG_TOKENS,
+        "BALANCE_SPACE",
+        Basis::Fact,
+        "first key of the balance advisory locks, shared with migration 0004",
+    ),
+    constant(
+        PG_OPTIONS,
+        "MAX_SERVER_TIMEOUT",
+        Basis::Fact,
+        "longest timeout PostgreSQL accepts (INT_MAX ms)",
+    ),
+    constant(
+        PG_QUEUES,
+        "MAX_AGE",
+        Basis::Bound,
+        "retention age clamped before it is bound into SQL",
+    ),
+    constant(
+        PG_ROUTE,
+        "HOST_TIMEOUT",
+        Basis::Tuned("docs/postgres-failover.md"),
+        "one host's turn in the walk",
+    ),
+    constant(
+        PG_ROUTE,
+        "FIRST_PAUSE",
+        Basis::Tuned("docs/postgres-failover.md"),
+        "the follower's first pause",
+    ),
+    constant(
+        PG_ROUTE,
+        "MAX_PAUSE",
+        Basis::Tuned("docs/postgres-failover.md"),
+        "the follower's longest pause",
+    ),
+    constant(
+        PG_SESSION,
+        "PING_IDLE_AFTER",
+        Basis::Tuned("docs/postgres-sessions.md"),
+        "idle time after which a pooled connection is pinged",
+    ),
+    constant(
+        PG_SESSION,
+        "RETURN_GRACE",
+        Basis::Tuned("crates/adapters-postgres/src/session.rs"),
+        "a broken connection's return still counts as before the breakage",
+    ),
+    constant(
+        PG_SESSION,
+        "ACQUIRE_SLICE",
+        Basis::Tuned("docs/postgres-sessions.md"),
+        "one request to the pool",
+    ),
+    constant(
+        PG_SESSION,
+        "PING_TIMEOUT",
+        Basis::Tuned("docs/postgres-sessions.md"),
+        "the ping of a suspect connection",
+    ),
+    constant(
+        PG_SESSION,
+        "KEEPALIVE_INTERVAL",
+        Basis::Tuned("docs/postgres-sessions.md"),
+        "server-side TCP keepalive interval",
+    ),
+    constant(
+        PG_SESSION,
+        "KEEPALIVE_COUNT",
+        Basis::Tuned("docs/postgres-sessions.md"),
+        "server-side TCP keepalive probes",
+    ),
+    constant(
+        PG_WAKE,
+        "COALESCE",
+        Basis::Tuned("docs/wakeups.md"),
+        "the notifier's batching of keys",
+    ),
+    constant(
+        PG_WAKE,
+        "MAX_PAYLOAD",
+        Basis::Bound,
+        "notification payload, below PostgreSQL's 8000 bytes",
+    ),
+    constant(
+        PG_WAKE,
+        "FIRST_PAUSE",
+        Basis::Tuned("docs/wakeups.md"),
+        "the listener's first reconnect pause",
+    ),
+    constant(
+        PG_WAKE,
+        "MAX_PAUSE",
+        Basis::Tuned("docs/wakeups.md"),
+        "the listener's longest reconnect pause",
+    ),
+    constant(
+        SQLITE_CODEC,
+        "MAX",
+        Basis::Bound,
+        "characters of a stored value a message shows",
+    ),
+    constant(
+        SQLITE_LOCKOUT,
+        "MAX_PROBE",
+        Basis::Tuned("docs/sqlite.md"),
+        "the longest probe for the write lock during a lockout",
+    ),
+    constant(
+        SQLITE_OPTIONS,
+        "MAX_BUSY_TIMEOUT",
+        Basis::Bound,
+        "longest accepted busy timeout",
+    ),
+    constant(
+        SQLITE_OPTIONS,
+        "MAX_READERS",
+        Basis::Bound,
+        "most reader connections accepted",
+    ),
+    constant(
+        SQLITE_POOL,
+        "MAX_BEGIN_PAUSE",
+        Basis::Tuned("docs/sqlite.md"),
+        "longest pause between tries of BEGIN IMMEDIATE",
+    ),
+    constant(
+        SQLITE_POOL,
+        "FAIR_TURN_AFTER",
+        Basis::Tuned("crates/adapters-sqlite/src/pool.rs"),
+        "group-commit leader's run before it yields the lock",
+    ),
+    constant(
+        SQLITE_POOL,
+        "FAIR_PAUSE",
+        Basis::Tuned("crates/adapters-sqlite/src/pool.rs"),
+        "the yield that gives other instances a turn (measured in its doc)",
+    ),
+    constant(
+        SQLITE_SCHEMA,
+        "SCHEMA_VERSION",
+        Basis::Fact,
+        "the schema version this code creates",
+    ),
+    constant(
+        SQLITE_TIMETEXT,
+        "MILLIS_PER_DAY",
+        Basis::Fact,
+        "calendar arithmetic",
+    ),
+    constant(
+        SQLITE_TOKENS,
+        "SMALL",
+        Basis::Fact,
+        "amounts whose sums cannot overflow (2^63)",
+    ),
+    constant(
+        SQLITE_TOKENS,
+        "ROOM_ABOVE_SMALL",
+        Basis::Fact,
+        "headroom above a sum of small amounts (2^127)",
+    ),
+    constant(
+        SQLITE_WAKE,
+        "POLL_INTERVAL",
+        Basis::Tuned("docs/wakeups.md"),
+        "how often a waiting instance reads data_version",
+    ),
+];
+
+/// Types of a constant this check looks at: durations and plain numbers.
+fn is_tunable_type(ty: &str) -> bool {
+    const NUMERIC: &[&str] = &[
+        "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16", "u32", "u64", "u128", "usize",
+        "f32", "f64",
+    ];
+    let ty = ty.trim();
+    NUMERIC.contains(&ty)
+        || ty
+            .rsplit("::")
+            .next()
+            .is_some_and(|last| last == "Duration" || last.starts_with("NonZero"))
+}
+
+/// `(name, type)` of a `const` or `static` item declared on `line`.
+fn constant_item(line: &str) -> Option<(&str, &str)> {
+    let mut rest = line.trim_start();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = after.trim_start();
+        if rest.starts_with('(') {
+            rest = rest[rest.find(')')? + 1..].trim_start();
+        }
+    }
+    let rest = rest
+        .strip_prefix("const ")
+        .or_else(|| rest.strip_prefix("static "))?
+        .trim_start();
+    let name_end = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let (name, rest) = rest.split_at(name_end);
+    let ty = rest.trim_start().strip_prefix(':')?;
+    let ty = &ty[..ty.find('=')?];
+    (!name.is_empty()).then_some((name, ty.trim()))
+}
+
+/// Every `Duration` or numeric constant in the adapters' non-test code is
+/// declared in `declared` (so "adapters decide no policy" is checked: a new
+/// tuned value must be argued), every declaration still names one, and a
+/// [`Basis::Tuned`] one names a file that exists (`exists`).
+pub fn check_adapter_constants(
+    files: &[(PathBuf, String)],
+    declared: &[AdapterConstant],
+    exists: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut found = BTreeSet::new();
+    for (path, text) in files {
+        if !path.starts_with("crates")
+            || !path
+                .components()
+                .nth(1)
+                .is_some_and(|c| c.as_os_str().to_string_lossy().starts_with("adapters-"))
+            || !path.components().any(|c| c.as_os_str() == "src")
+        {
+            continue;
+        }
+        let tests = test_lines(path, text);
+        let file = path.to_string_lossy().replace('\\', "/");
+        for (n, line) in text.lines().enumerate() {
+            let Some((name, ty)) = constant_item(line).filter(|_| !tests[n]) else {
+                continue;
+            };
+            if !is_tunable_type(ty) {
+                continue;
+            }
+            found.insert((file.clone(), name.to_owned()));
+            if !declared.iter().any(|c| c.file == file && c.name == name) {
+                violations.push(format!(
+                    "{file}:{}: `{name}: {ty}` is a tuned value in an adapter, which decides no \
+                     policy: move a rule to the domain or Config, or declare it in tidy's \
+                     ADAPTER_CONSTANTS as a fact, a bound or a tuning documented somewhere",
+                    n + 1
+                ));
+            }
+        }
+    }
+    for c in declared {
+        if !found.contains(&(c.file.to_owned(), c.name.to_owned())) {
+            violations.push(format!(
+                "ADAPTER_CONSTANTS declares {} ({}) in {}, which has no such constant: remove it",
+                c.name, c.what, c.file
+            ));
+        }
+        if let Basis::Tuned(doc) = c.basis
+            && !exists(doc)
+        {
+            violations.push(format!(
+                "ADAPTER_CONSTANTS says {} is documented in {doc}, which does not exist",
+                c.name
+            ));
+        }
+    }
+    violations
+}
+
 fn rust_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) -> Result<(), Error> {
     let entries = std::fs::read_dir(dir).map_err(|source| Error::Io {
         action: "listing",
@@ -485,28 +1230,74 @@ fn rust_sources(dir: &Path, out: &mut Vec<(PathBuf, String)>) -> Result<(), Erro
     Ok(())
 }
 
-/// Runs every check on the real workspace; all violations are reported together.
-pub fn run() -> Result<(), Error> {
-    let root = workspace_root();
-    let meta = Metadata::load(&root)?;
-    let lock_path = root.join("Cargo.lock");
-    let lockfile = std::fs::read_to_string(&lock_path).map_err(|source| Error::Io {
-        action: "reading",
-        path: lock_path,
-        source,
-    })?;
+/// The Rust sources of the workspace's `crates`, `xtask` and `fuzz`, with
+/// root-relative paths.
+fn workspace_sources(root: &Path) -> Result<Vec<(PathBuf, String)>, Error> {
     let mut sources = Vec::new();
     for dir in ["crates", "xtask", "fuzz"] {
         rust_sources(&root.join(dir), &mut sources)?;
     }
-    let checks: [(&str, Vec<String>); 6] = [
+    Ok(sources
+        .into_iter()
+        .map(|(path, text)| {
+            let relative = path.strip_prefix(root).map(Path::to_path_buf);
+            (relative.unwrap_or(path), text)
+        })
+        .collect())
+}
+
+fn read(root: &Path, file: &str) -> Result<String, Error> {
+    let path = root.join(file);
+    std::fs::read_to_string(&path).map_err(|source| Error::Io {
+        action: "reading",
+        path,
+        source,
+    })
+}
+
+/// The checks that read only the source tree (no cargo), by name.
+fn source_checks(root: &Path) -> Result<Vec<(&'static str, Vec<String>)>, Error> {
+    let sources = workspace_sources(root)?;
+    let maps = [
+        (SQLITE_SRC, file_map(&sources, SQLITE_SRC)),
+        (POSTGRES_SRC, file_map(&sources, POSTGRES_SRC)),
+    ];
+    Ok(vec![
+        (
+            "domain bans the clock, env and OS randomness",
+            check_domain_bans(&read(root, DOMAIN_CLIPPY)?),
+        ),
+        ("module docs, no skipped tests", check_sources(&sources)),
+        (
+            "no test sleeps without a reason",
+            check_test_sleeps(&sources),
+        ),
+        (
+            "adapters keep one file map",
+            check_adapter_file_maps(&maps, BACKEND_SPECIFIC_FILES),
+        ),
+        (
+            "adapter constants declared",
+            check_adapter_constants(&sources, ADAPTER_CONSTANTS, |file| {
+                root.join(file).is_file()
+            }),
+        ),
+    ])
+}
+
+/// Runs every check on the real workspace; all violations are reported together.
+pub fn run() -> Result<(), Error> {
+    let root = workspace_root();
+    let meta = Metadata::load(&root)?;
+    let lockfile = read(&root, "Cargo.lock")?;
+    let mut checks: Vec<(&str, Vec<String>)> = vec![
         ("domain is pure", check_domain_is_pure(&meta)),
         ("ports dependencies", check_ports_dependencies(&meta)),
         ("adapters independent", check_adapters_independent(&meta)),
         ("one libsqlite3-sys", check_single_sqlite(&lockfile)),
         ("library with one backend", check_library_features(&root)?),
-        ("module docs, no skipped tests", check_sources(&sources)),
     ];
+    checks.extend(source_checks(&root)?);
     let mut violations = Vec::new();
     for (name, found) in checks {
         eprintln!(
@@ -750,6 +1541,290 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].contains("b.rs") && found[0].contains("module documentation"));
         assert!(found[1].contains("c.rs") && found[1].contains("skipped test"));
+    }
+
+    #[test]
+    fn workspace_sources_satisfy_every_source_check() {
+        let root = workspace_root();
+        let checks = source_checks(&root).unwrap_or_else(|err| panic!("reading sources: {err}"));
+        let failed: Vec<String> = checks
+            .into_iter()
+            .flat_map(|(name, found)| found.into_iter().map(move |v| format!("{name}: {v}")))
+            .collect();
+        assert!(failed.is_empty(), "tidy:\n{}", failed.join("\n"));
+    }
+
+    #[test]
+    fn a_domain_ban_left_out_is_reported() {
+        let complete = std::fs::read_to_string(workspace_root().join(DOMAIN_CLIPPY))
+            .unwrap_or_else(|err| panic!("reading {DOMAIN_CLIPPY}: {err}"));
+        assert_eq!(check_domain_bans(&complete), Vec::<String>::new());
+        // Each required path, removed alone, is missed.
+        for path in DOMAIN_BANNED_METHODS.iter().chain(DOMAIN_BANNED_TYPES) {
+            let quoted = format!("\"{path}\"");
+            assert!(complete.contains(&quoted), "{path} not in the real file");
+            let without = complete.replace(&quoted, "\"std::process::exit\"");
+            let found = check_domain_bans(&without);
+            assert_eq!(found.len(), 1, "{path}: {found:?}");
+            assert!(found[0].contains(&format!("`{path}`")), "{found:?}");
+        }
+    }
+
+    #[test]
+    fn a_domain_ban_in_the_wrong_table_or_commented_out_is_reported() {
+        let toml = "disallowed-methods = [\n\
+                    \x20   \"std::time::Instant::now\",\n\
+                    \x20   { path = \"rand::rngs::OsRng\", reason = \"a, type\" },\n\
+                    #   { path = \"std::time::Instant::elapsed\" },\n\
+                    ]\n\
+                    disallowed-types = [ { path = \"rand::rngs::ThreadRng\" } ]\n";
+        assert_eq!(
+            banned_paths(toml, "disallowed-methods"),
+            BTreeSet::from([
+                "std::time::Instant::now".to_owned(),
+                "rand::rngs::OsRng".to_owned()
+            ])
+        );
+        assert_eq!(
+            banned_paths(toml, "disallowed-types"),
+            BTreeSet::from(["rand::rngs::ThreadRng".to_owned()])
+        );
+        let found = check_domain_bans(toml);
+        assert!(
+            found
+                .iter()
+                .any(|v| v.contains("`std::time::Instant::elapsed` is not in disallowed-methods")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|v| v.contains("`rand::rngs::OsRng` is not in disallowed-types")),
+            "{found:?}"
+        );
+        assert!(
+            !found
+                .iter()
+                .any(|v| v.contains("`std::time::Instant::now`")),
+            "{found:?}"
+        );
+    }
+
+    fn files(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn an_adapter_file_without_a_counterpart_is_reported() {
+        let declared: &[(&str, &str, &str)] = &[(POSTGRES_SRC, "hosts.rs", "several hosts")];
+        let maps = [
+            (SQLITE_SRC, files(&["lib.rs", "tokens.rs", "cache.rs"])),
+            (
+                POSTGRES_SRC,
+                files(&["lib.rs", "tokens.rs", "hosts.rs", "locks/claim.rs"]),
+            ),
+        ];
+        assert_eq!(
+            check_adapter_file_maps(&maps, declared),
+            vec![
+                format!(
+                    "{SQLITE_SRC}/cache.rs has no counterpart in {POSTGRES_SRC}: give the same role \
+                     the same file in both adapters, or declare it in tidy's BACKEND_SPECIFIC_FILES with why"
+                ),
+                format!(
+                    "{POSTGRES_SRC}/locks/claim.rs has no counterpart in {SQLITE_SRC}: give the same role \
+                     the same file in both adapters, or declare it in tidy's BACKEND_SPECIFIC_FILES with why"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_stale_or_needless_backend_specific_declaration_is_reported() {
+        let declared: &[(&str, &str, &str)] = &[
+            (SQLITE_SRC, "pool.rs", "gone"),
+            (POSTGRES_SRC, "tokens.rs", "both have it"),
+        ];
+        let maps = [
+            (SQLITE_SRC, files(&["lib.rs", "tokens.rs"])),
+            (POSTGRES_SRC, files(&["lib.rs", "tokens.rs"])),
+        ];
+        let found = check_adapter_file_maps(&maps, declared);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].contains("tokens.rs is declared specific"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].contains("declares crates/adapters-sqlite/src/pool.rs, which does not exist"),
+            "{found:?}"
+        );
+    }
+
+    fn source(path: &str, text: &str) -> (PathBuf, String) {
+        (PathBuf::from(path), text.to_owned())
+    }
+
+    /// A source whose `SLEEP` become `sleep`, so this file holds no sleep call
+    /// of its own for the real-tree check to find.
+    fn sleepy(path: &str, text: &str) -> (PathBuf, String) {
+        (PathBuf::from(path), text.replace("SLEEP", "sleep"))
+    }
+
+    #[test]
+    fn a_test_sleep_without_a_reason_is_reported() {
+        let found = check_test_sleeps(&[
+            sleepy(
+                "crates/x/tests/a.rs",
+                "fn a() {\n\
+                 \x20   // Give the task the time to get there.\n\
+                 \x20   tokio::time::SLEEP(Duration::from_millis(100)).await;\n\
+                 \x20   std::thread::SLEEP(SHORT); // sleep:\n\
+                 \x20   SLEEP_until(deadline).await;\n\
+                 }\n",
+            ),
+            sleepy(
+                "crates/x/src/b.rs",
+                "//! B.\nfn b() { std::thread::SLEEP(PAUSE) }\n\n\
+                 #[cfg(test)]\nmod tests {\n    fn t() {\n        thread::SLEEP(PAUSE);\n    }\n}\n",
+            ),
+        ]);
+        let lines: Vec<&str> = found
+            .iter()
+            .map(|v| v.split(": ").next().unwrap_or(""))
+            .collect();
+        // An empty reason is no reason; the library's own sleep is not a test's.
+        assert_eq!(
+            lines,
+            vec![
+                "crates/x/tests/a.rs:3",
+                "crates/x/tests/a.rs:4",
+                "crates/x/tests/a.rs:5",
+                "crates/x/src/b.rs:7"
+            ],
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_test_sleep_with_a_stated_reason_passes() {
+        let found = check_test_sleeps(&[sleepy(
+            "crates/x/tests/a.rs",
+            "fn a() {\n\
+             \x20   // sleep: the lease must run out; real processes share no paused clock.\n\
+             \x20   std::thread::SLEEP(LEASE);\n\
+             \x20   // sleep: poll interval while waiting for the listener,\n\
+             \x20   // bounded by the deadline above.\n\
+             \x20   tokio::time::SLEEP(POLL).await;\n\
+             \x20   tokio::time::SLEEP(PACE).await; // sleep: the workload's pace\n\
+             \x20   let _ = nap_SLEEP(1); // not a sleep call\n\
+             }\n",
+        )]);
+        assert_eq!(found, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_sleep_on_the_paused_clock_needs_no_reason() {
+        let found = check_test_sleeps(&[sleepy(
+            "crates/x/tests/a.rs",
+            "#[tokio::test(start_paused = true)]\n\
+             async fn paused() {\n\
+             \x20   tokio::time::SLEEP(TICK).await;\n\
+             }\n\
+             \n\
+             #[tokio::test]\n\
+             async fn real() {\n\
+             \x20   tokio::time::SLEEP(TICK).await;\n\
+             \x20   tokio::time::pause();\n\
+             \x20   tokio::time::SLEEP(TICK).await;\n\
+             }\n\
+             \n\
+             async fn helper() {\n\
+             \x20   tokio::time::SLEEP(TICK).await;\n\
+             }\n",
+        )]);
+        let lines: Vec<&str> = found
+            .iter()
+            .map(|v| v.split(": ").next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            lines,
+            vec!["crates/x/tests/a.rs:8", "crates/x/tests/a.rs:14"],
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn test_code_is_whole_test_files_and_inline_test_modules() {
+        let text = "//! M.\nfn a() {}\n#[cfg(test)]\nfn helper() {}\n#[cfg(test)]\n#[allow(x)]\nmod tests {\n    fn t() {}\n}\nfn after() {}\n";
+        assert_eq!(
+            test_lines(Path::new("crates/x/src/m.rs"), text),
+            vec![
+                false, false, false, false, true, true, true, true, true, false
+            ]
+        );
+        assert!(
+            test_lines(Path::new("crates/x/tests/support/mod.rs"), "a\nb")
+                .iter()
+                .all(|t| *t)
+        );
+        assert!(
+            test_lines(Path::new("crates/ports/src/conformance/wake.rs"), "a")
+                .iter()
+                .all(|t| *t)
+        );
+    }
+
+    #[test]
+    fn an_undeclared_tuned_constant_in_an_adapter_is_reported() {
+        let declared = [
+            constant(
+                "crates/adapters-x/src/wake.rs",
+                "POLL",
+                Basis::Tuned("docs/wakeups.md"),
+                "poll",
+            ),
+            constant("crates/adapters-x/src/gone.rs", "OLD", Basis::Fact, "gone"),
+            constant(
+                "crates/adapters-x/src/wake.rs",
+                "LIMIT",
+                Basis::Tuned("docs/nowhere.md"),
+                "limit",
+            ),
+        ];
+        let text = "//! W.\n\
+                    pub const POLL: Duration = Duration::from_millis(2);\n\
+                    pub(crate) const RETRIES: u32 = 5;\n\
+                    const LIMIT: usize = 7;\n\
+                    const CHANNEL: &str = \"x\";\n\
+                    static BACKOFF: std::time::Duration = Duration::ZERO;\n\
+                    const fn helper() -> u32 { 1 }\n\
+                    #[cfg(test)]\nmod tests {\n    const TIMEOUT: Duration = Duration::from_secs(5);\n}\n";
+        let found = check_adapter_constants(
+            &[
+                source("crates/adapters-x/src/wake.rs", text),
+                source("crates/app/src/config.rs", "const DEFAULT_MS: u64 = 5;\n"),
+            ],
+            &declared,
+            |file| file == "docs/wakeups.md",
+        );
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert!(
+            found[0].starts_with("crates/adapters-x/src/wake.rs:3: `RETRIES: u32`"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("crates/adapters-x/src/wake.rs:6: `BACKOFF: std::time::Duration`"),
+            "{found:?}"
+        );
+        assert!(
+            found[2].contains("declares OLD (gone) in crates/adapters-x/src/gone.rs"),
+            "{found:?}"
+        );
+        assert!(
+            found[3].contains("LIMIT is documented in docs/nowhere.md, which does not exist"),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -97,6 +97,8 @@ async fn no_session_idle_in_transaction(observer: &mut PgConnection, what: &str)
         {
             return;
         }
+        // sleep: poll interval; the loop waits on the server's view of the
+        // sessions, bounded by its 1,000 rounds.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("{what}: a holdfast session stayed idle in a transaction");

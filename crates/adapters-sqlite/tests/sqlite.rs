@@ -375,6 +375,8 @@ async fn a_write_waits_for_a_lock_released_within_the_timeout() {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .expect("take the write lock");
         held.send(()).expect("signal");
+        // sleep: the scenario: the other connection holds the write lock for 150 ms, within the
+        // busy timeout, so the claim must wait for it.
         std::thread::sleep(Duration::from_millis(150));
         tx.commit().expect("commit");
     });

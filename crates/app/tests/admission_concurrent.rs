@@ -132,6 +132,7 @@ impl BuildPublisher for Builds {
         tokio::spawn(async move {
             let mut ran = 0;
             while ran < runs_ms {
+                // sleep: the fake build runs, heartbeating every 20 ms (the workload's timing).
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 ran += 20;
                 // A heartbeat error is a store crash: the next one extends. A
@@ -160,6 +161,7 @@ async fn left_accepted(queues: &dyn QueueStore, queue: &QueueName, uri: &Revisio
         {
             return;
         }
+        // sleep: poll interval of the wait for the request, bounded at 5 s.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -259,7 +261,7 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
                         .await
                         .expect("send");
                 }
-                // The pace of the workload, not a synchronisation.
+                // sleep: the pace of the workload, not a synchronisation.
                 tokio::time::sleep(Duration::from_millis(15)).await;
                 if k % 3 == 0 {
                     left_accepted(observer.as_ref(), &queue, &uri).await;
@@ -314,6 +316,7 @@ async fn three_replicas_eight_workers_duplicates_and_crashes_drain_with_every_in
             requests.len(),
             q.map(|q| q.owners)
         );
+        // sleep: poll interval of the drain check, bounded by the deadline.
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
     for source in &sources {

@@ -96,6 +96,9 @@ async fn waiting_select(
             .await
     });
     // Its first leg finds nothing free and waits; give it the time to get there.
+    // sleep: synchronisation: nothing public shows a select waiting (the wake registry is the
+    // adapter's). One that has not reached its wait by the release reads the token at once and
+    // fails `woken` (waits = 0), loudly.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!task.is_finished(), "the select should be waiting");
     task
@@ -232,6 +235,7 @@ async fn postgres_three_replicas_wake_each_other() {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !holdfast_ports::WakeUps::connected(replica) {
             assert!(Instant::now() < deadline, "the listener never connected");
+            // sleep: poll interval until the listener connects, bounded by the deadline.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -311,6 +315,8 @@ async fn postgres_a_killed_listener_costs_only_latency() {
                 .await
                 .expect("terminate");
                 killed += u64::try_from(n).unwrap_or(0);
+                // sleep: the fault's pace: the killer ends the listeners' connections every 25 ms
+                // for the run.
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
             killed
@@ -327,6 +333,8 @@ async fn postgres_a_killed_listener_costs_only_latency() {
                 .select_with_stats(&wallet, &chf, q(1), &consumer)
                 .await;
             let selected = report.result.clone().expect("every select is answered");
+            // sleep: the workload: each select holds what it got for a moment before
+            // it settles, so the others contend.
             tokio::time::sleep(Duration::from_millis(5)).await;
             // Unlocked again (settled as deleted): the next select takes it.
             stores
@@ -347,6 +355,7 @@ async fn postgres_a_killed_listener_costs_only_latency() {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !holdfast_ports::WakeUps::connected(backend) {
             assert!(Instant::now() < deadline, "a listener never reconnected");
+            // sleep: poll interval until the listener reconnects, bounded by the deadline.
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }

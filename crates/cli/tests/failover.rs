@@ -183,6 +183,7 @@ async fn wait_for_streaming(cluster: &Cluster, replication: Replication) {
             began.elapsed() < Duration::from_secs(30),
             "the standby is not streaming ({wanted}) after 30 s: {states:?}"
         );
+        // sleep: poll interval until the standby streams, bounded at 30 s.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = admin.close().await;
@@ -246,11 +247,13 @@ async fn failover(replication: Replication) -> Option<()> {
         "warming up",
     )
     .await;
+    // sleep: the measured steady running before the fault (STEADY).
     tokio::time::sleep(STEADY).await;
 
     // The fault: the link stalls, then the primary dies and the standby is promoted.
     let before_stall = settled(&mut replicas);
     link.stall();
+    // sleep: the stall lasts LAG: the scenario's fault, measured while it lasts.
     tokio::time::sleep(LAG).await;
     let during_stall = settled(&mut replicas) - before_stall;
     let stop_began = Instant::now();
@@ -264,6 +267,7 @@ async fn failover(replication: Replication) -> Option<()> {
     let gap = promoted - stop_began;
     let after_stop: Vec<Duration> = after_promotion.iter().map(|d| gap + *d).collect();
     let slowest = after_stop.iter().max().copied().unwrap_or_default();
+    // sleep: the measured steady running after the failover (STEADY).
     tokio::time::sleep(STEADY).await;
     let total = settled(&mut replicas);
     stop_living_fleet(&mut replicas);

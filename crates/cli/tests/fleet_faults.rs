@@ -190,6 +190,8 @@ async fn a_frozen_replica_does_not_stall_the_fleet() {
         let stopped_at = Instant::now();
         let ports = local_ports(replicas[0].child.id());
         while stopped_at.elapsed() < Duration::from_millis(1_500) {
+            // sleep: poll interval while looking for r0's session in a transaction,
+            // bounded at 1.5 s.
             tokio::time::sleep(Duration::from_millis(20)).await;
             let mine: Vec<ServerSession> = sessions(&mut observer, "fleet")
                 .await
@@ -212,6 +214,7 @@ async fn a_frozen_replica_does_not_stall_the_fleet() {
         }
         if frozen.is_none() {
             replicas[0].signal("CONT");
+            // sleep: a random gap before the next freeze, so the STOP lands at another moment.
             tokio::time::sleep(Duration::from_millis(rng.random_range(20..200))).await;
         }
     }
@@ -230,6 +233,7 @@ async fn a_frozen_replica_does_not_stall_the_fleet() {
     let live_before = last;
     let mut session_gone: Option<Duration> = None;
     while stopped_at.elapsed() < FREEZE {
+        // sleep: the sampling period of the measurement while r0 is frozen.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = live(&mut replicas);
         if now > last {
@@ -324,7 +328,7 @@ async fn the_fleet_runs_through_server_restarts() {
         .enumerate()
     {
         if i > 0 {
-            // A few seconds of steady running between the restarts.
+            // sleep: a few seconds of steady running between the restarts.
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
         let took = cluster.restart(how);
@@ -465,6 +469,8 @@ async fn a_backend_serves_every_call_after_a_server_restart() {
         let took = cluster.restart(how);
         let _ = observer.close().await;
         observer = cluster.admin().await;
+        // sleep: the scenario (the test's doc): the calls start once a second has
+        // passed since the restart.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut failures = Vec::new();
         let mut kinds = BTreeSet::new();
@@ -560,11 +566,14 @@ async fn a_fleet_beyond_max_connections_waits_and_never_dies() {
             3,
             &env,
         ));
+        // sleep: the scenario: the replicas start one by one, so the first ones take
+        // the server's slots.
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let (mut peak, run) = (0, Duration::from_secs(15));
     let started = Instant::now();
     while started.elapsed() < run {
+        // sleep: the sampling period of the peak sessions over the run.
         tokio::time::sleep(Duration::from_millis(200)).await;
         peak = peak.max(sessions(&mut observer, "fleet").await.len());
     }
@@ -597,6 +606,7 @@ async fn a_fleet_beyond_max_connections_waits_and_never_dies() {
     let freed = Instant::now();
     let mut after: Vec<u64> = waiting.iter().map(|&i| replicas[i].settled()).collect();
     while freed.elapsed() < Duration::from_secs(15) && after.iter().all(|n| *n == 0) {
+        // sleep: poll interval of the waiting replicas' progress, bounded at 15 s.
         tokio::time::sleep(Duration::from_millis(200)).await;
         after = waiting.iter().map(|&i| replicas[i].settled()).collect();
     }
@@ -681,7 +691,8 @@ async fn a_backend_opened_on_a_full_server_waits_for_a_slot() {
             (began.elapsed(), opened)
         }
     });
-    // The server stays full for a second, well within the connect timeout (10 s).
+    // sleep: the scenario: the server stays full for a second, well within the
+    // connect timeout (10 s).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let freed = fillers.pop().expect("a filler");
     let _ = freed.close().await;
@@ -776,6 +787,7 @@ async fn calls_waiting_on_a_full_server_take_a_returned_connection() {
             began.elapsed() < Duration::from_secs(5),
             "the claim never waited for the lock"
         );
+        // sleep: poll interval until the claim waits for the lock, bounded at 5 s.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Two calls now find no idle connection in the pool and none on the server.
@@ -787,7 +799,8 @@ async fn calls_waiting_on_a_full_server_take_a_returned_connection() {
             (i, result, Instant::now())
         });
     }
-    // Time for both to give up on the empty idle queue and wait on the server (a
+    // sleep: synchronisation, for want of a view of a call waiting inside the pool:
+    // time for both to give up on the empty idle queue and wait on the server (a
     // call that starts later would find the returned connection: no failure).
     tokio::time::sleep(Duration::from_millis(300)).await;
     sqlx::raw_sql("ROLLBACK")
@@ -864,6 +877,7 @@ async fn a_pool_closes_idle_connections_after_the_idle_timeout() {
             burst_done.elapsed() < Duration::from_secs(10),
             "{left} of {opened} pooled connections still open 10 s after the burst"
         );
+        // sleep: poll interval until the pool closed its idle connections, bounded at 10 s.
         tokio::time::sleep(Duration::from_millis(100)).await;
         left = pooled(&sessions(&mut observer, "idle").await);
     }
@@ -939,6 +953,7 @@ async fn payments_survive_kills_and_a_server_restart() {
     let mut restarted: Option<(Instant, u64, Duration)> = None;
     let mut first_after: Option<Duration> = None;
     while killing.elapsed() < KILLING {
+        // sleep: the tick of the kill and restart loop (the workload's timing).
         tokio::time::sleep(Duration::from_millis(20)).await;
         for r in &mut replicas {
             r.assert_alive("while replicas are killed");

@@ -509,10 +509,11 @@ async fn build(shared: Arc<Shared>, id: RequestId, generation: Generation) {
     let mut next_beat = start + HEARTBEAT;
     let told = loop {
         if next_beat >= end_at {
-            // The workload's timing: the build runs until its end.
+            // sleep: the workload's timing: the build runs until its end.
             tokio::time::sleep_until(end_at.into()).await;
             break None;
         }
+        // sleep: the heartbeat period of the fake build (the workload's timing).
         tokio::time::sleep_until(next_beat.into()).await;
         next_beat += HEARTBEAT;
         match shared.admission.heartbeat(&id, generation).await {
@@ -788,6 +789,7 @@ async fn postgres_workers_killed_at_random_publish_each_generation_once() {
     let started = Instant::now();
     let mut next_kill = started + Duration::from_millis(rng.random_range(1_000..2_000));
     while started.elapsed() < KILLING {
+        // sleep: revisions arrive every 100-400 ms (the workload's timing).
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
         let q = QUEUES[rng.random_range(0..QUEUES.len())];
         let id = ingest(&shared.admission, q).await;
@@ -828,6 +830,7 @@ async fn postgres_workers_killed_at_random_publish_each_generation_once() {
             owners(store.as_ref()).await,
             shared.running.load(Ordering::SeqCst)
         );
+        // sleep: poll interval of the drain check, bounded by DRAIN.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let drained_after = killing_ended.elapsed();

@@ -185,6 +185,7 @@ async fn kill_and_check(h: Holdfast, backend_name: &str) {
     let started = Instant::now();
     let mut kills = 0u32;
     while started.elapsed() < KILLING {
+        // sleep: a kill every 150-450 ms (the workload's timing).
         std::thread::sleep(Duration::from_millis(rng.random_range(150..450)));
         let victim = rng.random_range(0..REPLICAS);
         replicas[victim].kill();
@@ -196,6 +197,7 @@ async fn kill_and_check(h: Holdfast, backend_name: &str) {
     for r in &mut replicas[1..] {
         r.kill();
     }
+    // sleep: the lease and two sweep periods must pass; real processes share no paused clock.
     std::thread::sleep(Duration::from_millis(LEASE_MS + 2 * SWEEP_MS + SLACK_MS));
     let locks = h.json(&["locks", "list"]);
     replicas[0].kill();

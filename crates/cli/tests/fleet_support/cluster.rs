@@ -326,6 +326,7 @@ impl Cluster {
                 Ok(conn) => return conn,
                 Err(e) if began.elapsed() < Duration::from_secs(30) => {
                     let _ = e;
+                    // sleep: retry pause while the server starts, bounded at 30 s.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => panic!("cannot connect to {url}: {e}"),

@@ -247,6 +247,7 @@ pub async fn progress(
                 .map(Replica::settled)
                 .collect::<Vec<_>>()
         );
+        // sleep: poll interval of the replicas' progress, bounded by `bound`.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -121,6 +121,7 @@ pub async fn a_release_wakes_a_waiter_of_another_instance(db: &dyn TestDatabase)
             Instant::now() < deadline,
             "the other instance never listened"
         );
+        // sleep: poll interval until the other instance listens, bounded by PATIENCE.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut waiting = other.wake.subscribe(key("w"), None);

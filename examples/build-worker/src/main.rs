@@ -13,7 +13,6 @@
 //! build apart, like pushes. Runs until SIGTERM or SIGINT.
 
 use std::error::Error;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -31,8 +30,6 @@ struct SimulatedBuilds {
     admission: Arc<Admission>,
     build_time: Duration,
     running: Mutex<JoinSet<()>>,
-    /// Set on SIGTERM: publications still arriving are not started (see `publish`).
-    stopping: AtomicBool,
 }
 
 #[async_trait]
@@ -45,17 +42,6 @@ impl BuildPublisher for SimulatedBuilds {
         plan: &BuildPlan,
         generation: Generation,
     ) -> Result<(), DeliveryError> {
-        if self.stopping.load(Ordering::SeqCst) {
-            // Not started, and no error: an error would make admission retry the
-            // message at once. Without heartbeats the publication goes quiet, and
-            // after `resume_after` the build is published again (next generation)
-            // to whichever worker runs then.
-            println!(
-                "{} gen {generation}: not started, shutting down",
-                request.id
-            );
-            return Ok(());
-        }
         println!(
             "{} gen {generation}: build {} ({})",
             request.id,
@@ -201,11 +187,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
         admission,
         build_time,
         running: Mutex::new(JoinSet::new()),
-        stopping: false.into(),
     });
     // Admission workers: each takes a delivery, admits or holds it, and publishes
     // admitted builds to `builds`. More workers than slots gain nothing.
-    holdfast.run_admission(vec![queue.clone()], builds.clone(), 2)?;
+    let workers = holdfast.run_admission(vec![queue.clone()], builds.clone(), 2)?;
     println!("working on queue {queue}; SIGTERM or Ctrl-C to stop");
     // The other revisions arrive half a build apart, like pushes: each newer head
     // takes a free slot, or supersedes the older heads still waiting.
@@ -221,9 +206,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     shutdown_signal().await;
     pushes.abort();
-    // Let the running builds finish and report, then stop the workers and close the
-    // pool. (Holdfast::shutdown closes the pool too, so builds go first.)
-    builds.stopping.store(true, Ordering::SeqCst);
+    // First the workers stop taking deliveries (nothing new is published), then
+    // the running builds finish and report, then holdfast drains and closes the
+    // pool. A build abandoned here is published again, after `resume_after`, to
+    // whichever worker runs then.
+    let (stopped, run) = workers.stop(Duration::from_secs(10)).await;
+    println!("workers stopped: {:?}", run.handled);
+    if !stopped {
+        println!("a worker was still handling a delivery; another replica repeats it");
+    }
     let mut running = std::mem::take(
         &mut *builds
             .running
@@ -242,8 +233,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
     let report = holdfast.shutdown().await;
     println!(
-        "shutdown drained={} abandoned_calls={} admission={:?}",
-        report.drained, report.abandoned_calls, report.admission
+        "shutdown drained={} abandoned_calls={}",
+        report.drained, report.abandoned_calls
     );
     Ok(())
 }

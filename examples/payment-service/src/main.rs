@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use holdfast::{
-    Config, ErrorKind, Holdfast, NewToken, Output, Precision, Quantity, SelectError, SettleError,
-    SettlementStatus, TokenError, TokenId, TokenType, TxId, TxStatus, WalletId,
+    Config, ErrorKind, HasKind, Holdfast, NewToken, Output, Precision, Quantity, TokenId,
+    TokenType, TxId, WalletId,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
@@ -62,17 +62,12 @@ impl ApiError {
     }
 }
 
-// Every holdfast error says what kind of failure it is; that is all the mapping needs.
-macro_rules! from_holdfast {
-    ($($error:ty),*) => {$(
-        impl From<$error> for ApiError {
-            fn from(e: $error) -> Self {
-                ApiError::new(e.kind(), e)
-            }
-        }
-    )*};
+/// Every holdfast error says what kind of failure it is; that is all the mapping needs.
+impl<E: HasKind> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        ApiError::new(e.kind(), e)
+    }
 }
-from_holdfast!(SelectError, SettleError, TokenError);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -172,8 +167,7 @@ async fn pay(
         // Leave nothing locked behind a failed request: settling the transaction as
         // deleted releases its locks at once. Should that fail too, the lease
         // sweeper releases them when the lease runs out.
-        let deleted = SettlementStatus::Known(TxStatus::Deleted);
-        if let Err(release) = app.holdfast.settle(&tx, deleted).await {
+        if let Err(release) = app.holdfast.release(&tx).await {
             eprintln!("{tx}: confirm failed ({e}) and releasing its locks failed: {release}");
         }
         return Err(e.into());
@@ -252,15 +246,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
     });
 
     let config = Config::from_env()?;
-    let precision = config.precision_bits()?;
     // Opens the database (migrations included), recovers what an earlier run left
     // half-settled, and starts the lease sweeper.
     let holdfast = Arc::new(Holdfast::open(config).await?);
 
     let app = App {
+        precision: holdfast.precision(),
         holdfast: holdfast.clone(),
         metrics,
-        precision,
     };
     let router = Router::new()
         .route("/wallets/{wallet}/mint", post(mint))

@@ -8,3 +8,4 @@ mod selection;
 mod selection_cover;
 mod selection_props;
 mod selection_snapshots;
+mod selection_trace_cover;

@@ -468,9 +468,10 @@ impl Config {
     }
 
     /// Applies `HOLDFAST_*` variables from `vars` over this configuration, and
-    /// `DATABASE_URL` (non-empty) as `db_url` when neither `vars` (`HOLDFAST_DB`)
-    /// nor the file set it: the fallback, so a `DATABASE_URL` meant for another
-    /// tool never overrides holdfast's own setting.
+    /// `DATABASE_URL` (non-empty) as `db_url` when `vars` has no `HOLDFAST_DB`
+    /// and `db_url` is still the default: the fallback, so a `DATABASE_URL` meant
+    /// for another tool never overrides holdfast's own setting ([`Config::load`]
+    /// also ignores it when the file names `db_url`, even the default one).
     /// Other variables without the prefix are ignored. A prefixed one that is
     /// neither a key of [`KEYS`] nor in [`RESERVED_ENV`] is ignored too and
     /// returned, with the known variable it is likely a typo of, for the caller to
@@ -520,11 +521,17 @@ impl Config {
     /// for each unknown `HOLDFAST_*` variable); validated.
     #[cfg(feature = "config-file")]
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let config = match file {
-            Some(path) => Config::from_file(path)?,
-            None => Config::default(),
+        let Some(path) = file else {
+            return Config::default().with_process_env(true);
         };
-        config.with_process_env()
+        let config = Config::from_file(path)?;
+        // The file parsed, so it reads and is a table; a `db_url` it names wins
+        // over the DATABASE_URL fallback, whatever its value.
+        let names_db = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| toml::from_str::<toml::Table>(&text).ok())
+            .is_some_and(|table| table.contains_key("db_url"));
+        config.with_process_env(!names_db)
     }
 
     /// The defaults, then the process environment (`HOLDFAST_*`, and
@@ -532,7 +539,7 @@ impl Config {
     /// unknown `HOLDFAST_*` variable); validated. The configuration of a service
     /// that reads no file.
     pub fn from_env() -> Result<Config, ConfigError> {
-        Config::default().with_process_env()
+        Config::default().with_process_env(true)
     }
 
     /// The `HOLDFAST_*` variables of the process environment that name no key,
@@ -544,8 +551,9 @@ impl Config {
             .unwrap_or_default()
     }
 
-    fn with_process_env(mut self) -> Result<Config, ConfigError> {
-        let unknown = self.apply_env(process_env())?;
+    fn with_process_env(mut self, database_url: bool) -> Result<Config, ConfigError> {
+        let vars = process_env().filter(|(k, _)| database_url || k != DATABASE_URL_ENV);
+        let unknown = self.apply_env(vars)?;
         for u in unknown {
             tracing::warn!(var = %u.var, did_you_mean = u.did_you_mean, "{u}");
         }

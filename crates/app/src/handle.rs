@@ -42,6 +42,11 @@ use crate::worker::{Handled, RunOptions, RunReport, StoreDeliveries};
 /// The default bound on [`Holdfast::shutdown`]'s drain: 30 s.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What stopping the timers and closing the pool may take past the drain's
+/// bound (a sweep or a reconcile pass in progress, an abandoned call's
+/// connection): then the shutdown returns anyway.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// How often an admission worker's source scans its queues while nothing else
 /// is due (wake-ups bring freed slots and new work sooner).
 const SCAN_POLL: Duration = Duration::from_millis(500);
@@ -130,9 +135,10 @@ impl TokenError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Whether every call in flight and every admission worker finished within
-    /// the bound. When not, the rest were abandoned: a select dropped mid-way
-    /// gives back what it holds, and an admission step is safe to repeat on
-    /// another replica.
+    /// the bound, and the timers and the pool stopped in time. When not, the
+    /// rest were abandoned: a select dropped mid-way gives back what it holds
+    /// while the pool is open (after the close its locks stay until the lease),
+    /// and an admission step is safe to repeat on another replica.
     pub drained: bool,
     /// Calls still in flight when the bound passed.
     pub abandoned_calls: usize,
@@ -158,7 +164,7 @@ struct GateState {
     in_flight: usize,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Phase {
     #[default]
     Open,
@@ -196,22 +202,30 @@ impl Gate {
         }
     }
 
-    fn set(&self, phase: Phase) {
-        self.state().phase = phase;
+    /// Moves to `phase` if it is later than the current one (phases only
+    /// advance: a second shutdown never reopens a closed gate).
+    fn advance(&self, phase: Phase) {
+        let mut state = self.state();
+        state.phase = state.phase.max(phase);
     }
 
     fn in_flight(&self) -> usize {
         self.state().in_flight
     }
 
-    /// Waits until no call is in flight.
-    async fn drained(&self) {
+    /// Waits until no call is in flight and closes the gate in the same step,
+    /// so no call can enter between the last one leaving and the close.
+    async fn close_when_idle(&self) {
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            if self.in_flight() == 0 {
-                return;
+            {
+                let mut state = self.state();
+                if state.in_flight == 0 {
+                    state.phase = Phase::Closed;
+                    return;
+                }
             }
             idle.await;
         }
@@ -450,6 +464,25 @@ impl Holdfast {
         self.settlement.on_status(tx, status).await
     }
 
+    /// The status recorded for `tx`, if any: a retried request finds out whether
+    /// its transaction was already confirmed (then [`Holdfast::confirm`] with the
+    /// same outputs answers what was committed, `replayed`).
+    pub async fn status(&self, tx: &TxId) -> Result<Option<TxStatus>, SettleError> {
+        let _pass = self
+            .gate
+            .enter(Call::New)
+            .ok_or(SettleError::ShuttingDown)?;
+        let stores = self.backend.stores();
+        stores
+            .statuses
+            .status(tx)
+            .await
+            .map_err(|source| SettleError::Status {
+                tx: tx.clone(),
+                source,
+            })
+    }
+
     /// Releases every token `tx` holds: the transaction will not go out (it is
     /// recorded as Deleted).
     pub async fn release(&self, tx: &TxId) -> Result<Settled, SettleError> {
@@ -606,15 +639,18 @@ impl Holdfast {
     /// settlements, heartbeats and outcomes (work already begun) until the drain
     /// ends, stops the admission workers after their current delivery, waits for
     /// the calls in flight, stops the sweeper and the reconcile timer, and
-    /// closes the pool. Calls on the pieces handed out fail once the pool is
-    /// closed. A second call finds nothing left to stop.
+    /// closes the pool (each bounded: 2 s past the drain's bound at most). The
+    /// drain counts calls, not work: finish a payment between its select and its
+    /// confirm before calling this (`docs/service.md`). On PostgreSQL calls on
+    /// the pieces handed out fail once the pool is closed. A second call finds
+    /// nothing left to stop.
     pub async fn shutdown(&self) -> ShutdownReport {
         self.shutdown_within(self.drain_timeout).await
     }
 
     /// As [`Holdfast::shutdown`], with the bound `bound`.
     pub async fn shutdown_within(&self, bound: Duration) -> ShutdownReport {
-        self.gate.set(Phase::Draining);
+        self.gate.advance(Phase::Draining);
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
         let deadline = tokio::time::Instant::now() + bound;
         for group in &tasks.workers {
@@ -630,26 +666,49 @@ impl Holdfast {
             }
         }
         // Builds finishing now still heartbeat and report through the handle.
-        drained &= tokio::time::timeout_at(deadline, self.gate.drained())
+        drained &= tokio::time::timeout_at(deadline, self.gate.close_when_idle())
             .await
             .is_ok();
-        if let Some((stop, task)) = tasks.reconciler {
-            drop(stop);
-            report.reconciles_led = task.await.unwrap_or_default();
-        }
-        if let Some(sweeper) = tasks.sweeper {
-            report.sweeps = sweeper.shutdown().await;
-        }
-        self.gate.set(Phase::Closed);
+        self.gate.advance(Phase::Closed);
         report.abandoned_calls = self.gate.in_flight();
         report.drained = drained && report.abandoned_calls == 0;
-        self.backend.close().await;
+        // Stopping the timers and closing the pool wait for a sweep, a reconcile
+        // pass or an abandoned call's connection: bounded too, with a short
+        // grace past the drain's bound.
+        let stop_by = deadline.max(tokio::time::Instant::now()) + STOP_GRACE;
+        let stopped = tokio::time::timeout_at(stop_by, async {
+            if let Some((stop, task)) = tasks.reconciler {
+                drop(stop);
+                report.reconciles_led = task.await.unwrap_or_default();
+            }
+            if let Some(sweeper) = tasks.sweeper {
+                report.sweeps = sweeper.shutdown().await;
+            }
+            self.backend.close().await;
+        })
+        .await;
+        if stopped.is_err() {
+            report.drained = false;
+            tracing::warn!("holdfast shutdown: the timers or the pool did not stop in time");
+        }
         tracing::info!(
             drained = report.drained,
             abandoned = report.abandoned_calls,
             "holdfast shut down"
         );
         report
+    }
+}
+
+impl Drop for Holdfast {
+    /// A handle dropped without [`Holdfast::shutdown`] stops its admission
+    /// workers at their next delivery (the sweeper and the timer stop with their
+    /// handles).
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for group in &tasks.workers {
+            group.source.close();
+        }
     }
 }
 
@@ -678,7 +737,7 @@ mod tests {
     fn draining_refuses_new_work_and_takes_settlements_until_closed() {
         let gate = Gate::default();
         let select = gate.enter(Call::New).expect("open");
-        gate.set(Phase::Draining);
+        gate.advance(Phase::Draining);
         assert!(gate.enter(Call::New).is_none(), "new work is refused");
         let confirm = gate
             .enter(Call::Settle)
@@ -686,7 +745,7 @@ mod tests {
         assert_eq!(gate.in_flight(), 2);
         drop((select, confirm));
         assert_eq!(gate.in_flight(), 0);
-        gate.set(Phase::Closed);
+        gate.advance(Phase::Closed);
         assert!(
             gate.enter(Call::Settle).is_none(),
             "closed refuses everything"
@@ -697,10 +756,10 @@ mod tests {
     async fn the_drain_ends_when_the_last_call_leaves_also_by_cancellation() {
         let gate = Arc::new(Gate::default());
         let pass = gate.enter(Call::New).expect("open");
-        gate.set(Phase::Draining);
+        gate.advance(Phase::Draining);
         let waiting = {
             let gate = gate.clone();
-            tokio::spawn(async move { gate.drained().await })
+            tokio::spawn(async move { gate.close_when_idle().await })
         };
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "a call is in flight");
@@ -710,5 +769,9 @@ mod tests {
             .await
             .expect("drained")
             .expect("task");
+        assert!(
+            gate.enter(Call::Settle).is_none(),
+            "the gate closed as the last call left"
+        );
     }
 }

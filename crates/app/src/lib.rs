@@ -5,7 +5,7 @@
 //! everything from a [`Config`] and [`Holdfast::shutdown`] drains it
 //! ([`handle`]); every type a service names is re-exported at the root (ids,
 //! quantities, statuses, outcomes, stores, new tokens, deliveries, the
-//! [`BuildPublisher`] and [`DeliverySource`] traits with the [`async_trait`]
+//! [`BuildPublisher`] and [`DeliverySource`] traits with the [`async_trait`](macro@async_trait)
 //! attribute that implementing them needs), and the adapters are re-exported as
 //! [`sqlite`] and [`postgres`] behind their features. The lower crates stay
 //! reachable as [`domain`] and [`ports`].

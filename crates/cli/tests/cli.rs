@@ -150,6 +150,18 @@ fn default_database_is_holdfast_db_in_the_working_directory() {
         .success();
     assert!(h.dir.path().join("this.db").exists());
     assert!(!h.dir.path().join("not-this.db").exists());
+    // ...and a file that names db_url wins over it, even naming the default.
+    std::fs::write(
+        h.dir.path().join("holdfast.toml"),
+        "db_url = \"sqlite://holdfast.db\"\n",
+    )
+    .expect("write the file");
+    h.bare()
+        .env("DATABASE_URL", "sqlite://not-this-either.db")
+        .args(["--config", "holdfast.toml", "migrate"])
+        .assert()
+        .success();
+    assert!(!h.dir.path().join("not-this-either.db").exists());
 }
 
 #[test]

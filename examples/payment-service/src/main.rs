@@ -24,7 +24,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use holdfast::{
     Config, ErrorKind, HasKind, Holdfast, NewToken, Output, Precision, Quantity, TokenId,
-    TokenType, TxId, WalletId,
+    TokenType, TxId, TxStatus, WalletId,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
@@ -154,28 +154,54 @@ async fn pay(
     let token_type = field("type", TokenType::new(body.token_type))?;
     let amount = field("amount", Quantity::parse(&body.amount, app.precision))?;
 
-    // Step 1: lock tokens of `from` covering the amount, for this transaction.
-    let selected = app.holdfast.select(&from, &token_type, amount, &tx).await?;
-    // Step 2: spend them and create the outputs in one database transaction: the
-    // payee's token, and the change (selected total - amount) back to the payer.
     let payee = Output {
         wallet: to,
         token_type,
         quantity: amount,
     };
-    if let Err(e) = app.holdfast.confirm(&tx, &[payee], Some(&from)).await {
-        // Leave nothing locked behind a failed request: settling the transaction as
-        // deleted releases its locks at once. Should that fail too, the lease
-        // sweeper releases them when the lease runs out.
-        if let Err(release) = app.holdfast.release(&tx).await {
+    // The payment runs to its end on a task of its own: a client that hangs up
+    // between the select and the confirm leaves nothing locked behind it.
+    tokio::spawn(pay_once(app.holdfast.clone(), tx, from, payee))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Backend, e))?
+        .map(Json)
+}
+
+async fn pay_once(
+    holdfast: Arc<Holdfast>,
+    tx: TxId,
+    from: WalletId,
+    payee: Output,
+) -> Result<Value, ApiError> {
+    // A retry of a payment that committed (its answer was lost on the way)
+    // answers what was committed: confirming again with the same outputs
+    // changes nothing (`replayed`). Selecting again would find nothing to win.
+    if holdfast.status(&tx).await? == Some(TxStatus::Confirmed) {
+        let confirmed = holdfast.confirm(&tx, &[payee], Some(&from)).await?;
+        return Ok(json!({ "tx": tx.to_string(), "inputs": [], "replayed": confirmed.replayed }));
+    }
+    // Step 1: lock tokens of `from` covering the amount, for this transaction.
+    let selected = holdfast
+        .select(&from, &payee.token_type, payee.quantity, &tx)
+        .await?;
+    // Step 2: spend them and create the outputs in one database transaction: the
+    // payee's token, and the change (selected total - amount) back to the payer.
+    if let Err(e) = holdfast.confirm(&tx, &[payee], Some(&from)).await {
+        // Leave nothing locked behind a failed request: releasing the transaction
+        // (recorded as deleted) frees its tokens at once; should that fail too, the
+        // lease sweeper frees them when the lease runs out.
+        if let Err(release) = holdfast.release(&tx).await {
             eprintln!("{tx}: confirm failed ({e}) and releasing its locks failed: {release}");
         }
         return Err(e.into());
     }
     let inputs: Vec<String> = selected.tokens.iter().map(ToString::to_string).collect();
-    Ok(Json(
-        json!({ "tx": tx.to_string(), "inputs": inputs, "change": selected.change.to_string() }),
-    ))
+    Ok(json!({
+        "tx": tx.to_string(),
+        "inputs": inputs,
+        "change": selected.change.to_string(),
+        "replayed": false,
+    }))
 }
 
 #[derive(Deserialize)]

@@ -359,6 +359,15 @@ async fn smoke(db_url: &str) {
         u128::from(tally.paid_sum.load(Ordering::SeqCst)),
         "bob got exactly the payments answered 200: {tally:?}"
     );
+    // A retried payment whose first answer was lost is answered again, once paid.
+    let retried =
+        json!({ "tx": "retried", "from": "alice", "to": "bob", "type": "CHF", "amount": "5" });
+    for replayed in [false, true] {
+        let answer = call(service.addr, "POST", "/pay", Some(retried.clone())).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert_eq!(answer.json()["replayed"], replayed, "{answer:?}");
+    }
+    assert_eq!(balance(service.addr, "bob").await, bob + 5, "paid once");
     service.terminate().await;
     println!(
         "{db}: {} payments answered 200 ({} CHF), errors {:?}, {} refused after SIGTERM; \

@@ -892,6 +892,7 @@ const fn constant(
 }
 
 const PG_CODEC: &str = "crates/adapters-postgres/src/codec.rs";
+const PG_BACKEND: &str = "crates/adapters-postgres/src/backend.rs";
 const PG_LOCKS: &str = "crates/adapters-postgres/src/locks.rs";
 const PG_OPTIONS: &str = "crates/adapters-postgres/src/options.rs";
 const PG_QUEUES: &str = "crates/adapters-postgres/src/queues.rs";
@@ -931,9 +932,9 @@ pub const ADAPTER_CONSTANTS: &[AdapterConstant] = &[
         "first key of the read-and-claim advisory locks",
     ),
     constant(
-        PG_LOCKS,
+        PG_BACKEND,
         "CLAIM_LINE_STRIPES",
-        Basis::Tuned("crates/adapters-postgres/src/locks.rs"),
+        Basis::Tuned("crates/adapters-postgres/src/backend.rs"),
         "in-process turns of read-and-claims (mutex stripes)",
     ),
     constant(

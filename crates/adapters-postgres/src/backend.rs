@@ -4,20 +4,23 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use holdfast_ports::{StoreFault, Stores};
+use holdfast_ports::Stores;
 use sqlx::Connection;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use crate::durability::{self, Durability};
 use crate::error::ConnectError;
 use crate::hosts::{Hosts, ParseError, TargetSessionAttrs};
-use crate::locks::CLAIM_LINE_STRIPES;
 use crate::options::{LockStrategy, PgOptions};
 use crate::route::{self, Follower, HostOutcome, Route};
 use crate::schema;
 use crate::session::{self, Health};
 use crate::url::{redact_url, scrub, secrets, unescaped_in_password};
 use crate::wake::Wake;
+
+/// How many in-process turns the read-and-claims of a backend take by line
+/// (`locks` maps a line to its turn).
+pub(crate) const CLAIM_LINE_STRIPES: usize = 64;
 
 /// holdfast's ports over one PostgreSQL database, for one replica of the app.
 ///
@@ -280,29 +283,6 @@ impl PgBackend {
         self.inner.follower.stop();
         self.inner.wake.stop();
         self.inner.pool.close().await;
-    }
-
-    /// The plan PostgreSQL chooses for the candidate query of `wallet`/`token_type`
-    /// (first page, `limit` rows), as `EXPLAIN` text. For diagnostics: the plan
-    /// should scan `tokens_candidates` and contain no sort.
-    pub async fn explain_candidates(
-        &self,
-        wallet: &holdfast_domain::WalletId,
-        token_type: &holdfast_domain::TokenType,
-        after: Option<&holdfast_domain::Candidate>,
-        limit: usize,
-    ) -> Result<String, StoreFault> {
-        crate::tokens::explain_candidates(self, wallet, token_type, after, limit).await
-    }
-
-    /// The plan PostgreSQL chooses for a first band read (`cover_first`), as
-    /// `EXPLAIN` text: both bands should scan `tokens_candidates` (the fill band
-    /// backwards) and contain no sort.
-    pub async fn explain_candidate_bands(
-        &self,
-        query: &holdfast_ports::BandQuery,
-    ) -> Result<String, StoreFault> {
-        crate::tokens::explain_candidate_bands(self, query).await
     }
 
     /// Counts one statement and, if the server answered with an error, one server

@@ -75,12 +75,13 @@ use holdfast_ports::{
     check_window,
 };
 
-use crate::backend::PgBackend;
+use crate::backend::{CLAIM_LINE_STRIPES, PgBackend};
 use crate::codec::{self, get};
 use crate::codec::{millis, timestamp};
 use crate::error::fault as to_fault;
 use crate::options::LockStrategy;
 use crate::session::{Session, Tx};
+use crate::tokens::spendable;
 use crate::wake::token_keys;
 
 /// The advisory lock key of sweep leadership: the bytes of `"holdfast"`.
@@ -90,9 +91,6 @@ pub const SWEEP_LOCK_KEY: i64 = 0x686f_6c64_6661_7374;
 /// of one wallet and type (the bytes of `"hold"`; two-key advisory locks never
 /// meet the one-key [`SWEEP_LOCK_KEY`]).
 pub const CLAIM_LINE_SPACE: i32 = 0x686f_6c64;
-
-/// How many in-process turns the read-and-claims of a backend take by line.
-pub(crate) const CLAIM_LINE_STRIPES: usize = 64;
 
 /// Where the read-and-claims of one wallet and type queue.
 struct ClaimLine {
@@ -130,7 +128,7 @@ fn claim_line(wallet: &WalletId, token_type: &TokenType) -> ClaimLine {
 }
 
 macro_rules! window_sql {
-    ($spendable_lock:literal, $eligible:literal, $source:literal) => {
+    ($spendable_lock:literal, $eligible:expr, $source:literal) => {
         concat!(
             "WITH candidates AS (
                  SELECT c.tx_id, c.idx FROM UNNEST($1::text[], $2::bigint[]) AS c(tx_id, idx)
@@ -138,7 +136,8 @@ macro_rules! window_sql {
              spendable AS (
                  SELECT t.tx_id, t.idx FROM tokens t
                  JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
-                 WHERE t.spendable AND t.spent_by IS NULL",
+                 WHERE ",
+            spendable!(),
             $spendable_lock,
             "
              ),",
@@ -187,13 +186,17 @@ pub const WINDOW: &str = window_sql!(
 /// (contended) from a spent one (stale).
 pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
     "",
-    "eligible AS (
+    concat!(
+        "eligible AS (
          SELECT t.tx_id, t.idx FROM tokens t
          JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
-         WHERE t.spendable AND t.spent_by IS NULL
+         WHERE ",
+        spendable!(),
+        "
          ORDER BY t.tx_id, t.idx
          FOR UPDATE OF t SKIP LOCKED
-     ),",
+     ),"
+    ),
     "eligible"
 );
 
@@ -207,12 +210,15 @@ fn lock_not_available(e: &sqlx::Error) -> bool {
 /// (an earlier select of the transaction whose lock was swept) or is confirmed; a
 /// lost race is a unique violation. Returns (1 when won, whether `$3` had already
 /// selected it or is confirmed: contended, not stale).
-const CLAIM_INSERT: &str = "
+const CLAIM_INSERT: &str = concat!(
+    "
     WITH claimed AS (
         INSERT INTO token_locks (tx_id, idx, consumer, created_at, owner)
         SELECT t.tx_id, t.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond', $5
         FROM tokens t
-        WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable AND t.spent_by IS NULL
+        WHERE t.tx_id = $1 AND t.idx = $2 AND ",
+    spendable!(),
+    "
           AND NOT EXISTS (SELECT 1 FROM selections x
                           WHERE x.consumer = $3 AND x.tx_id = t.tx_id AND x.idx = t.idx)
           AND NOT EXISTS (SELECT 1 FROM tx_statuses st
@@ -231,8 +237,10 @@ const CLAIM_INSERT: &str = "
            OR (EXISTS (SELECT 1 FROM tx_statuses st
                        WHERE st.tx_id = $3 AND st.status = 'confirmed')
                AND EXISTS (SELECT 1 FROM tokens t
-                           WHERE t.tx_id = $1 AND t.idx = $2 AND t.spendable
-                             AND t.spent_by IS NULL))";
+                           WHERE t.tx_id = $1 AND t.idx = $2 AND ",
+    spendable!(),
+    "))"
+);
 
 /// Settles consumer `$1` as deleted in one statement: records the status (when
 /// `$3`, at `$2` milliseconds; never over Confirmed, which is final: a confirm

@@ -17,25 +17,62 @@ use crate::error::fault as to_fault;
 use crate::session::Tx;
 use crate::wake::token_keys;
 
+/// What makes a token row `t` spendable, written once: spendable and unspent (the
+/// rows of the partial index `tokens_candidates`). The claims in `locks` re-check it.
+macro_rules! spendable {
+    () => {
+        "t.spendable AND t.spent_by IS NULL"
+    };
+}
+pub(crate) use spendable;
+
+/// A spendable token of wallet `$1` and type `$2`: a range of `tokens_candidates`
+/// in (amount, tx_id, idx) order, so a scan of it needs no sort.
+macro_rules! spendable_of_line {
+    () => {
+        concat!("t.wallet = $1 AND t.token_type = $2 AND ", spendable!())
+    };
+}
+
+/// Not locked: the anti-join on `token_locks` that drops a locked token.
+macro_rules! unlocked {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)"
+    };
+}
+
+/// A candidate read: `$columns` of the spendable tokens of the line, `$and`
+/// conditions on them, and (last) not locked; then `$tail` (order and limit).
+/// Every candidate page and band is this one text.
+macro_rules! candidates {
+    ($columns:literal; $($and:literal),*; $tail:literal) => {
+        concat!(
+            "SELECT ", $columns, "
+         FROM tokens t
+         WHERE ", spendable_of_line!(), "
+           ",
+            $("AND ", $and, "
+           ",)*
+            "AND ", unlocked!(), "
+         ", $tail
+        )
+    };
+}
+
 /// The candidate query, with or without the keyset cursor. Kept as macros so the
-/// `EXPLAIN` of [`explain_candidates`] is the very same text.
+/// `EXPLAIN` of [`PgBackend::explain_candidates`] is the very same text.
 macro_rules! candidates_sql {
     (first) => {
-        "SELECT t.tx_id, t.idx, t.amount::text
-         FROM tokens t
-         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-         ORDER BY t.amount, t.tx_id, t.idx
-         LIMIT $3"
+        candidates!("t.tx_id, t.idx, t.amount::text"; ; "ORDER BY t.amount, t.tx_id, t.idx
+         LIMIT $3")
     };
     (after) => {
-        "SELECT t.tx_id, t.idx, t.amount::text
-         FROM tokens t
-         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-           AND (t.amount, t.tx_id, t.idx) > ($4::numeric, $5::text COLLATE \"C\", $6::bigint)
-           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-         ORDER BY t.amount, t.tx_id, t.idx
+        candidates!(
+            "t.tx_id, t.idx, t.amount::text";
+            "(t.amount, t.tx_id, t.idx) > ($4::numeric, $5::text COLLATE \"C\", $6::bigint)";
+            "ORDER BY t.amount, t.tx_id, t.idx
          LIMIT $3"
+        )
     };
 }
 
@@ -52,64 +89,64 @@ macro_rules! text {
 }
 
 /// The band reads, as literals (sqlx takes `&'static str`; `EXPLAIN` of
-/// [`explain_candidate_bands`] is the very same text). `cover`: candidates >= the
-/// threshold, ascending, `LIMIT $4`; `fill`: below it, the candidate index scanned
-/// backwards, `LIMIT $5`; `both`: the two in one round trip.
+/// [`PgBackend::explain_candidate_bands`] is the very same text). `cover`:
+/// candidates >= the threshold, ascending, `LIMIT $4`; `fill`: below it, the
+/// candidate index scanned backwards, `LIMIT $5`; `both`: the two in one round trip.
 macro_rules! band_sql {
     (cover) => {
-        "SELECT t.tx_id, t.idx, t.amount::text
-         FROM tokens t
-         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-           AND t.amount >= $3::numeric
-           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-         ORDER BY t.amount, t.tx_id, t.idx
+        candidates!(
+            "t.tx_id, t.idx, t.amount::text";
+            "t.amount >= $3::numeric";
+            "ORDER BY t.amount, t.tx_id, t.idx
          LIMIT $4"
+        )
     };
     (fill) => {
-        "SELECT t.tx_id, t.idx, t.amount::text
-         FROM tokens t
-         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-           AND t.amount < $3::numeric
-           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-         ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+        candidates!(
+            "t.tx_id, t.idx, t.amount::text";
+            "t.amount < $3::numeric";
+            "ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
          LIMIT $5"
+        )
     };
     (both) => {
         concat!("(", band_sql!(cover), ") UNION ALL (", band_sql!(fill), ")")
     };
     // A further fill page: strictly before the keyset cursor, largest first.
     (fill_before) => {
-        "SELECT t.tx_id, t.idx, t.amount::text
-         FROM tokens t
-         WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-           AND t.amount < $3::numeric
-           AND (t.amount, t.tx_id, t.idx) < ($5::numeric, $6::text COLLATE \"C\", $7::bigint)
-           AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-         ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+        candidates!(
+            "t.tx_id, t.idx, t.amount::text";
+            "t.amount < $3::numeric",
+            "(t.amount, t.tx_id, t.idx) < ($5::numeric, $6::text COLLATE \"C\", $7::bigint)";
+            "ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
          LIMIT $4"
+        )
     };
     // Both bands, the fill band only if no cover candidate is <= $6 (an
     // uncorrelated condition: a one-time filter, the fill scan never runs).
     (both_unless_cover_within) => {
-        "WITH cover AS MATERIALIZED (
-             SELECT t.tx_id, t.idx, t.amount
-             FROM tokens t
-             WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-               AND t.amount >= $3::numeric
-               AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-             ORDER BY t.amount, t.tx_id, t.idx
-             LIMIT $4
+        concat!(
+            "WITH cover AS MATERIALIZED (",
+            candidates!(
+                "t.tx_id, t.idx, t.amount";
+                "t.amount >= $3::numeric";
+                "ORDER BY t.amount, t.tx_id, t.idx
+         LIMIT $4"
+            ),
+            "
          )
          SELECT tx_id, idx, amount::text FROM cover
          UNION ALL
-         (SELECT t.tx_id, t.idx, t.amount::text
-          FROM tokens t
-          WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
-            AND t.amount < $3::numeric
-            AND NOT EXISTS (SELECT 1 FROM token_locks l WHERE l.tx_id = t.tx_id AND l.idx = t.idx)
-            AND NOT EXISTS (SELECT 1 FROM cover c WHERE c.amount <= $6::numeric)
-          ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
-          LIMIT $5)"
+         (",
+            candidates!(
+                "t.tx_id, t.idx, t.amount::text";
+                "t.amount < $3::numeric";
+                "AND NOT EXISTS (SELECT 1 FROM cover c WHERE c.amount <= $6::numeric)
+         ORDER BY t.amount DESC, t.tx_id DESC, t.idx DESC
+         LIMIT $5"
+            ),
+            ")"
+        )
     };
 }
 
@@ -140,7 +177,8 @@ const LOCK_BALANCES: &str = "
 /// largest (one index search) is 2^63 or more or `base` exceeds 2^127: a table
 /// holds fewer than 2^64 rows, so amounts below 2^63 sum below 2^127, and
 /// adding at most 2^127 to that cannot pass 2^128 - 1.
-const INSERT_TOKENS: &str = "
+const INSERT_TOKENS: &str = concat!(
+    "
     WITH ins AS (
         INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
         SELECT i.tx_id, i.idx, i.wallet, i.token_type, i.amount::numeric, i.spendable
@@ -160,7 +198,9 @@ const INSERT_TOKENS: &str = "
                                      AND NOT t.spendable AND t.spent_by IS NULL), 0) AS base,
                (SELECT MAX(t.amount) FROM tokens t
                 WHERE t.wallet = a.wallet AND t.token_type = a.token_type
-                  AND t.spendable AND t.spent_by IS NULL) AS top
+                  AND ",
+    spendable!(),
+    ") AS top
         FROM added a
     )
     SELECT 'new' AS kind, tx_id, idx FROM ins
@@ -173,10 +213,13 @@ const INSERT_TOKENS: &str = "
          ELSE b.base
               + COALESCE((SELECT SUM(t.amount) FROM tokens t
                           WHERE t.wallet = b.wallet AND t.token_type = b.token_type
-                            AND t.spendable AND t.spent_by IS NULL), 0)
+                            AND ",
+    spendable!(),
+    "), 0)
               > 340282366920938463463374607431768211455
      END
-     ORDER BY b.wallet, b.token_type)";
+     ORDER BY b.wallet, b.token_type)"
+);
 
 const STORED_IDENTITIES: &str = "
     SELECT t.tx_id, t.idx, t.wallet, t.token_type, t.amount::text
@@ -199,13 +242,17 @@ const LIST_TOKENS: &str = "
 
 /// The spendable, unspent sum of wallet `$1` and type `$2`, locks ignored, less the
 /// tokens consumer `$3` (when not null) has selected.
-const BALANCE: &str = "
+const BALANCE: &str = concat!(
+    "
     SELECT COALESCE(SUM(t.amount), 0)::text
     FROM tokens t
-    WHERE t.wallet = $1 AND t.token_type = $2 AND t.spendable AND t.spent_by IS NULL
+    WHERE ",
+    spendable_of_line!(),
+    "
       AND ($3::text IS NULL OR NOT EXISTS (
            SELECT 1 FROM selections s
-           WHERE s.consumer = $3 AND s.tx_id = t.tx_id AND s.idx = t.idx))";
+           WHERE s.consumer = $3 AND s.tx_id = t.tx_id AND s.idx = t.idx))"
+);
 
 const SET_SPENDABLE: &str = "
     UPDATE tokens SET spendable = $3 WHERE tx_id = $1 AND idx = $2 AND spent_by IS NULL
@@ -262,27 +309,33 @@ pub(crate) fn decode_token(row: &sqlx::postgres::PgRow) -> Result<Token, StoreFa
     })
 }
 
-pub(crate) async fn explain_candidate_bands(
-    backend: &PgBackend,
-    query: &BandQuery,
-) -> Result<String, StoreFault> {
-    explain(backend, band_statement(query, true)).await
-}
+/// Diagnostics of the candidate reads, here beside the statements they explain.
+impl PgBackend {
+    /// The plan PostgreSQL chooses for the candidate query of `wallet`/`token_type`
+    /// (first page, `limit` rows), as `EXPLAIN` text. For diagnostics: the plan
+    /// should scan `tokens_candidates` and contain no sort.
+    pub async fn explain_candidates(
+        &self,
+        wallet: &WalletId,
+        token_type: &TokenType,
+        after: Option<&Candidate>,
+        limit: usize,
+    ) -> Result<String, StoreFault> {
+        let query = CandidateQuery {
+            wallet: wallet.clone(),
+            token_type: token_type.clone(),
+            after: after.cloned(),
+            limit,
+        };
+        explain(self, page_statement(&query, true)).await
+    }
 
-pub(crate) async fn explain_candidates(
-    backend: &PgBackend,
-    wallet: &WalletId,
-    token_type: &TokenType,
-    after: Option<&Candidate>,
-    n: usize,
-) -> Result<String, StoreFault> {
-    let query = CandidateQuery {
-        wallet: wallet.clone(),
-        token_type: token_type.clone(),
-        after: after.cloned(),
-        limit: n,
-    };
-    explain(backend, page_statement(&query, true)).await
+    /// The plan PostgreSQL chooses for a first band read (`cover_first`), as
+    /// `EXPLAIN` text: both bands should scan `tokens_candidates` (the fill band
+    /// backwards) and contain no sort.
+    pub async fn explain_candidate_bands(&self, query: &BandQuery) -> Result<String, StoreFault> {
+        explain(self, band_statement(query, true)).await
+    }
 }
 
 /// Runs an `EXPLAIN` statement and joins its lines.

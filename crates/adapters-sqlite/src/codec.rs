@@ -82,9 +82,10 @@ pub(crate) fn token_from_sql(row: &str, tx: String, output: i64) -> Result<Token
 
 pub(crate) fn status_from_sql(row: &str, text: &str) -> Result<TxStatus, StoreFault> {
     TxStatus::from_name(text).ok_or_else(|| {
+        let names: Vec<&str> = TxStatus::ALL.into_iter().map(TxStatus::as_str).collect();
         corrupt(
             row,
-            format!("unknown status {text:?}; expected pending, confirmed, deleted, orphan, busy or unknown"),
+            format!("unknown status {text:?}; expected one of {}", names.join(", ")),
         )
     })
 }

@@ -15,53 +15,60 @@ use crate::codec::{amount_from_sql, corrupt, time_from_sql, token_from_sql, tx_f
 use crate::pool::Db;
 use crate::wake::token_keys;
 
-/// The first page of candidates. The partial index `tokens_candidates` holds exactly
-/// the spendable, unspent rows in (wallet, type, amount, tx, output) order, so the
-/// scan needs no sort; locked tokens are dropped by the anti-join on `locks`.
-pub(crate) const CANDIDATES_FIRST: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
-  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
-ORDER BY t.amount, t.tx, t.output
-LIMIT ?3";
+/// What makes a token of wallet `?1` and type `?2` spendable, written once:
+/// exactly the rows the partial index `tokens_candidates` holds, in (wallet, type,
+/// amount, tx, output) order, so a scan of them needs no sort.
+macro_rules! spendable_of_line {
+    () => {
+        "t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL"
+    };
+}
+
+/// A candidate read: the spendable tokens of the line, `$and` conditions on them,
+/// and (last) the anti-join on `locks` that drops the locked ones; then `$tail`
+/// (order and limit). Every candidate page and band is this one text.
+macro_rules! candidates {
+    ($($and:literal),*; $tail:literal) => {
+        concat!(
+            "SELECT t.tx, t.output, t.amount FROM tokens AS t\nWHERE ",
+            spendable_of_line!(),
+            "\n",
+            $("  AND ", $and, "\n",)*
+            "  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)\n",
+            $tail
+        )
+    };
+}
+
+/// The first page of candidates, smallest first.
+pub(crate) const CANDIDATES_FIRST: &str =
+    candidates!(; "ORDER BY t.amount, t.tx, t.output\nLIMIT ?3");
 
 /// A later page: strictly after the keyset cursor (amount, tx, output).
-pub(crate) const CANDIDATES_AFTER: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
-  AND (t.amount, t.tx, t.output) > (?4, ?5, ?6)
-  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
-ORDER BY t.amount, t.tx, t.output
-LIMIT ?3";
+pub(crate) const CANDIDATES_AFTER: &str = candidates!(
+    "(t.amount, t.tx, t.output) > (?4, ?5, ?6)";
+    "ORDER BY t.amount, t.tx, t.output\nLIMIT ?3"
+);
 
 /// The cover band of a band read: candidates >= the threshold, ascending (the
 /// same index scan as a candidate page, started at the threshold).
-pub(crate) const COVER_BAND: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
-  AND t.amount >= ?3
-  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
-ORDER BY t.amount, t.tx, t.output
-LIMIT ?4";
+pub(crate) const COVER_BAND: &str = candidates!(
+    "t.amount >= ?3";
+    "ORDER BY t.amount, t.tx, t.output\nLIMIT ?4"
+);
 
 /// The fill band: candidates below the threshold, largest first (the candidate
 /// index scanned backwards).
-pub(crate) const FILL_BAND: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
-  AND t.amount < ?3
-  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
-ORDER BY t.amount DESC, t.tx DESC, t.output DESC
-LIMIT ?4";
+pub(crate) const FILL_BAND: &str = candidates!(
+    "t.amount < ?3";
+    "ORDER BY t.amount DESC, t.tx DESC, t.output DESC\nLIMIT ?4"
+);
 
 /// A further fill page: strictly before the keyset cursor (amount, tx, output).
-pub(crate) const FILL_BAND_BEFORE: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
-  AND t.amount < ?3 AND (t.amount, t.tx, t.output) < (?5, ?6, ?7)
-  AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
-ORDER BY t.amount DESC, t.tx DESC, t.output DESC
-LIMIT ?4";
+pub(crate) const FILL_BAND_BEFORE: &str = candidates!(
+    "t.amount < ?3 AND (t.amount, t.tx, t.output) < (?5, ?6, ?7)";
+    "ORDER BY t.amount DESC, t.tx DESC, t.output DESC\nLIMIT ?4"
+);
 
 /// Amounts below 2^63 are small: a table holds at most 2^64 rows (one per 64-bit
 /// rowid), so any number of small amounts sums below 2^127, and adding at most
@@ -72,16 +79,18 @@ const ROOM_ABOVE_SMALL: u128 = 1 << 127;
 
 /// The largest spendable, unspent amount of a wallet and type: one search of the
 /// `tokens_candidates` index (its range ends with it).
-const TOP_SPENDABLE: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
-ORDER BY t.amount DESC LIMIT 1";
+const TOP_SPENDABLE: &str = concat!(
+    "SELECT t.tx, t.output, t.amount FROM tokens AS t\nWHERE ",
+    spendable_of_line!(),
+    "\nORDER BY t.amount DESC LIMIT 1"
+);
 
 /// The spendable, unspent amounts of a wallet and type, from the covering
 /// `tokens_candidates` index.
-const SPENDABLE_AMOUNTS: &str = "\
-SELECT t.tx, t.output, t.amount FROM tokens AS t
-WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL";
+const SPENDABLE_AMOUNTS: &str = concat!(
+    "SELECT t.tx, t.output, t.amount FROM tokens AS t\nWHERE ",
+    spendable_of_line!()
+);
 
 /// The unspendable, unspent amounts of a wallet and type. No index holds these
 /// rows: this is a scan of `tokens`, the cost of the overflow check that grows
@@ -332,12 +341,13 @@ impl SqliteBackend {
                 // streamed from the covering candidate index and summed with checks.
                 let mut stmt = tx
                     .prepare_cached(
-                        "SELECT t.tx, t.output, t.amount FROM tokens AS t
-                         WHERE t.wallet = ?1 AND t.token_type = ?2
-                           AND t.spendable = 1 AND t.spent_by IS NULL
-                           AND (?3 IS NULL OR NOT EXISTS (
+                        concat!(
+                            "SELECT t.tx, t.output, t.amount FROM tokens AS t WHERE ",
+                            spendable_of_line!(),
+                            " AND (?3 IS NULL OR NOT EXISTS (
                                 SELECT 1 FROM selections AS s
-                                WHERE s.consumer = ?3 AND s.tx = t.tx AND s.output = t.output))",
+                                WHERE s.consumer = ?3 AND s.tx = t.tx AND s.output = t.output))"
+                        ),
                     )
                     .db()?;
                 let mut rows = stmt

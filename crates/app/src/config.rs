@@ -74,243 +74,203 @@ pub const RESERVED_ENV: &[&str] = &[
     "HOLDFAST_FAILPOINT",
 ];
 
-/// The whole configuration. Plain data with public fields; [`Config::validate`]
-/// checks it, and the typed accessors ([`Config::selection_config`], ...) convert
-/// it into the domain's settings.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Config {
-    /// Where the database lives: `sqlite://path`, `sqlite::memory:` or
-    /// `postgres://…` (default `sqlite://holdfast.db`).
-    pub db_url: String,
-    /// How long to wait for a database connection, in ms (default 10000).
-    pub connect_timeout_ms: u64,
-    /// SQLite: how long a statement waits for another writer, in ms (default 5000).
-    pub busy_timeout_ms: u64,
-    /// PostgreSQL: how claims decide a lost race: `insert`, `on_conflict` or
-    /// `skip_locked` (default `insert`).
-    #[serde(deserialize_with = "de_strategy")]
-    pub pg_lock_strategy: LockStrategy,
-    /// PostgreSQL: the pool and the settings of every session.
-    pub postgres: PostgresSection,
-    /// The owner id this instance records on its locks and selections (default
-    /// empty: derived from the host name).
-    pub owner: String,
-    /// Seed of the selection randomness; `None` (the default) seeds from the OS.
-    pub seed: Option<u64>,
-    /// Bits of the token quantities, 1 to 128 (default 64).
-    pub precision: u8,
-    /// Token selection.
-    pub selection: SelectionSection,
-    /// The lock lease.
-    pub lease: LeaseSection,
-    /// Settlement status persistence.
-    pub settlement: SettlementSection,
-    /// Build-slot admission.
-    pub admission: AdmissionSection,
+/// Declares a settings struct from one list: each key's field, type, default,
+/// environment variable and meaning, written once. It gives the struct (the
+/// meaning as the field's doc), its `Default`, and `$keys`, the entries of
+/// [`KEYS`] (key, variable, meaning, get, set) the environment and the reference
+/// read. `on |c| place` says where the struct sits in a [`Config`]; `extra` fields
+/// (sections, per-queue tables) are not keys themselves.
+macro_rules! settings {
+    (
+        $(#[$smeta:meta])*
+        pub struct $name:ident, on |$c:ident| $place:expr, prefix $prefix:literal, keys $keys:ident {
+            $(
+                $(#[$fmeta:meta])*
+                $field:ident: $ty:ty = $default:expr, $env:literal, $meaning:literal;
+            )*
+        }
+        $(extra {
+            $( $(#[$xmeta:meta])* $xfield:ident: $xty:ty = $xdefault:expr; )*
+        })?
+    ) => {
+        $(#[$smeta])*
+        #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            $(#[doc = $meaning] $(#[$fmeta])* pub $field: $ty,)*
+            $($($(#[$xmeta])* pub $xfield: $xty,)*)?
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name {
+                    $($field: $default,)*
+                    $($($xfield: $xdefault,)*)?
+                }
+            }
+        }
+
+        /// The keys of this struct, in the order of the reference.
+        const $keys: &[KeySpec] = &[$(KeySpec {
+            key: concat!($prefix, stringify!($field)),
+            env: $env,
+            meaning: $meaning,
+            get: |$c: &Config| EnvValue::show(&$place.$field),
+            set: |$c: &mut Config, text: &str| {
+                $place.$field = EnvValue::parse_env(text)?;
+                Ok(())
+            },
+        },)*];
+    };
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            db_url: "sqlite://holdfast.db".to_owned(),
-            connect_timeout_ms: 10_000,
-            busy_timeout_ms: 5_000,
-            pg_lock_strategy: LockStrategy::default(),
-            postgres: PostgresSection::default(),
-            owner: String::new(),
-            seed: None,
-            precision: 64,
-            selection: SelectionSection::default(),
-            lease: LeaseSection::default(),
-            settlement: SettlementSection::default(),
-            admission: AdmissionSection::default(),
-        }
+settings! {
+    /// The whole configuration. Plain data with public fields; [`Config::validate`]
+    /// checks it, and the typed accessors ([`Config::selection_config`], ...) convert
+    /// it into the domain's settings.
+    pub struct Config, on |c| c, prefix "", keys ROOT_KEYS {
+        db_url: String = crate::backend::DEFAULT_DB_URL.to_owned(), "HOLDFAST_DB",
+            "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`. `HOLDFAST_DB` overrides the file; a non-empty `DATABASE_URL` is the fallback, used only when neither `HOLDFAST_DB` nor the file sets it.";
+        connect_timeout_ms: u64 = 10_000, "HOLDFAST_CONNECT_TIMEOUT_MS",
+            "How long to wait for a database connection (1 to 3600000 ms).";
+        busy_timeout_ms: u64 = 5_000, "HOLDFAST_BUSY_TIMEOUT_MS",
+            "SQLite: how long a write waits for another writer before failing as busy; after one such wait, later writes only probe briefly until a write gets the lock, so a whole select fails within about one busy timeout (`docs/sqlite.md`) (1 to 3600000 ms).";
+        #[serde(deserialize_with = "de_strategy")]
+        pg_lock_strategy: LockStrategy = LockStrategy::default(), "HOLDFAST_PG_LOCK_STRATEGY",
+            "PostgreSQL: how a claim loses a race: `insert`, `on_conflict` or `skip_locked`.";
+        owner: String = String::new(), "HOLDFAST_OWNER",
+            "The owner id this instance records on its locks and selections: at start-up it recovers its own unsettled transactions and nobody else's. Give every replica a stable id of its own; empty derives one from the host name (logged).";
+        seed: Option<u64> = None, "HOLDFAST_SEED",
+            "Seed of the selection randomness, so runs replay; unset seeds from the OS.";
+        precision: u8 = 64, "HOLDFAST_PRECISION",
+            "Bits of token quantities (1 to 128); larger amounts are refused.";
+    }
+    extra {
+        /// PostgreSQL: the pool and the settings of every session.
+        postgres: PostgresSection = PostgresSection::default();
+        /// Token selection.
+        selection: SelectionSection = SelectionSection::default();
+        /// The lock lease.
+        lease: LeaseSection = LeaseSection::default();
+        /// Settlement status persistence.
+        settlement: SettlementSection = SettlementSection::default();
+        /// Build-slot admission.
+        admission: AdmissionSection = AdmissionSection::default();
     }
 }
 
-/// `[postgres]`: the pool and the session settings of the PostgreSQL backend
-/// (`docs/postgres-sessions.md` says why each matters). Durations in ms.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PostgresSection {
-    /// The most connections of one instance's pool (default 10).
-    pub max_connections: u32,
-    /// Connections kept open while idle (default 0).
-    pub min_connections: u32,
-    /// How long a call waits for a pooled connection (default 10000).
-    pub acquire_timeout_ms: u64,
-    /// An idle connection above the minimum is closed after this long (default 60000).
-    pub idle_timeout_ms: u64,
-    /// A connection is replaced after this long (default 1800000).
-    pub max_lifetime_ms: u64,
-    /// How long a read-and-claim waits for its line's advisory lock before it
-    /// reads and claims without it (default 50).
-    pub line_wait_ms: u64,
-    /// The sessions' `lock_timeout` (default 1000).
-    pub lock_timeout_ms: u64,
-    /// The sessions' `statement_timeout` (default 30000).
-    pub statement_timeout_ms: u64,
-    /// The sessions' `idle_in_transaction_session_timeout` (default 5000).
-    pub idle_in_transaction_timeout_ms: u64,
-    /// The sessions' `tcp_keepalives_idle`, rounded down to whole seconds (default 10000).
-    pub keepalive_idle_ms: u64,
-}
-
-/// The defaults of the PostgreSQL adapter, written out here so the configuration
-/// does not need the adapter compiled in; a test checks they agree.
-impl Default for PostgresSection {
-    fn default() -> Self {
-        PostgresSection {
-            max_connections: 10,
-            min_connections: 0,
-            acquire_timeout_ms: 10_000,
-            idle_timeout_ms: 60_000,
-            max_lifetime_ms: 1_800_000,
-            line_wait_ms: 50,
-            lock_timeout_ms: 1_000,
-            statement_timeout_ms: 30_000,
-            idle_in_transaction_timeout_ms: 5_000,
-            keepalive_idle_ms: 10_000,
-        }
+// The defaults of the PostgreSQL adapter are written out here so the
+// configuration does not need the adapter compiled in; a test checks they agree.
+settings! {
+    /// `[postgres]`: the pool and the session settings of the PostgreSQL backend
+    /// (`docs/postgres-sessions.md` says why each matters). Durations in ms.
+    pub struct PostgresSection, on |c| c.postgres, prefix "postgres.", keys POSTGRES_KEYS {
+        max_connections: u32 = 10, "HOLDFAST_PG_MAX_CONNECTIONS",
+            "PostgreSQL: the most connections one instance's pool opens (at least 1). A fleet needs replicas x this within the server's `max_connections`; beyond it calls wait, then fail as unavailable, and are retried.";
+        min_connections: u32 = 0, "HOLDFAST_PG_MIN_CONNECTIONS",
+            "PostgreSQL: connections kept open while idle (at most `postgres.max_connections`).";
+        acquire_timeout_ms: u64 = 10_000, "HOLDFAST_PG_ACQUIRE_TIMEOUT_MS",
+            "PostgreSQL: how long a call waits for a pooled connection, or for a new one while the server refuses them, before failing as unavailable (1 to 3600000 ms).";
+        idle_timeout_ms: u64 = 60_000, "HOLDFAST_PG_IDLE_TIMEOUT_MS",
+            "PostgreSQL: an idle connection above the minimum is closed after this long (1 to 3600000 ms).";
+        max_lifetime_ms: u64 = 1_800_000, "HOLDFAST_PG_MAX_LIFETIME_MS",
+            "PostgreSQL: a connection is closed and replaced after this long (1 ms to one day).";
+        line_wait_ms: u64 = 50, "HOLDFAST_PG_LINE_WAIT_MS",
+            "PostgreSQL: how long a read-and-claim waits for its wallet and type's advisory lock before it reads and claims without it, which is always correct (1 to 3600000 ms).";
+        lock_timeout_ms: u64 = 1_000, "HOLDFAST_PG_LOCK_TIMEOUT_MS",
+            "PostgreSQL: every session's `lock_timeout`: the longest wait for a row lock, then the statement fails busy and the select retries (1 to 3600000 ms).";
+        statement_timeout_ms: u64 = 30_000, "HOLDFAST_PG_STATEMENT_TIMEOUT_MS",
+            "PostgreSQL: every session's `statement_timeout` (1 to 3600000 ms).";
+        idle_in_transaction_timeout_ms: u64 = 5_000, "HOLDFAST_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+            "PostgreSQL: every session's `idle_in_transaction_session_timeout`: the server ends a session that sits inside a transaction this long (a frozen replica), releasing its locks (1 to 3600000 ms).";
+        keepalive_idle_ms: u64 = 10_000, "HOLDFAST_PG_KEEPALIVE_IDLE_MS",
+            "PostgreSQL: every session's `tcp_keepalives_idle` (whole seconds): the server probes a silent client after this long and ends the session of one that vanished (1000 to 3600000 ms).";
     }
 }
 
 /// The longest connection lifetime: one day.
 pub const MAX_LIFETIME_MS: u64 = 86_400_000;
 
-/// `[selection]`: see [`SelectionConfig`] for the meaning of each field.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SelectionSection {
-    /// `cover_first` (default: few inputs) or `smallest_first` (the upstream order).
-    #[serde(deserialize_with = "de_policy")]
-    pub policy: SelectionPolicy,
-    /// `cover_first`: candidates >= the amount read per select (default 16).
-    pub cover_band: usize,
-    /// `cover_first`: prefer a set that sums to the amount exactly (default false).
-    pub prefer_exact: bool,
-    /// `cover_first`: add up to this many of the smallest candidates (default 0).
-    pub consolidate_dust: usize,
-    /// Candidates in the sufficiency window, anchor included (default 4).
-    pub sufficiency_window: usize,
-    /// Window members are at most this many times the anchor (default 5).
-    pub max_sufficiency_ratio: u32,
-    /// The most tokens one claim names, 1 to 256 (default 256).
-    pub batch_window: usize,
-    /// Candidates per fetch (default 256).
-    pub page_size: usize,
-    /// Refetches without progress per leg (default 5).
-    pub max_immediate_retries: u32,
-    /// Legs per call, the first included (default 10).
-    pub max_retries: u32,
-    /// Backoff between legs is uniform in `[0, retry_interval_ms)` (default 5000).
-    pub retry_interval_ms: u64,
-    /// The longest one select call takes, every wait included, in ms (default 30000).
-    pub deadline_ms: u64,
-    /// Wake waiting selects when tokens are freed (default true).
-    pub wakeups: bool,
-    /// Skip tokens that lost a race or were stale for the rest of a call (default true).
-    pub blacklist: bool,
-    /// `smallest_first`: scan smallest first (default true).
-    pub ascending: bool,
+/// The domain's selection defaults, which `[selection]` keeps.
+fn sel() -> SelectionConfig {
+    SelectionConfig::default()
 }
 
-impl Default for SelectionSection {
-    fn default() -> Self {
-        let d = SelectionConfig::default();
-        SelectionSection {
-            policy: d.policy,
-            cover_band: d.cover_band,
-            prefer_exact: d.prefer_exact,
-            consolidate_dust: d.consolidate_dust,
-            sufficiency_window: d.sufficiency_window,
-            max_sufficiency_ratio: d.max_sufficiency_ratio,
-            batch_window: d.batch_window,
-            page_size: d.page_size,
-            max_immediate_retries: d.max_immediate_retries,
-            max_retries: d.max_retries,
-            retry_interval_ms: millis(d.retry_interval),
-            deadline_ms: millis(d.deadline),
-            wakeups: d.wakeups,
-            blacklist: d.blacklist,
-            ascending: d.ascending,
-        }
+settings! {
+    /// `[selection]`: see [`SelectionConfig`] for each field.
+    pub struct SelectionSection, on |c| c.selection, prefix "selection.", keys SELECTION_KEYS {
+        #[serde(deserialize_with = "de_policy")]
+        policy: SelectionPolicy = sel().policy, "HOLDFAST_SELECTION_POLICY",
+            "`cover_first`: few inputs (one near-sized token, else a few of the largest smaller ones); `smallest_first`: the upstream order.";
+        cover_band: usize = sel().cover_band, "HOLDFAST_COVER_BAND",
+            "`cover_first`: candidates at least as large as the amount read per select, smallest first (1 to 256).";
+        prefer_exact: bool = sel().prefer_exact, "HOLDFAST_PREFER_EXACT",
+            "`cover_first`: prefer a token, or a pair or triple of the largest smaller ones, that sums to the amount exactly (no change).";
+        consolidate_dust: usize = sel().consolidate_dust, "HOLDFAST_CONSOLIDATE_DUST",
+            "`cover_first`: add up to this many of the smallest candidates as optional inputs (0 to 64).";
+        sufficiency_window: usize = sel().sufficiency_window, "HOLDFAST_SUFFICIENCY_WINDOW",
+            "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256).";
+        max_sufficiency_ratio: u32 = sel().max_sufficiency_ratio, "HOLDFAST_MAX_SUFFICIENCY_RATIO",
+            "A window member is at most this many times the anchor (at least 1).";
+        batch_window: usize = sel().batch_window, "HOLDFAST_BATCH_WINDOW",
+            "The most tokens one claim names in one round trip (1 to 256).";
+        page_size: usize = sel().page_size, "HOLDFAST_PAGE_SIZE",
+            "Candidates per fetch; under `cover_first` the fill band, candidates smaller than the amount (1 to 10000).";
+        max_immediate_retries: u32 = sel().max_immediate_retries, "HOLDFAST_MAX_IMMEDIATE_RETRIES",
+            "Refetches without a won lock in one leg before it ends (0 to 1000).";
+        max_retries: u32 = sel().max_retries, "HOLDFAST_MAX_RETRIES",
+            "Legs of one select, the first included; then FundsLocked (1 to 1000).";
+        retry_interval_ms: u64 = millis(sel().retry_interval), "HOLDFAST_RETRY_INTERVAL_MS",
+            "Backoff between legs is uniform in [0, this) (1 to 3600000 ms).";
+        deadline_ms: u64 = millis(sel().deadline), "HOLDFAST_SELECT_DEADLINE_MS",
+            "The longest one select takes, every wait included: a pooled connection, the wallet's line, each store call, the backoffs and wake-up waits (legs bound retries, not time). At it the select answers `FundsLocked` if it saw enough funds held by others, else `DeadlineExceeded` (both: retry later), and gives back what it holds (`docs/selection.md`) (1 to 3600000 ms).";
+        wakeups: bool = sel().wakeups, "HOLDFAST_WAKEUPS",
+            "A waiting select (and a held head) is woken when tokens (a slot) are freed, the backoff staying the upper bound; on PostgreSQL instances tell each other with NOTIFY. False sleeps the whole backoff.";
+        blacklist: bool = sel().blacklist, "HOLDFAST_BLACKLIST",
+            "Skip tokens that lost a race or were stale for the rest of a select.";
+        ascending: bool = sel().ascending, "HOLDFAST_ASCENDING",
+            "`smallest_first`: scan candidates smallest first (false only to measure what ordering buys).";
     }
 }
 
-/// `[lease]`: see [`LeaseConfig`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LeaseSection {
-    /// Locks older than this are swept, in ms (default 180000).
-    pub lease_expiry_ms: u64,
-    /// How often the sweeper runs, in ms (default 60000).
-    pub cleanup_period_ms: u64,
-}
-
-impl Default for LeaseSection {
-    fn default() -> Self {
-        let d = LeaseConfig::default();
-        LeaseSection {
-            lease_expiry_ms: millis(d.lease_expiry),
-            cleanup_period_ms: millis(d.cleanup_period),
-        }
+settings! {
+    /// `[lease]`: see [`LeaseConfig`].
+    pub struct LeaseSection, on |c| c.lease, prefix "lease.", keys LEASE_KEYS {
+        lease_expiry_ms: u64 = millis(LeaseConfig::default().lease_expiry), "HOLDFAST_LEASE_EXPIRY_MS",
+            "The sweeper deletes locks older than this (more than 0 ms).";
+        cleanup_period_ms: u64 = millis(LeaseConfig::default().cleanup_period), "HOLDFAST_CLEANUP_PERIOD_MS",
+            "How often the lease sweeper runs (more than 0 ms).";
     }
 }
 
-/// `[settlement]`: see [`PersistPolicy`].
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SettlementSection {
-    /// Attempts to persist a releasing status before releasing anyway (default 3).
-    pub persist_max_attempts: u32,
-    /// Backoff after the first failed attempt, doubling, in ms (default 1000).
-    pub persist_initial_backoff_ms: u64,
-}
-
-impl Default for SettlementSection {
-    fn default() -> Self {
-        let d = PersistPolicy::default();
-        SettlementSection {
-            persist_max_attempts: d.max_attempts,
-            persist_initial_backoff_ms: millis(d.initial_backoff),
-        }
+settings! {
+    /// `[settlement]`: see [`PersistPolicy`].
+    pub struct SettlementSection, on |c| c.settlement, prefix "settlement.", keys SETTLEMENT_KEYS {
+        persist_max_attempts: u32 = PersistPolicy::default().max_attempts, "HOLDFAST_PERSIST_MAX_ATTEMPTS",
+            "Attempts to record a final status; when exhausted the locks are released anyway, once (at least 1).";
+        persist_initial_backoff_ms: u64 = millis(PersistPolicy::default().initial_backoff), "HOLDFAST_PERSIST_INITIAL_BACKOFF_MS",
+            "Backoff after the first failed status write, doubling per attempt (0 to 3600000 ms).";
     }
 }
 
-/// `[admission]`: the default of every queue, per-queue overrides, and the bound
-/// on compare-and-set conflicts per step.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdmissionSection {
-    /// Slots per queue (default 1).
-    pub max_concurrent: u32,
-    /// How long a request is held when the gate is closed, in ms (default 5000).
-    pub gate_wait_delay_ms: u64,
-    /// How long an owner keeps its slot without a heartbeat, in ms (default 2 h).
-    pub slot_lease_ms: u64,
-    /// How long a published build may go without a heartbeat before it is
-    /// published again with the next generation, in ms (default 60 s).
-    pub resume_after_ms: u64,
-    /// Compare-and-set conflicts one step tolerates (reloading after each) before it
-    /// fails with a typed error (default 32).
-    pub max_conflicts: u32,
-    /// Per-queue overrides, keyed by queue name.
-    pub queues: BTreeMap<String, QueueOverride>,
-}
-
-impl Default for AdmissionSection {
-    fn default() -> Self {
-        let d = AdmissionConfig::default();
-        AdmissionSection {
-            max_concurrent: d.max_concurrent,
-            gate_wait_delay_ms: millis(d.gate_wait_delay),
-            slot_lease_ms: millis(d.slot_lease),
-            resume_after_ms: millis(d.resume_after),
-            max_conflicts: 32,
-            queues: BTreeMap::new(),
-        }
+settings! {
+    /// `[admission]`: the default of every queue, per-queue overrides, and the bound
+    /// on compare-and-set conflicts per step.
+    pub struct AdmissionSection, on |c| c.admission, prefix "admission.", keys ADMISSION_KEYS {
+        max_concurrent: u32 = AdmissionConfig::default().max_concurrent, "HOLDFAST_MAX_CONCURRENT",
+            "Build slots of a new queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1); stored with the queue at its first request, then changed only by `holdfast queue set-limit`.";
+        gate_wait_delay_ms: u64 = millis(AdmissionConfig::default().gate_wait_delay), "HOLDFAST_GATE_WAIT_DELAY_MS",
+            "How long a request is held when the gate is closed, unless overridden per queue (1 to 3600000 ms).";
+        slot_lease_ms: u64 = millis(AdmissionConfig::default().slot_lease), "HOLDFAST_SLOT_LEASE_MS",
+            "How long a slot owner keeps its slot without a heartbeat (`holdfast queue heartbeat`); then reconcile fails it with `slot_lease_expired` and frees the slot. Overridable per queue (1 ms to 30 days).";
+        resume_after_ms: u64 = millis(AdmissionConfig::default().resume_after), "HOLDFAST_RESUME_AFTER_MS",
+            "How long a published build may go without a heartbeat of its generation before it is presumed lost (its worker or build died) and published again with the next generation; builds heartbeat well within it. Overridable per queue (1 ms to 30 days).";
+        max_conflicts: u32 = 32, "HOLDFAST_MAX_CONFLICTS",
+            "Compare-and-set conflicts one admission step reloads after before failing (at least 1).";
+    }
+    extra {
+        /// Per-queue overrides, keyed by queue name.
+        queues: BTreeMap<String, QueueOverride> = BTreeMap::new();
     }
 }
 
@@ -1042,270 +1002,46 @@ impl EnvValue for SelectionPolicy {
     }
 }
 
-macro_rules! key {
-    ($key:literal, $env:literal, |$c:ident| $field:expr, $meaning:literal) => {
-        KeySpec {
-            key: $key,
-            env: $env,
-            meaning: $meaning,
-            get: |$c: &Config| EnvValue::show(&$field),
-            set: |$c: &mut Config, text: &str| {
-                $field = EnvValue::parse_env(text)?;
-                Ok(())
-            },
-        }
-    };
-}
-
-/// Every configuration key, in the order of the reference.
-pub static KEYS: &[KeySpec] = &[
-    key!(
-        "db_url",
-        "HOLDFAST_DB",
-        |c| c.db_url,
-        "Database: `sqlite://path`, `sqlite::memory:` or `postgres://user@host/db`. `HOLDFAST_DB` overrides the file; a non-empty `DATABASE_URL` is the fallback, used only when neither `HOLDFAST_DB` nor the file sets it."
-    ),
-    key!(
-        "connect_timeout_ms",
-        "HOLDFAST_CONNECT_TIMEOUT_MS",
-        |c| c.connect_timeout_ms,
-        "How long to wait for a database connection (1 to 3600000 ms)."
-    ),
-    key!(
-        "busy_timeout_ms",
-        "HOLDFAST_BUSY_TIMEOUT_MS",
-        |c| c.busy_timeout_ms,
-        "SQLite: how long a write waits for another writer before failing as busy; after one such wait, later writes only probe briefly until a write gets the lock, so a whole select fails within about one busy timeout (`docs/sqlite.md`) (1 to 3600000 ms)."
-    ),
-    key!(
-        "pg_lock_strategy",
-        "HOLDFAST_PG_LOCK_STRATEGY",
-        |c| c.pg_lock_strategy,
-        "PostgreSQL: how a claim loses a race: `insert`, `on_conflict` or `skip_locked`."
-    ),
-    key!(
-        "postgres.max_connections",
-        "HOLDFAST_PG_MAX_CONNECTIONS",
-        |c| c.postgres.max_connections,
-        "PostgreSQL: the most connections one instance's pool opens (at least 1). A fleet needs replicas x this within the server's `max_connections`; beyond it calls wait, then fail as unavailable, and are retried."
-    ),
-    key!(
-        "postgres.min_connections",
-        "HOLDFAST_PG_MIN_CONNECTIONS",
-        |c| c.postgres.min_connections,
-        "PostgreSQL: connections kept open while idle (at most `postgres.max_connections`)."
-    ),
-    key!(
-        "postgres.acquire_timeout_ms",
-        "HOLDFAST_PG_ACQUIRE_TIMEOUT_MS",
-        |c| c.postgres.acquire_timeout_ms,
-        "PostgreSQL: how long a call waits for a pooled connection, or for a new one while the server refuses them, before failing as unavailable (1 to 3600000 ms)."
-    ),
-    key!(
-        "postgres.idle_timeout_ms",
-        "HOLDFAST_PG_IDLE_TIMEOUT_MS",
-        |c| c.postgres.idle_timeout_ms,
-        "PostgreSQL: an idle connection above the minimum is closed after this long (1 to 3600000 ms)."
-    ),
-    key!(
-        "postgres.max_lifetime_ms",
-        "HOLDFAST_PG_MAX_LIFETIME_MS",
-        |c| c.postgres.max_lifetime_ms,
-        "PostgreSQL: a connection is closed and replaced after this long (1 ms to one day)."
-    ),
-    key!(
-        "postgres.line_wait_ms",
-        "HOLDFAST_PG_LINE_WAIT_MS",
-        |c| c.postgres.line_wait_ms,
-        "PostgreSQL: how long a read-and-claim waits for its wallet and type's advisory lock before it reads and claims without it, which is always correct (1 to 3600000 ms)."
-    ),
-    key!(
-        "postgres.lock_timeout_ms",
-        "HOLDFAST_PG_LOCK_TIMEOUT_MS",
-        |c| c.postgres.lock_timeout_ms,
-        "PostgreSQL: every session's `lock_timeout`: the longest wait for a row lock, then the statement fails busy and the select retries (1 to 3600000 ms)."
-    ),
-    key!(
-        "postgres.statement_timeout_ms",
-        "HOLDFAST_PG_STATEMENT_TIMEOUT_MS",
-        |c| c.postgres.statement_timeout_ms,
-        "PostgreSQL: every session's `statement_timeout` (1 to 3600000 ms)."
-    ),
-    key!(
-        "postgres.idle_in_transaction_timeout_ms",
-        "HOLDFAST_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS",
-        |c| c.postgres.idle_in_transaction_timeout_ms,
-        "PostgreSQL: every session's `idle_in_transaction_session_timeout`: the server ends a session that sits inside a transaction this long (a frozen replica), releasing its locks (1 to 3600000 ms)."
-    ),
-    key!(
-        "postgres.keepalive_idle_ms",
-        "HOLDFAST_PG_KEEPALIVE_IDLE_MS",
-        |c| c.postgres.keepalive_idle_ms,
-        "PostgreSQL: every session's `tcp_keepalives_idle` (whole seconds): the server probes a silent client after this long and ends the session of one that vanished (1000 to 3600000 ms)."
-    ),
-    key!(
-        "owner",
-        "HOLDFAST_OWNER",
-        |c| c.owner,
-        "The owner id this instance records on its locks and selections: at start-up it recovers its own unsettled transactions and nobody else's. Give every replica a stable id of its own; empty derives one from the host name (logged)."
-    ),
-    key!(
-        "seed",
-        "HOLDFAST_SEED",
-        |c| c.seed,
-        "Seed of the selection randomness, so runs replay; unset seeds from the OS."
-    ),
-    key!(
-        "precision",
-        "HOLDFAST_PRECISION",
-        |c| c.precision,
-        "Bits of token quantities (1 to 128); larger amounts are refused."
-    ),
-    key!(
-        "selection.policy",
-        "HOLDFAST_SELECTION_POLICY",
-        |c| c.selection.policy,
-        "`cover_first`: few inputs (one near-sized token, else a few of the largest smaller ones); `smallest_first`: the upstream order."
-    ),
-    key!(
-        "selection.cover_band",
-        "HOLDFAST_COVER_BAND",
-        |c| c.selection.cover_band,
-        "`cover_first`: candidates at least as large as the amount read per select, smallest first (1 to 256)."
-    ),
-    key!(
-        "selection.prefer_exact",
-        "HOLDFAST_PREFER_EXACT",
-        |c| c.selection.prefer_exact,
-        "`cover_first`: prefer a token, or a pair or triple of the largest smaller ones, that sums to the amount exactly (no change)."
-    ),
-    key!(
-        "selection.consolidate_dust",
-        "HOLDFAST_CONSOLIDATE_DUST",
-        |c| c.selection.consolidate_dust,
-        "`cover_first`: add up to this many of the smallest candidates as optional inputs (0 to 64)."
-    ),
-    key!(
-        "selection.sufficiency_window",
-        "HOLDFAST_SUFFICIENCY_WINDOW",
-        |c| c.selection.sufficiency_window,
-        "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256)."
-    ),
-    key!(
-        "selection.max_sufficiency_ratio",
-        "HOLDFAST_MAX_SUFFICIENCY_RATIO",
-        |c| c.selection.max_sufficiency_ratio,
-        "A window member is at most this many times the anchor (at least 1)."
-    ),
-    key!(
-        "selection.batch_window",
-        "HOLDFAST_BATCH_WINDOW",
-        |c| c.selection.batch_window,
-        "The most tokens one claim names in one round trip (1 to 256)."
-    ),
-    key!(
-        "selection.page_size",
-        "HOLDFAST_PAGE_SIZE",
-        |c| c.selection.page_size,
-        "Candidates per fetch; under `cover_first` the fill band, candidates smaller than the amount (1 to 10000)."
-    ),
-    key!(
-        "selection.max_immediate_retries",
-        "HOLDFAST_MAX_IMMEDIATE_RETRIES",
-        |c| c.selection.max_immediate_retries,
-        "Refetches without a won lock in one leg before it ends (0 to 1000)."
-    ),
-    key!(
-        "selection.max_retries",
-        "HOLDFAST_MAX_RETRIES",
-        |c| c.selection.max_retries,
-        "Legs of one select, the first included; then FundsLocked (1 to 1000)."
-    ),
-    key!(
-        "selection.retry_interval_ms",
-        "HOLDFAST_RETRY_INTERVAL_MS",
-        |c| c.selection.retry_interval_ms,
-        "Backoff between legs is uniform in [0, this) (1 to 3600000 ms)."
-    ),
-    key!(
-        "selection.deadline_ms",
-        "HOLDFAST_SELECT_DEADLINE_MS",
-        |c| c.selection.deadline_ms,
-        "The longest one select takes, every wait included: a pooled connection, the wallet's line, each store call, the backoffs and wake-up waits (legs bound retries, not time). At it the select answers `FundsLocked` if it saw enough funds held by others, else `DeadlineExceeded` (both: retry later), and gives back what it holds (`docs/selection.md`) (1 to 3600000 ms)."
-    ),
-    key!(
-        "selection.wakeups",
-        "HOLDFAST_WAKEUPS",
-        |c| c.selection.wakeups,
-        "A waiting select (and a held head) is woken when tokens (a slot) are freed, the backoff staying the upper bound; on PostgreSQL instances tell each other with NOTIFY. False sleeps the whole backoff."
-    ),
-    key!(
-        "selection.blacklist",
-        "HOLDFAST_BLACKLIST",
-        |c| c.selection.blacklist,
-        "Skip tokens that lost a race or were stale for the rest of a select."
-    ),
-    key!(
-        "selection.ascending",
-        "HOLDFAST_ASCENDING",
-        |c| c.selection.ascending,
-        "`smallest_first`: scan candidates smallest first (false only to measure what ordering buys)."
-    ),
-    key!(
-        "lease.lease_expiry_ms",
-        "HOLDFAST_LEASE_EXPIRY_MS",
-        |c| c.lease.lease_expiry_ms,
-        "The sweeper deletes locks older than this (more than 0 ms)."
-    ),
-    key!(
-        "lease.cleanup_period_ms",
-        "HOLDFAST_CLEANUP_PERIOD_MS",
-        |c| c.lease.cleanup_period_ms,
-        "How often the lease sweeper runs (more than 0 ms)."
-    ),
-    key!(
-        "settlement.persist_max_attempts",
-        "HOLDFAST_PERSIST_MAX_ATTEMPTS",
-        |c| c.settlement.persist_max_attempts,
-        "Attempts to record a final status; when exhausted the locks are released anyway, once (at least 1)."
-    ),
-    key!(
-        "settlement.persist_initial_backoff_ms",
-        "HOLDFAST_PERSIST_INITIAL_BACKOFF_MS",
-        |c| c.settlement.persist_initial_backoff_ms,
-        "Backoff after the first failed status write, doubling per attempt (0 to 3600000 ms)."
-    ),
-    key!(
-        "admission.max_concurrent",
-        "HOLDFAST_MAX_CONCURRENT",
-        |c| c.admission.max_concurrent,
-        "Build slots of a new queue unless overridden in `[admission.queues.\"<name>\"]` (at least 1); stored with the queue at its first request, then changed only by `holdfast queue set-limit`."
-    ),
-    key!(
-        "admission.gate_wait_delay_ms",
-        "HOLDFAST_GATE_WAIT_DELAY_MS",
-        |c| c.admission.gate_wait_delay_ms,
-        "How long a request is held when the gate is closed, unless overridden per queue (1 to 3600000 ms)."
-    ),
-    key!(
-        "admission.slot_lease_ms",
-        "HOLDFAST_SLOT_LEASE_MS",
-        |c| c.admission.slot_lease_ms,
-        "How long a slot owner keeps its slot without a heartbeat (`holdfast queue heartbeat`); then reconcile fails it with `slot_lease_expired` and frees the slot. Overridable per queue (1 ms to 30 days)."
-    ),
-    key!(
-        "admission.resume_after_ms",
-        "HOLDFAST_RESUME_AFTER_MS",
-        |c| c.admission.resume_after_ms,
-        "How long a published build may go without a heartbeat of its generation before it is presumed lost (its worker or build died) and published again with the next generation; builds heartbeat well within it. Overridable per queue (1 ms to 30 days)."
-    ),
-    key!(
-        "admission.max_conflicts",
-        "HOLDFAST_MAX_CONFLICTS",
-        |c| c.admission.max_conflicts,
-        "Compare-and-set conflicts one admission step reloads after before failing (at least 1)."
-    ),
+/// The keys of every settings struct, in the order of the reference.
+const KEY_GROUPS: &[&[KeySpec]] = &[
+    ROOT_KEYS,
+    POSTGRES_KEYS,
+    SELECTION_KEYS,
+    LEASE_KEYS,
+    SETTLEMENT_KEYS,
+    ADMISSION_KEYS,
 ];
+
+/// How many keys there are.
+const KEY_COUNT: usize = {
+    let mut n = 0;
+    let mut i = 0;
+    while i < KEY_GROUPS.len() {
+        n += KEY_GROUPS[i].len();
+        i += 1;
+    }
+    n
+};
+
+/// [`KEY_GROUPS`] laid end to end.
+static KEY_TABLE: [KeySpec; KEY_COUNT] = {
+    let mut out = [ROOT_KEYS[0]; KEY_COUNT];
+    let (mut n, mut i) = (0, 0);
+    while i < KEY_GROUPS.len() {
+        let mut j = 0;
+        while j < KEY_GROUPS[i].len() {
+            out[n] = KEY_GROUPS[i][j];
+            n += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+};
+
+/// Every configuration key, in the order of the reference: each declared once,
+/// with its field, default and variable, by `settings!`.
+pub static KEYS: &[KeySpec] = &KEY_TABLE;
 
 /// The configuration reference (`docs/configuration.md`), generated from [`KEYS`]
 /// and [`Config::default`].

@@ -38,6 +38,17 @@ pub enum TxStatus {
 }
 
 impl TxStatus {
+    /// Every status, in declaration order: the one list the stored names, the
+    /// parser and the adapters' error messages read.
+    pub const ALL: [TxStatus; 6] = [
+        TxStatus::Pending,
+        TxStatus::Confirmed,
+        TxStatus::Deleted,
+        TxStatus::Orphan,
+        TxStatus::Busy,
+        TxStatus::Unknown,
+    ];
+
     /// The stored name: `pending`, `confirmed`, `deleted`, `orphan`, `busy`, `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,16 +63,7 @@ impl TxStatus {
 
     /// Parses a stored name; `None` for anything else.
     pub fn from_name(name: &str) -> Option<Self> {
-        [
-            TxStatus::Pending,
-            TxStatus::Confirmed,
-            TxStatus::Deleted,
-            TxStatus::Orphan,
-            TxStatus::Busy,
-            TxStatus::Unknown,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == name)
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
     }
 }
 
@@ -416,14 +418,7 @@ mod tests {
         assert!(Imbalance::shown(None).starts_with("more than"));
     }
 
-    const ALL: [TxStatus; 6] = [
-        TxStatus::Pending,
-        TxStatus::Confirmed,
-        TxStatus::Deleted,
-        TxStatus::Orphan,
-        TxStatus::Busy,
-        TxStatus::Unknown,
-    ];
+    const ALL: [TxStatus; 6] = TxStatus::ALL;
 
     #[test]
     fn settlement_releases_only_final_statuses() {

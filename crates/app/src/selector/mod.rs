@@ -396,6 +396,19 @@ impl TokenSelector {
         guard.held.clear();
     }
 
+    /// The call's subscription, taken before the first read so that a release
+    /// between a read and the wait that follows it is not missed; never woken by
+    /// its own releases. Timer-only when wake-ups are off.
+    fn subscribe(&self, request: &SelectRequest) -> Subscription {
+        if !self.config.wakeups {
+            return Subscription::timer_only();
+        }
+        self.wake.subscribe(
+            WakeKey::tokens(&request.wallet, &request.token_type),
+            Some(request.consumer.clone()),
+        )
+    }
+
     fn next_seed(&self) -> u64 {
         // A poisoned lock only means another call panicked mid-draw; the RNG state
         // is still a valid RNG state.
@@ -419,16 +432,7 @@ impl TokenSelector {
             held: Vec::new(),
             in_flight: None,
         };
-        // Subscribed before the first read, so that a release between a read and
-        // the wait that follows it is not missed; never woken by its own releases.
-        let mut waiter = if self.config.wakeups {
-            self.wake.subscribe(
-                WakeKey::tokens(&request.wallet, &request.token_type),
-                Some(request.consumer.clone()),
-            )
-        } else {
-            Subscription::timer_only()
-        };
+        let mut waiter = self.subscribe(request);
         let mut pass = 0u32;
         let outcome = loop {
             pass += 1;

@@ -323,6 +323,20 @@ pub fn needs_renewal(first_claim: Timestamp, now: Timestamp, lease: Duration) ->
     first_claim <= now.saturating_sub(lease / 2)
 }
 
+/// After pass `pass` (counted from 1) of a select lost locks to the lease sweep
+/// and gave its tokens back: select again from a fresh read (`Ok`), or, once
+/// more than `max_retries` passes ran, answer [`SelectionFailure::FundsLocked`]
+/// (other transactions keep taking what it selected).
+///
+/// [`SelectionFailure::FundsLocked`]: crate::SelectionFailure::FundsLocked
+pub fn after_locks_lost(pass: u32, max_retries: u32) -> Result<(), crate::SelectionFailure> {
+    if pass > max_retries {
+        Err(crate::SelectionFailure::FundsLocked)
+    } else {
+        Ok(())
+    }
+}
+
 /// A token type whose confirmed transaction does not conserve it: what its inputs
 /// of that type hold and what its outputs of that type add up to (`None`: more
 /// than 128 bits).
@@ -526,6 +540,29 @@ mod tests {
         assert!(needs_renewal(first, Timestamp::from_millis(200_000), lease));
         // A clock that went backwards never asks for a renewal.
         assert!(!needs_renewal(first, Timestamp::from_millis(0), lease));
+    }
+
+    #[test]
+    fn a_select_that_keeps_losing_locks_ends_as_funds_locked() {
+        let rows = [
+            ("the first pass selects again", 1, 10, Ok(())),
+            ("the last allowed pass selects again", 10, 10, Ok(())),
+            (
+                "past max_retries: funds locked",
+                11,
+                10,
+                Err(crate::SelectionFailure::FundsLocked),
+            ),
+            (
+                "one leg, second pass",
+                2,
+                1,
+                Err(crate::SelectionFailure::FundsLocked),
+            ),
+        ];
+        for (name, pass, max_retries, answer) in rows {
+            assert_eq!(after_locks_lost(pass, max_retries), answer, "{name}");
+        }
     }
 
     #[test]

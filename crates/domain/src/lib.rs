@@ -6,7 +6,8 @@
 //! outcomes, loaded records, the current time, an RNG) and execute what it returns.
 //!
 //! - [`quantity`], [`ids`], [`timestamp`], [`token`]: validated values and records.
-//! - [`selection`], [`blacklist`], [`window`]: the token selection engine.
+//! - [`selection`], [`blacklist`], [`window`]: the token selection engine;
+//!   [`read_plan`]: whether a select reads apart from its claim or with it.
 //! - [`request`], [`admission`]: build-slot admission.
 //! - [`lease`]: the lock lifecycle (settlement and lease expiry).
 //! - [`fault`]: the kinds of store failure every layer keeps.
@@ -18,6 +19,7 @@ pub mod fault;
 pub mod ids;
 pub mod lease;
 pub mod quantity;
+pub mod read_plan;
 pub mod request;
 pub mod selection;
 pub mod timestamp;
@@ -36,6 +38,7 @@ pub use lease::{
     PersistStep, SettlementStatus, SweepRule, TxStatus, unconserved,
 };
 pub use quantity::{Precision, Quantity, QuantityError};
+pub use read_plan::{Fullness, Others, ReadFacts, ReadPlan, ReadWithClaim, read_plan};
 pub use request::{
     BuildPlan, BuildStrategy, FailReason, Generation, LastGreen, Queue, Request, RequestId,
     RequestIdError, RequestState, Slot, Version,

@@ -368,6 +368,12 @@ pub struct SelectionStats {
 }
 
 impl SelectionStats {
+    /// Whether the call has waited or lost a race (a contended or stale verdict):
+    /// a fact of [`crate::read_plan::ReadFacts`].
+    pub fn waited_or_lost(&self) -> bool {
+        self.waits > 0 || self.conflicts > 0 || self.stale > 0
+    }
+
     /// Adds the counters of a later pass of the same select call (after locks were
     /// lost to the lease sweep). Distinct tokens are summed over the passes.
     pub fn absorb(&mut self, later: &SelectionStats) {

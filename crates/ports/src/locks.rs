@@ -115,18 +115,9 @@ pub enum CandidateRead {
 pub type Chooser = Box<dyn FnOnce(&[Candidate]) -> Vec<TokenId> + Send>;
 
 /// When a selector reads and claims in one call ([`LockStore::read_and_claim`]),
-/// as the store says it should ([`LockStore::read_with_claim`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadWithClaim {
-    /// Never: the store cannot (its `read_and_claim` answers `None`).
-    Never,
-    /// Where races are likely: it costs the store more than a read and a claim
-    /// apart (PostgreSQL: a lock of the wallet and type and four statements).
-    WhereRacesLikely,
-    /// For every read: it costs no more than a read and a claim apart (SQLite:
-    /// every write holds the database's one write lock anyway).
-    Always,
-}
+/// as the store says it should ([`LockStore::read_with_claim`]); the domain's
+/// [`holdfast_domain::read_plan`] decides each read from it.
+pub use holdfast_domain::ReadWithClaim;
 
 /// What a [`LockStore::read_and_claim`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

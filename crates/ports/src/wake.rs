@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use holdfast_domain::{QueueName, TokenType, TxId, WalletId};
+use holdfast_domain::{Fullness, Others, QueueName, TokenType, TxId, WalletId};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -158,39 +158,38 @@ impl Subscription {
         self.waiter.passed_over.load(Ordering::SeqCst)
     }
 
-    /// Notes how many candidates a read of the key returned (`usize::MAX` for a
-    /// read that came back as full as it asked), for
-    /// [`Subscription::race_likely`] of every subscription of the key in this
-    /// instance. Forgotten with the key's last subscription.
-    pub fn note(&self, candidates_read: usize) {
+    /// Notes how full a read of the key came back, for [`Subscription::others`]
+    /// of every subscription of the key in this instance. Forgotten with the
+    /// key's last subscription.
+    pub fn note(&self, read: Fullness) {
         if let Some((registry, key, _)) = &self.registration {
             if let Some(line) = registry.lock().waiters.get_mut(key) {
-                line.last_read = Some(candidates_read);
+                line.last_read = Some(read);
             }
         }
     }
 
-    /// Whether a read of the key now is likely to race another caller of this
-    /// instance: another subscription of the key waits, or the last read of it
-    /// ([`Subscription::note`]) returned fewer than two candidates for each other
-    /// subscription. A timer-only subscription knows of nobody: false.
-    pub fn race_likely(&self) -> bool {
+    /// What this instance knows of the other callers of the key: how many are
+    /// subscribed, how many wait now, and how full the last read of the key came
+    /// back ([`Subscription::note`]). Facts only: the domain's
+    /// [`holdfast_domain::read_plan`] decides from them. A timer-only
+    /// subscription knows of nobody.
+    pub fn others(&self) -> Others {
         let Some((registry, key, id)) = &self.registration else {
-            return false;
+            return Others::default();
         };
         let state = registry.lock();
         let Some(line) = state.waiters.get(key) else {
-            return false;
+            return Others::default();
         };
         let others = line.entries.iter().filter(|e| e.id != *id);
-        if others
-            .clone()
-            .any(|e| e.waiter.waiting.load(Ordering::SeqCst))
-        {
-            return true;
+        Others {
+            others: others.clone().count(),
+            others_waiting: others
+                .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
+                .count(),
+            last_read: line.last_read,
         }
-        let others = others.count();
-        others > 0 && line.last_read.is_some_and(|n| n < 2 * others)
     }
 
     /// Ends a woken waiter's look at what was freed and, if `pass`, hands the
@@ -260,9 +259,8 @@ struct Entry {
 #[derive(Default)]
 struct Line {
     entries: Vec<Entry>,
-    /// How many candidates the last read of the key returned
-    /// ([`Subscription::note`]).
-    last_read: Option<usize>,
+    /// How full the last read of the key came back ([`Subscription::note`]).
+    last_read: Option<Fullness>,
 }
 
 #[derive(Default)]
@@ -668,24 +666,30 @@ mod tests {
         assert!(!second.passed_over());
     }
 
+    /// The registry's facts, as the domain's read plan judges them.
+    fn race_likely(sub: &Subscription) -> bool {
+        sub.others().race_likely()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_race_is_likely_when_others_wait_or_read_it_thin() {
+        use Fullness::Short;
         let registry = Registry::new();
         let me = registry.subscribe(key("a"), None);
-        me.note(0);
-        assert!(!me.race_likely(), "alone, nobody to race");
+        me.note(Short(0));
+        assert!(!race_likely(&me), "alone, nobody to race");
         // A read of fewer than two candidates per other caller is thin, whoever
         // of the key's callers read it.
         let mut other = registry.subscribe(key("a"), None);
-        other.note(1);
-        assert!(me.race_likely());
-        me.note(2);
-        assert!(!me.race_likely());
+        other.note(Short(1));
+        assert!(race_likely(&me));
+        me.note(Short(2));
+        assert!(!race_likely(&me));
         // Another caller waiting now.
         let signaller = registry.clone();
         let (end, likely) = tokio::join!(other.wait_until(soon()), async {
             tokio::task::yield_now().await;
-            let likely = me.race_likely();
+            let likely = race_likely(&me);
             signaller.signal(&[key("a")], None);
             likely
         });
@@ -693,13 +697,38 @@ mod tests {
         // Another key's notes are its own, and a key's notes go with its last
         // subscription.
         let b = registry.subscribe(key("b"), None);
-        assert!(!b.race_likely());
-        me.note(0);
+        assert!(!race_likely(&b));
+        me.note(Short(0));
         drop((me, other));
         let again = registry.subscribe(key("a"), None);
         let second = registry.subscribe(key("a"), None);
-        assert!(!again.race_likely(), "nothing of the old callers is left");
+        assert!(!race_likely(&again), "nothing of the old callers is left");
         drop(second);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_registry_reports_the_other_callers_of_a_key() {
+        let registry = Registry::new();
+        let me = registry.subscribe(key("a"), None);
+        assert_eq!(me.others(), Others::default(), "alone, nothing read");
+        assert_eq!(Subscription::timer_only().others(), Others::default());
+        let mut other = registry.subscribe(key("a"), None);
+        let _elsewhere = registry.subscribe(key("b"), None);
+        other.note(Fullness::Full);
+        let expected = Others {
+            others: 1,
+            others_waiting: 0,
+            last_read: Some(Fullness::Full),
+        };
+        assert_eq!(me.others(), expected);
+        let (end, seen) = tokio::join!(other.wait_until(soon()), async {
+            tokio::task::yield_now().await;
+            let seen = me.others();
+            registry.signal(&[key("a")], None);
+            seen
+        });
+        assert_eq!(end, WaitEnd::Signalled);
+        assert_eq!(seen.others_waiting, 1);
     }
 
     #[tokio::test(start_paused = true)]

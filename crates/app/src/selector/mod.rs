@@ -49,20 +49,21 @@
 //!   [`TokenSelector::select_seeded`] replays a call.
 
 mod calls;
+mod pass;
 mod races;
 mod waking;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, needs_renewal};
+use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, after_locks_lost, needs_renewal};
 use holdfast_domain::{
-    Action, Quantity, SelectRequest, Selected, Selection, SelectionConfig, SelectionConfigError,
-    SelectionError, SelectionFailure, SelectionStats, TokenId, TokenType, TxId, WalletId,
+    Quantity, SelectRequest, Selected, Selection, SelectionConfig, SelectionConfigError,
+    SelectionError, SelectionFailure, SelectionStats, Timestamp, TokenId, TokenType, TxId,
+    WalletId,
 };
 use holdfast_ports::{
-    Clock, LockStore, ReadWithClaim, StoreFault, Stores, Subscription, TokenStore, WaitEnd,
-    WakeKey, WakeUps,
+    Clock, LockStore, ReadWithClaim, StoreFault, Stores, Subscription, TokenStore, WakeKey, WakeUps,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -70,9 +71,7 @@ use tracing::Instrument;
 
 use crate::error::ErrorKind;
 use crate::metrics::{self as m, SelectOutcomeLabel};
-use calls::{HeldGuard, claim, failure, give_back, release, renew};
-use races::{Answer, candidate_read, read_size};
-use waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
+use calls::{HeldGuard, give_back, release, renew};
 
 /// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
 /// from "not enough money" ([`SelectError::InsufficientFunds`]).
@@ -330,6 +329,86 @@ impl TokenSelector {
         }
     }
 
+    /// Re-checks and re-stamps the locks of a pass's selection at `now`; returns
+    /// the tokens no longer held (every token when the store cannot tell).
+    async fn renew_locks(
+        &self,
+        request: &SelectRequest,
+        selected: &Selected,
+        now: Timestamp,
+        guard: &mut HeldGuard,
+        progress: &mut Progress,
+    ) -> Vec<TokenId> {
+        progress.total.renewals += 1;
+        let call = renew(
+            self.locks.clone(),
+            request.consumer.clone(),
+            selected.tokens.clone(),
+            now,
+        );
+        match guard.perform(call).await {
+            Ok(held) => selected
+                .tokens
+                .iter()
+                .filter(|t| !held.contains(t))
+                .cloned()
+                .collect(),
+            // Unknown: treat every token as possibly lost.
+            Err(_) => selected.tokens.clone(),
+        }
+    }
+
+    /// Gives everything of a pass back after the lease sweep took `lost` of its
+    /// locks (the lost tokens' selections too), so the next pass selects again
+    /// from a fresh read.
+    async fn give_back_pass(
+        &self,
+        request: &SelectRequest,
+        selected: &Selected,
+        lost: &[TokenId],
+        pass: u32,
+        guard: &mut HeldGuard,
+        progress: &mut Progress,
+    ) {
+        let count = u64::try_from(lost.len()).unwrap_or(u64::MAX);
+        progress.total.locks_lost += count;
+        metrics::counter!(m::SELECT_LOCKS_LOST).increment(count);
+        tracing::warn!(
+            lost = lost.len(),
+            pass,
+            "the lease sweep took locks of this select; selecting again"
+        );
+        progress.total.releases += 1;
+        let call = release(
+            self.locks.clone(),
+            request.consumer.clone(),
+            selected.tokens.clone(),
+        );
+        if let Err(e) = guard.perform(call).await {
+            tracing::warn!(error = %e, "could not give back a pass's tokens; retrying in the background");
+            tokio::spawn(give_back(
+                self.locks.clone(),
+                request.consumer.clone(),
+                selected.tokens.clone(),
+                "renewal",
+            ));
+        }
+        guard.held.clear();
+    }
+
+    /// The call's subscription, taken before the first read so that a release
+    /// between a read and the wait that follows it is not missed; never woken by
+    /// its own releases. Timer-only when wake-ups are off.
+    fn subscribe(&self, request: &SelectRequest) -> Subscription {
+        if !self.config.wakeups {
+            return Subscription::timer_only();
+        }
+        self.wake.subscribe(
+            WakeKey::tokens(&request.wallet, &request.token_type),
+            Some(request.consumer.clone()),
+        )
+    }
+
     fn next_seed(&self) -> u64 {
         // A poisoned lock only means another call panicked mid-draw; the RNG state
         // is still a valid RNG state.
@@ -353,16 +432,7 @@ impl TokenSelector {
             held: Vec::new(),
             in_flight: None,
         };
-        // Subscribed before the first read, so that a release between a read and
-        // the wait that follows it is not missed; never woken by its own releases.
-        let mut waiter = if self.config.wakeups {
-            self.wake.subscribe(
-                WakeKey::tokens(&request.wallet, &request.token_type),
-                Some(request.consumer.clone()),
-            )
-        } else {
-            Subscription::timer_only()
-        };
+        let mut waiter = self.subscribe(request);
         let mut pass = 0u32;
         let outcome = loop {
             pass += 1;
@@ -384,282 +454,18 @@ impl TokenSelector {
             }
             // Half the lease has passed since this pass's first claim could have
             // been made: re-check (and re-stamp) every lock before answering.
-            progress.total.renewals += 1;
-            let call = renew(
-                self.locks.clone(),
-                request.consumer.clone(),
-                selected.tokens.clone(),
-                now,
-            );
-            let lost: Vec<TokenId> = match guard.perform(call).await {
-                Ok(held) => selected
-                    .tokens
-                    .iter()
-                    .filter(|t| !held.contains(t))
-                    .cloned()
-                    .collect(),
-                // Unknown: treat every token as possibly lost.
-                Err(_) => selected.tokens.clone(),
-            };
+            let lost = (self.renew_locks(request, &selected, now, &mut guard, progress)).await;
             if lost.is_empty() {
                 break Ok(selected);
             }
-            progress.total.locks_lost += u64::try_from(lost.len()).unwrap_or(u64::MAX);
-            metrics::counter!(m::SELECT_LOCKS_LOST)
-                .increment(u64::try_from(lost.len()).unwrap_or(u64::MAX));
-            tracing::warn!(
-                lost = lost.len(),
-                pass,
-                "the lease sweep took locks of this select; selecting again"
-            );
-            // Give everything of this pass back (the lost tokens' selections too)
-            // and select again from a fresh read.
-            progress.total.releases += 1;
-            let call = release(
-                self.locks.clone(),
-                request.consumer.clone(),
-                selected.tokens.clone(),
-            );
-            if let Err(e) = guard.perform(call).await {
-                tracing::warn!(error = %e, "could not give back a pass's tokens; retrying in the background");
-                tokio::spawn(give_back(
-                    self.locks.clone(),
-                    request.consumer.clone(),
-                    selected.tokens.clone(),
-                    "renewal",
-                ));
-            }
-            guard.held.clear();
-            if pass > self.config.max_retries {
-                break Err(SelectError::FundsLocked);
+            self.give_back_pass(request, &selected, &lost, pass, &mut guard, progress)
+                .await;
+            if let Err(failure) = after_locks_lost(pass, self.config.max_retries) {
+                break Err(failure.into());
             }
         };
         guard.held.clear();
         (outcome, std::mem::take(&mut progress.total))
-    }
-
-    /// One pass of the engine, from a fresh read to its answer. On return the guard
-    /// covers exactly the selected tokens (none after a failure).
-    async fn pass(
-        &self,
-        request: &SelectRequest,
-        rng: &mut StdRng,
-        guard: &mut HeldGuard,
-        waiter: &mut Subscription,
-        progress: &mut Progress,
-    ) -> Result<(Result<Selected, SelectionFailure>, SelectionStats), SelectionError> {
-        let call_started = progress.started;
-        let mut selection = Selection::new(request.clone(), self.config.clone())?;
-        let rng = &mut *rng;
-        // In an attempt a wake-up started: the free candidates it read.
-        let mut woken: Option<Offered> = None;
-        // The deadline of the current leg's wait, kept across its woken attempts.
-        let mut leg_deadline: Option<tokio::time::Instant> = None;
-        // Tokens of read-and-claims that failed: they may be held (see
-        // `read_and_claim`); covered by the guard and given back at the end.
-        let mut ambiguous: Vec<TokenId> = Vec::new();
-        let mut action = selection.start(rng);
-        let outcome = loop {
-            guard.held = covered(selection.held(), &ambiguous);
-            progress.note(&selection);
-            action = match action {
-                Action::Fetch(fetch) => {
-                    if woken.is_none() {
-                        // A waiter woken for freed tokens looks at them first.
-                        let bound = tokio::time::Instant::now() + DEFER_TO_WOKEN;
-                        waiter.defer_to_woken(bound).await;
-                    }
-                    let read = candidate_read(request, fetch);
-                    // Read and claim in one call where the store says so:
-                    // always, or where a race is likely (this call was woken,
-                    // has waited or lost one, or its instance's callers of the
-                    // same wallet and type wait or read it thin).
-                    let stats = selection.stats();
-                    let combined = match self.read_with_claim {
-                        ReadWithClaim::Never => false,
-                        ReadWithClaim::Always => true,
-                        ReadWithClaim::WhereRacesLikely => {
-                            woken.is_some()
-                                || stats.waits + stats.conflicts + stats.stale > 0
-                                || waiter.race_likely()
-                        }
-                    };
-                    let combined = if combined {
-                        self.read_and_claim(&selection, rng, guard, request, &read, &mut ambiguous)
-                            .await
-                    } else {
-                        None
-                    };
-                    let answer = match combined {
-                        Some(done) => Answer::Claimed(done),
-                        None => {
-                            let page = self.read(guard, &read).await;
-                            if let Ok(found) = &page {
-                                waiter.note(read_size(&read, found));
-                            }
-                            // Thin while others of the instance read the same
-                            // wallet and type (the first reads of a burst, before
-                            // anyone noted its size): read again with the claim
-                            // rather than race them.
-                            let thin = self.read_with_claim == ReadWithClaim::WhereRacesLikely
-                                && page.as_ref().is_ok_and(|found| !found.is_empty())
-                                && waiter.race_likely();
-                            let again = if thin {
-                                self.read_and_claim(
-                                    &selection,
-                                    rng,
-                                    guard,
-                                    request,
-                                    &read,
-                                    &mut ambiguous,
-                                )
-                                .await
-                            } else {
-                                None
-                            };
-                            match again {
-                                Some(done) => {
-                                    selection.note_read_again();
-                                    Answer::Claimed(done)
-                                }
-                                None => Answer::Read(page),
-                            }
-                        }
-                    };
-                    match answer {
-                        Answer::Claimed(Ok(done)) => {
-                            waiter.note(read_size(&read, &done.page));
-                            if let Some(offered) = &mut woken {
-                                offered.read(&done.page);
-                                offered.claimed(&done.verdicts);
-                            }
-                            self.took_with_read(&mut selection, rng, guard, request, done)
-                                .await
-                        }
-                        Answer::Claimed(Err(failure)) => selection.on_candidates(Err(failure), rng),
-                        Answer::Read(page) => {
-                            if let (Some(offered), Ok(page)) = (&mut woken, &page) {
-                                offered.read(page);
-                            }
-                            selection.on_candidates(page, rng)
-                        }
-                    }
-                }
-                Action::Claim(tokens) => {
-                    let call = claim(
-                        self.locks.clone(),
-                        request.consumer.clone(),
-                        tokens,
-                        self.clock.now(),
-                    );
-                    let verdicts = guard.perform(call).await;
-                    if let (Some(offered), Ok(verdicts)) = (&mut woken, &verdicts) {
-                        offered.claimed(verdicts);
-                    }
-                    selection.on_claim(verdicts, rng)
-                }
-                Action::CheckBalance => {
-                    let tokens = self.tokens.clone();
-                    let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
-                    let consumer = request.consumer.clone();
-                    let balance = guard
-                        .perform(async move {
-                            tokens
-                                .balance_for(&wallet, &token_type, &consumer)
-                                .await
-                                .map_err(failure)
-                        })
-                        .await;
-                    selection.on_balance(balance, rng)
-                }
-                Action::Release(tokens) => {
-                    let released = guard
-                        .perform(release(
-                            self.locks.clone(),
-                            request.consumer.clone(),
-                            tokens,
-                        ))
-                        .await
-                        .map(drop);
-                    selection.on_released(released, rng)
-                }
-                Action::Backoff(delay) => {
-                    // After a woken attempt the leg's wait goes on to the deadline it
-                    // had: the attempt's own time counts, so a leg never lasts longer
-                    // than its backoff, however many wake-ups it gets.
-                    let resumed = woken.is_some();
-                    hand_on(waiter, woken.take(), &[]);
-                    let now = tokio::time::Instant::now();
-                    let deadline = match leg_deadline {
-                        Some(deadline) if resumed => deadline,
-                        _ => now + delay,
-                    };
-                    leg_deadline = Some(deadline);
-                    tracing::debug!(leg = selection.leg(), ?delay, "funds locked; waiting");
-                    match waiter.wait_until(deadline).await {
-                        WaitEnd::Timer if waiter.passed_over() => {
-                            leg_deadline = None;
-                            selection.on_backoff_passed_over(rng)
-                        }
-                        WaitEnd::Timer => {
-                            leg_deadline = None;
-                            selection.on_backoff_elapsed(rng)
-                        }
-                        WaitEnd::Signalled => {
-                            tokio::time::sleep(wake_jitter(call_started.elapsed(), rng)).await;
-                            let rest =
-                                deadline.saturating_duration_since(tokio::time::Instant::now());
-                            tracing::debug!(?rest, "woken; trying again");
-                            woken = Some(Offered::default());
-                            selection.on_woken(delay.saturating_sub(rest), rng)
-                        }
-                    }
-                }
-                Action::Done(outcome) => break outcome,
-            };
-        };
-        let kept = outcome.as_ref().map_or(&[][..], |s| s.tokens.as_slice());
-        hand_on(waiter, woken, kept);
-        // What is still held beyond the answer: tokens whose release failed. One
-        // more attempt, then retries in the background. The guard keeps covering
-        // the selected tokens too until the answer is returned: dropped during this
-        // release, the call must not leave them locked for a caller that never got
-        // them.
-        guard.held = covered(selection.held(), &ambiguous);
-        progress.note(&selection);
-        let keep: Vec<TokenId> = match &outcome {
-            Ok(selected) => selected.tokens.clone(),
-            Err(_) => Vec::new(),
-        };
-        let leftover: Vec<TokenId> = guard
-            .held
-            .iter()
-            .filter(|t| !keep.contains(t))
-            .cloned()
-            .collect();
-        if !leftover.is_empty() {
-            let count = leftover.len();
-            let call = release(
-                self.locks.clone(),
-                request.consumer.clone(),
-                leftover.clone(),
-            );
-            if let Err(e) = guard.perform(call).await {
-                tracing::warn!(
-                    tokens = count,
-                    error = %e,
-                    "could not release this call's leftover locks; retrying in the background"
-                );
-                tokio::spawn(give_back(
-                    self.locks.clone(),
-                    request.consumer.clone(),
-                    leftover,
-                    "leftover",
-                ));
-            }
-        }
-        guard.held = keep;
-        Ok((outcome, selection.stats().clone()))
     }
 }
 

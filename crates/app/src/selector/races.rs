@@ -166,27 +166,8 @@ fn won(verdicts: &[(TokenId, ClaimVerdict)]) -> Vec<TokenId> {
         .collect()
 }
 
-/// How many candidates `page` holds, for the instance's notes of the wallet
-/// ([`holdfast_ports::Subscription::note`]); `usize::MAX` when a band or page
-/// came back as full as asked (more may be free: nothing to race for), as a
-/// cover band alone does when the fill band was left unread.
-pub(super) fn read_size(read: &CandidateRead, page: &[Candidate]) -> usize {
-    let full = match read {
-        CandidateRead::Page(query) => page.len() >= query.limit,
-        CandidateRead::Bands(query) => {
-            let cover = page
-                .iter()
-                .filter(|c| c.quantity >= query.threshold)
-                .count();
-            (query.cover > 0 && cover >= query.cover)
-                || (query.fill > 0 && page.len() - cover >= query.fill)
-        }
-    };
-    if full { usize::MAX } else { page.len() }
-}
-
 /// What a fetch of the engine reads.
-pub(super) fn candidate_read(request: &SelectRequest, fetch: FetchRequest) -> CandidateRead {
+pub(super) fn candidate_read(request: &SelectRequest, fetch: &FetchRequest) -> CandidateRead {
     let (wallet, token_type) = (request.wallet.clone(), request.token_type.clone());
     match fetch.bands {
         Some(bands) => CandidateRead::Bands(BandQuery {
@@ -195,13 +176,13 @@ pub(super) fn candidate_read(request: &SelectRequest, fetch: FetchRequest) -> Ca
             threshold: bands.threshold,
             cover: bands.cover,
             fill: fetch.limit,
-            fill_before: fetch.after,
+            fill_before: fetch.after.clone(),
             fill_unless_cover_at_most: bands.fill_unless_cover_at_most,
         }),
         None => CandidateRead::Page(CandidateQuery {
             wallet,
             token_type,
-            after: fetch.after,
+            after: fetch.after.clone(),
             limit: fetch.limit,
         }),
     }

@@ -161,7 +161,7 @@ pub enum CliError {
     Worker(String),
     /// The simulator could not run (`holdfast simulate`).
     #[error(transparent)]
-    Simulate(Box<crate::simulator::SimulateError>),
+    Simulate(Box<holdfast_simulator::SimulateError>),
 }
 
 impl CliError {

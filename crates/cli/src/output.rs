@@ -2,7 +2,7 @@
 //! field names, amounts as decimal strings because they may exceed 2^53) and
 //! aligned plain-text tables for people.
 
-use holdfast_domain::{Quantity, Timestamp};
+use holdfast::domain::{Quantity, Timestamp};
 use serde::Serialize;
 
 /// A command result that can be shown to a person; its `Serialize` form is the

@@ -8,6 +8,9 @@
 //!   `sync`, `time` and `macros` (the wake-up primitives: no runtime, no I/O),
 //!   and only the `conformance` feature may enable more of it;
 //! - neither adapter depends on the other (in any dependency kind);
+//! - `holdfast-cli` names no database driver or adapter: none is a normal
+//!   dependency of it, and `crates/cli/src` has no path into one (the command
+//!   reaches the databases through `holdfast` and `holdfast-simulator` only);
 //! - `Cargo.lock` holds one `libsqlite3-sys` version (two would link two SQLites);
 //! - `holdfast` with one backend feature pulls no command-line crate and not the
 //!   other backend (`cargo tree`);
@@ -41,6 +44,15 @@ const DOMAIN: &str = "holdfast-domain";
 const PORTS: &str = "holdfast-ports";
 const SQLITE_ADAPTER: &str = "holdfast-adapters-sqlite";
 const POSTGRES_ADAPTER: &str = "holdfast-adapters-postgres";
+const CLI: &str = "holdfast-cli";
+/// Crates `holdfast-cli` must not declare as normal dependencies (nor any
+/// [`CLI_FORBIDDEN_PREFIXES`] one): database drivers and the adapters.
+const CLI_FORBIDDEN: &[&str] = &["sqlx", "rusqlite", "libsqlite3-sys"];
+const CLI_FORBIDDEN_PREFIXES: &[&str] = &["sqlx-", "holdfast-adapters-"];
+/// The command's own sources, relative to the workspace root.
+const CLI_SRC: &str = "crates/cli/src";
+/// Paths into a driver or an adapter that `crates/cli/src` must not name.
+const CLI_FORBIDDEN_PATHS: &[&str] = &["holdfast_adapters_", "sqlx::", "rusqlite::"];
 
 /// Crates that must not appear in the domain's normal dependency tree.
 const DOMAIN_FORBIDDEN: &[&str] = &["tokio", "sqlx", "rusqlite", "libsqlite3-sys", "async-trait"];
@@ -331,6 +343,48 @@ pub fn check_adapters_independent(meta: &Metadata) -> Vec<String> {
             violations.push(format!(
                 "adapters must not depend on each other, but: {path}"
             ));
+        }
+    }
+    violations
+}
+
+/// `holdfast-cli` declares no database driver or adapter as a normal dependency
+/// (its tests may: dev-dependencies are allowed).
+pub fn check_cli_names_no_driver(meta: &Metadata) -> Vec<String> {
+    let Some(pkg) = meta.id_of(CLI).and_then(|id| meta.packages.get(id)) else {
+        return vec![format!("{CLI} is not in the workspace metadata")];
+    };
+    pkg.declared
+        .iter()
+        .filter(|d| d.kind == Kind::Normal)
+        .filter(|d| {
+            CLI_FORBIDDEN.contains(&d.name.as_str())
+                || CLI_FORBIDDEN_PREFIXES
+                    .iter()
+                    .any(|prefix| d.name.starts_with(prefix))
+        })
+        .map(|d| {
+            format!(
+                "{CLI} depends on {}; the command reaches databases through holdfast and holdfast-simulator only",
+                d.name
+            )
+        })
+        .collect()
+}
+
+/// No file under `crates/cli/src` names a path into a driver or an adapter
+/// ([`CLI_FORBIDDEN_PATHS`]).
+pub fn check_cli_sources(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (path, text) in files.iter().filter(|(p, _)| p.starts_with(CLI_SRC)) {
+        for (n, line) in text.lines().enumerate() {
+            for forbidden in CLI_FORBIDDEN_PATHS.iter().filter(|f| line.contains(**f)) {
+                violations.push(format!(
+                    "{}:{}: names `{forbidden}`; the command reaches databases through holdfast and holdfast-simulator only",
+                    path.display(),
+                    n + 1
+                ));
+            }
         }
     }
     violations
@@ -1270,6 +1324,10 @@ fn source_checks(root: &Path) -> Result<Vec<(&'static str, Vec<String>)>, Error>
         ),
         ("module docs, no skipped tests", check_sources(&sources)),
         (
+            "the command's sources name no driver or adapter",
+            check_cli_sources(&sources),
+        ),
+        (
             "no test sleeps without a reason",
             check_test_sleeps(&sources),
         ),
@@ -1295,6 +1353,10 @@ pub fn run() -> Result<(), Error> {
         ("domain is pure", check_domain_is_pure(&meta)),
         ("ports dependencies", check_ports_dependencies(&meta)),
         ("adapters independent", check_adapters_independent(&meta)),
+        (
+            "the command depends on no driver or adapter",
+            check_cli_names_no_driver(&meta),
+        ),
         ("one libsqlite3-sys", check_single_sqlite(&lockfile)),
         ("library with one backend", check_library_features(&root)?),
     ];
@@ -1387,6 +1449,7 @@ mod tests {
         assert_eq!(check_domain_is_pure(&meta), Vec::<String>::new());
         assert_eq!(check_ports_dependencies(&meta), Vec::<String>::new());
         assert_eq!(check_adapters_independent(&meta), Vec::<String>::new());
+        assert_eq!(check_cli_names_no_driver(&meta), Vec::<String>::new());
         let lockfile = std::fs::read_to_string(workspace_root().join("Cargo.lock"))
             .unwrap_or_else(|err| panic!("reading Cargo.lock: {err}"));
         assert_eq!(check_single_sqlite(&lockfile), Vec::<String>::new());
@@ -1499,6 +1562,64 @@ mod tests {
                 "adapters must not depend on each other, but: {POSTGRES_ADAPTER} -> shim -> {SQLITE_ADAPTER}"
             )]
         );
+    }
+
+    #[test]
+    fn a_cli_depending_on_a_driver_or_an_adapter_is_reported() {
+        for forbidden in [
+            "sqlx",
+            "sqlx-postgres",
+            "rusqlite",
+            "libsqlite3-sys",
+            SQLITE_ADAPTER,
+            POSTGRES_ADAPTER,
+        ] {
+            let meta = synthetic(
+                &[
+                    (CLI, "holdfast", None, false),
+                    (CLI, forbidden, None, false),
+                ],
+                &[],
+            );
+            assert_eq!(
+                check_cli_names_no_driver(&meta),
+                vec![format!(
+                    "{CLI} depends on {forbidden}; the command reaches databases through holdfast and holdfast-simulator only"
+                )]
+            );
+        }
+        // Its tests may read the databases the command wrote.
+        let dev = synthetic(&[(CLI, "rusqlite", Some("dev"), false)], &[]);
+        assert_eq!(check_cli_names_no_driver(&dev), Vec::<String>::new());
+        let missing = synthetic(&[], &[]);
+        assert_eq!(check_cli_names_no_driver(&missing).len(), 1);
+    }
+
+    #[test]
+    fn cli_sources_naming_a_driver_or_an_adapter_are_reported() {
+        let file = |path: &str, text: &str| (PathBuf::from(path), text.to_owned());
+        let found = check_cli_sources(&[
+            file("crates/cli/src/ok.rs", "//! Fine.\nuse holdfast::Config;\n"),
+            file(
+                "crates/cli/src/output.rs",
+                "//! Out.\nfn f() { holdfast_adapters_sqlite::timetext::format(t) }\n",
+            ),
+            file("crates/cli/src/queue/a.rs", "//! A.\nuse sqlx::PgPool;\n"),
+            file(
+                "crates/cli/src/b.rs",
+                "//! B.\nlet c = rusqlite::Connection::open(p);\n",
+            ),
+            // The tests and other crates may.
+            file("crates/cli/tests/c.rs", "use rusqlite::Connection;\n"),
+            file(
+                "crates/simulator/src/rawlimit.rs",
+                "//! R.\nuse sqlx::PgPool;\n",
+            ),
+        ]);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found[0].starts_with("crates/cli/src/output.rs:2: names `holdfast_adapters_`"));
+        assert!(found[1].starts_with("crates/cli/src/queue/a.rs:2: names `sqlx::`"));
+        assert!(found[2].starts_with("crates/cli/src/b.rs:2: names `rusqlite::`"));
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //! `CURRENT_TIMESTAMP` writes it); and minutes without seconds (`HH:MM`). Anything
 //! else is refused with a [`TimeTextError`] naming the text.
 //!
-//! Written by hand rather than with a date crate: the format is one fixed layout,
-//! the conversion is the 20-line civil-calendar algorithm below, and the workspace
+//! Writing is the domain's [`Timestamp::rfc3339`] (one home for the written form,
+//! which the command line shows too); reading is here. Written by hand rather
+//! than with a date crate: the format is one fixed layout, the conversion is the
+//! civil-calendar algorithm below, and the workspace
 //! stays free of a second time library beside the domain's `Timestamp`.
 
 use holdfast_domain::Timestamp;
@@ -42,20 +44,6 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// The civil date of a day count from 1970-01-01.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
 fn is_leap(year: i64) -> bool {
     (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
 }
@@ -70,24 +58,12 @@ fn days_in_month(year: i64, month: i64) -> i64 {
 }
 
 /// The latest timestamp the stored form can hold: 9999-12-31T23:59:59.999Z.
-pub const MAX_STORABLE: Timestamp = Timestamp(253_402_300_799_999);
+pub const MAX_STORABLE: Timestamp = Timestamp::MAX_RFC3339;
 
-/// Formats `ts` in the stored form; `None` after [`MAX_STORABLE`] (a five-digit
-/// year would not sort as text).
+/// Formats `ts` in the stored form, the domain's [`Timestamp::rfc3339`]; `None`
+/// after [`MAX_STORABLE`] (a five-digit year would not sort as text).
 pub fn format(ts: Timestamp) -> Option<String> {
-    if ts > MAX_STORABLE {
-        return None;
-    }
-    let millis = i64::try_from(ts.as_millis()).ok()?;
-    let days = millis.div_euclid(MILLIS_PER_DAY);
-    let in_day = millis.rem_euclid(MILLIS_PER_DAY);
-    let (y, mo, d) = civil_from_days(days);
-    let (h, rest) = (in_day / 3_600_000, in_day % 3_600_000);
-    let (mi, rest) = (rest / 60_000, rest % 60_000);
-    let (s, ms) = (rest / 1000, rest % 1000);
-    Some(format!(
-        "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z"
-    ))
+    ts.rfc3339()
 }
 
 struct Cursor<'a> {

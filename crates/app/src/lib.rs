@@ -63,6 +63,10 @@ pub use handle::{AdmissionWorkers, Holdfast, OpenError, Options, ShutdownReport,
 /// The PostgreSQL adapter (`holdfast-adapters-postgres`).
 #[cfg(feature = "postgres")]
 pub use holdfast_adapters_postgres as postgres;
+/// The `tracing` target of PostgreSQL's commit-durability warnings, for a
+/// subscriber's filter (`holdfast migrate` reports the same settings itself).
+#[cfg(feature = "postgres")]
+pub use holdfast_adapters_postgres::DURABILITY_TARGET;
 /// The embedded SQLite adapter (`holdfast-adapters-sqlite`).
 #[cfg(feature = "sqlite")]
 pub use holdfast_adapters_sqlite as sqlite;

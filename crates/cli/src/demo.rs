@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use holdfast_domain::{
+use holdfast::domain::{
     AdmissionConfig, BuildOutcome, Precision, Quantity, QueueName, Reply, RequestId, RevisionUri,
     TokenType, TxId, WalletId,
 };
-use holdfast_ports::Output;
+use holdfast::ports::Output;
 use serde::Serialize;
 
 use super::output::{self, Rendered, Report};
@@ -479,7 +479,7 @@ async fn tour(
     bar.finish_and_clear();
     let select_elapsed = select_started.elapsed();
     outcomes.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut stats = holdfast_domain::SelectionStats::default();
+    let mut stats = holdfast::domain::SelectionStats::default();
     let (mut locked, mut funds_locked, mut insufficient, mut errors) = (Vec::new(), 0, 0, 0);
     let mut claimed = std::collections::BTreeSet::new();
     let mut double_claims = false;
@@ -590,7 +590,7 @@ async fn tour(
     })
 }
 
-fn add_stats(total: &mut holdfast_domain::SelectionStats, s: &holdfast_domain::SelectionStats) {
+fn add_stats(total: &mut holdfast::domain::SelectionStats, s: &holdfast::domain::SelectionStats) {
     total.immediate_retries += s.immediate_retries;
     total.lock_attempts += s.lock_attempts;
     total.conflicts += s.conflicts;

@@ -2,8 +2,8 @@
 //! 3 a backend error. Every failure of a command is one of these; `main` prints it
 //! on stderr and exits with [`CliError::exit_code`].
 
-use holdfast_domain::{IdError, QuantityError, RequestIdError, SelectionConfigError};
-use holdfast_ports::{LockStoreError, QueueStoreError, StatusStoreError, TokenStoreError};
+use holdfast::domain::{IdError, QuantityError, RequestIdError, SelectionConfigError};
+use holdfast::ports::{LockStoreError, QueueStoreError, StatusStoreError, TokenStoreError};
 use serde::Serialize;
 
 use super::queue::ReplyView;
@@ -161,7 +161,7 @@ pub enum CliError {
     Worker(String),
     /// The simulator could not run (`holdfast simulate`).
     #[error(transparent)]
-    Simulate(Box<crate::simulator::SimulateError>),
+    Simulate(Box<holdfast_simulator::SimulateError>),
 }
 
 impl CliError {

@@ -1,5 +1,6 @@
 //! The `holdfast` command (crate `holdfast-cli`): argument parsing, one module per
-//! command group, rendering, and the contention simulator ([`simulator`]).
+//! command group, rendering, and the `simulate` command over the contention simulator (crate
+//! `holdfast-simulator`).
 //! Commands are thin: they parse and validate input at the edge, call the services
 //! of the `holdfast` library (selector, settlement, sweeper, admission) and the
 //! ports, and render what they got back. No claim logic lives here.
@@ -19,7 +20,6 @@ pub mod queue;
 pub mod select;
 pub mod settle;
 pub mod simulate;
-pub mod simulator;
 pub mod soak;
 pub mod tokens;
 
@@ -169,7 +169,7 @@ pub async fn run(cli: Cli) -> Result<Rendered, CliError> {
             step: "dispatch",
             detail: "the demo runs before a database is opened".to_owned(),
         }),
-        Command::Simulate(_) => Err(CliError::from(crate::simulator::SimulateError::Internal(
+        Command::Simulate(_) => Err(CliError::from(holdfast_simulator::SimulateError::Internal(
             "simulate runs before a database is opened".to_owned(),
         ))),
     };

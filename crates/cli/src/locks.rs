@@ -2,8 +2,8 @@
 //! leaks) and one lease sweep.
 
 use clap::Subcommand;
-use holdfast_domain::TxStatus;
-use holdfast_ports::{Clock, LockInfo};
+use holdfast::domain::TxStatus;
+use holdfast::ports::{Clock, LockInfo};
 use serde::Serialize;
 
 use super::output::{self, Rendered, Report, Table};
@@ -125,7 +125,7 @@ impl Report for LockList {
 }
 
 /// The diagnostic view of `locks` at `now` under the configured lease.
-pub fn lock_list(ctx: &Context, locks: &[LockInfo], now: holdfast_domain::Timestamp) -> LockList {
+pub fn lock_list(ctx: &Context, locks: &[LockInfo], now: holdfast::domain::Timestamp) -> LockList {
     let lease = ctx.config.lease_config();
     let views: Vec<LockView> = locks
         .iter()

@@ -30,10 +30,7 @@ fn main() -> ExitCode {
     };
     // The server's durability settings are `holdfast migrate`'s report; logged by
     // every other command they would come before its output (and its JSON error).
-    install_tracing(&format!(
-        "{level},{}=off",
-        holdfast_adapters_postgres::DURABILITY_TARGET
-    ));
+    install_tracing(&format!("{level},{}=off", holdfast::DURABILITY_TARGET));
     let json = cli.json;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

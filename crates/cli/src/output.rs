@@ -2,9 +2,7 @@
 //! field names, amounts as decimal strings because they may exceed 2^53) and
 //! aligned plain-text tables for people.
 
-use std::fmt::Write as _;
-
-use holdfast_domain::{Quantity, Timestamp};
+use holdfast::domain::{Quantity, Timestamp};
 use serde::Serialize;
 
 /// A command result that can be shown to a person; its `Serialize` form is the
@@ -62,77 +60,9 @@ pub fn json_line<T: Serialize>(value: &T) -> String {
     })
 }
 
-/// A plain-text table with left-aligned columns separated by two spaces.
-#[derive(Debug, Clone, Default)]
-pub struct Table {
-    headers: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    /// A table with these column headers.
-    pub fn new<I, S>(headers: I) -> Table
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Table {
-            headers: headers.into_iter().map(Into::into).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    /// Appends a row (missing cells are blank, extra cells are dropped).
-    pub fn row<I, S>(&mut self, cells: I)
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
-        cells.resize(self.headers.len(), String::new());
-        self.rows.push(cells);
-    }
-
-    /// The column headers.
-    pub fn headers(&self) -> &[String] {
-        &self.headers
-    }
-
-    /// The rows, each with one cell per header.
-    pub fn rows(&self) -> &[Vec<String>] {
-        &self.rows
-    }
-
-    /// Whether the table has no rows.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
-    /// The table as text, one line per row, each ending with a newline.
-    pub fn render(&self) -> String {
-        let width = |s: &str| s.chars().count();
-        let mut widths: Vec<usize> = self.headers.iter().map(|h| width(h)).collect();
-        for row in &self.rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(width(cell));
-            }
-        }
-        let mut out = String::new();
-        for line in std::iter::once(&self.headers).chain(&self.rows) {
-            let mut text = String::new();
-            for (i, (cell, w)) in line.iter().zip(&widths).enumerate() {
-                if i + 1 == line.len() {
-                    text.push_str(cell);
-                } else {
-                    let _ = write!(text, "{cell:<w$}  ");
-                }
-            }
-            out.push_str(text.trim_end());
-            out.push('\n');
-        }
-        out
-    }
-}
+/// Plain-text tables: one type for the commands and the simulator's report,
+/// whose HTML page renders the same tables.
+pub use holdfast_simulator::Table;
 
 /// At most `max` items joined with ", ", then how many more there are.
 pub fn short_list(items: &[String], max: usize) -> String {
@@ -159,7 +89,7 @@ pub fn amount(q: Quantity) -> String {
 /// A timestamp as RFC 3339 UTC with milliseconds, or the raw milliseconds when it
 /// is beyond the calendar range.
 pub fn time(ts: Timestamp) -> String {
-    holdfast_adapters_sqlite::timetext::format(ts).unwrap_or_else(|| ts.to_string())
+    ts.rfc3339().unwrap_or_else(|| ts.to_string())
 }
 
 /// A duration in whole milliseconds, saturating.
@@ -186,17 +116,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    #[test]
-    fn tables_align_columns_and_trim_trailing_space() {
-        let mut t = Table::new(["id", "amount", "note"]);
-        t.row(["a:0", "100", ""]);
-        t.row(["long-tx:12", "7", "x"]);
-        assert_eq!(
-            t.render(),
-            "id          amount  note\na:0         100\nlong-tx:12  7       x\n"
-        );
-    }
 
     #[test]
     fn long_lists_are_cut_short() {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use clap::Args;
-use holdfast_domain::{Quantity, SelectionStats, TokenType, TxId, WalletId};
+use holdfast::domain::{Quantity, SelectionStats, TokenType, TxId, WalletId};
 use serde::Serialize;
 
 use super::output::{self, Rendered, Report};

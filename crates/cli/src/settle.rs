@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use holdfast_domain::{
+use holdfast::domain::{
     LockAction, Precision, Quantity, SettlementStatus, TokenType, TxId, TxStatus, WalletId,
 };
-use holdfast_ports::Output;
+use holdfast::ports::Output;
 use serde::Serialize;
 
 use super::output::{Rendered, Report};

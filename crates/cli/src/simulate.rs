@@ -1,4 +1,4 @@
-//! `holdfast simulate`: the contention simulator ([`crate::simulate`]). It makes its
+//! `holdfast simulate`: the contention simulator ([`holdfast_simulator`]). It makes its
 //! own fresh databases (one per strategy), so it runs before any database is
 //! opened; `--db` only chooses the backend type and where the databases go.
 
@@ -9,8 +9,10 @@ use clap::{Args, ValueEnum};
 
 use super::CliError;
 use super::output::{Rendered, Report};
-use crate::simulator::{self, Ablation, SimOptions, SimulationReport, Strategy, Workload};
 use holdfast::config::Config;
+use holdfast_simulator::{
+    self as simulator, Ablation, SimOptions, SimulationReport, Strategy, Workload,
+};
 
 /// `simulate`.
 #[derive(Debug, Args)]
@@ -26,7 +28,7 @@ pub struct SimulateArgs {
     pub report: Option<PathBuf>,
     /// Also run holdfast with one mechanism switched off
     #[arg(long, value_enum, value_name = "MECHANISM")]
-    pub ablate: Option<Ablation>,
+    pub ablate: Option<AblationArg>,
     /// Run only these strategies (repeatable; default: naive and holdfast), and the
     /// ablation if `--ablate` is given
     #[arg(long = "strategy", value_enum, value_name = "NAME", hide = true)]
@@ -59,6 +61,45 @@ pub enum StrategyArg {
     Holdfast,
 }
 
+/// A mechanism named by `--ablate` (the simulator's [`Ablation`]; the binary crate
+/// alone names clap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AblationArg {
+    /// Candidates include locked tokens (no `NOT EXISTS (lock)`).
+    AntiJoin,
+    /// The upstream order instead of `cover_first` (`policy = smallest_first`).
+    SmallestFirst,
+    /// Candidates in random order: `smallest_first` with `ascending = false`.
+    Order,
+    /// No sufficiency window (`sufficiency_window = 1`).
+    Window,
+    /// No blacklist (`blacklist = false`).
+    Blacklist,
+    /// One token per claim (`batch_window = 1`).
+    Batch,
+    /// No wake-ups: waiting selects sleep their whole backoff, and PostgreSQL
+    /// instances send no `NOTIFY` (`wakeups = false`).
+    Wakeups,
+    /// Settlement does not release locks: unlocked requests keep theirs until the
+    /// lease (spending still removes a spent token's lock).
+    SettleRelease,
+}
+
+impl From<AblationArg> for Ablation {
+    fn from(arg: AblationArg) -> Ablation {
+        match arg {
+            AblationArg::AntiJoin => Ablation::AntiJoin,
+            AblationArg::SmallestFirst => Ablation::SmallestFirst,
+            AblationArg::Order => Ablation::Order,
+            AblationArg::Window => Ablation::Window,
+            AblationArg::Blacklist => Ablation::Blacklist,
+            AblationArg::Batch => Ablation::Batch,
+            AblationArg::Wakeups => Ablation::Wakeups,
+            AblationArg::SettleRelease => Ablation::SettleRelease,
+        }
+    }
+}
+
 impl Report for SimulationReport {
     fn human(&self) -> String {
         self.text()
@@ -78,6 +119,7 @@ pub async fn run(
     config: Config,
 ) -> Result<Rendered, CliError> {
     let workload = Workload::resolve(&args.workload).map_err(simulator::SimulateError::from)?;
+    let ablate = args.ablate.map(Ablation::from);
     // `--strategy holdfast --ablate X` runs holdfast and its ablation, no naive.
     let only = (!args.only.is_empty()).then(|| {
         args.only
@@ -86,7 +128,7 @@ pub async fn run(
                 StrategyArg::Naive => Strategy::Naive,
                 StrategyArg::Holdfast => Strategy::Holdfast,
             })
-            .chain(args.ablate.map(Strategy::Ablated))
+            .chain(ablate.map(Strategy::Ablated))
             .collect()
     });
     let options = SimOptions {
@@ -96,7 +138,7 @@ pub async fn run(
             .map(str::to_owned)
             .or_else(|| Some(config.db_url.clone()).filter(|u| !u.trim().is_empty())),
         seed: args.seed,
-        ablate: args.ablate,
+        ablate,
         only,
         raw_limit: args.raw_limit.then_some(args.raw_limit_seconds),
         progress: true,

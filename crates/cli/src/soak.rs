@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Args;
-use holdfast_domain::{Precision, Quantity, SettlementStatus, TokenType, TxId, TxStatus, WalletId};
-use holdfast_ports::{LockStoreError, Output};
+use holdfast::domain::{
+    Precision, Quantity, SettlementStatus, TokenType, TxId, TxStatus, WalletId,
+};
+use holdfast::ports::{LockStoreError, Output};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;

@@ -1,8 +1,8 @@
 //! `holdfast tokens add | list | balance`: funding wallets and looking at them.
 
 use clap::{Args, Subcommand};
-use holdfast_domain::{Quantity, Token, TokenId, TokenType, TxId, WalletId};
-use holdfast_ports::NewToken;
+use holdfast::domain::{Quantity, Token, TokenId, TokenType, TxId, WalletId};
+use holdfast::ports::NewToken;
 use serde::Serialize;
 
 use super::output::{self, Rendered, Report, Table};
@@ -349,7 +349,7 @@ async fn balance(ctx: &Context, args: BalanceArgs) -> Result<Balance, CliError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use holdfast_domain::Precision;
+    use holdfast::domain::Precision;
 
     fn ids() -> (WalletId, TokenType, TxId, Quantity) {
         (

@@ -88,45 +88,6 @@ async fn demo_on_postgres() {
     .expect("the demo panicked");
 }
 
-/// The simulator's raw select cycle through sqlx, on fresh databases of the test
-/// server: cycles complete, no lock is left, holdfast's fraction is reported.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_raw_limit_runs_the_select_cycle_on_postgres() {
-    let Some(db) = TestDb::create("cli_postgres::raw_limit").await else {
-        return;
-    };
-    for (mode, least) in [("settle", 6.0), ("unlock", 4.0)] {
-        let load = holdfast_cli::simulator::Workload::from_toml_str(&format!(
-            "replicas = 2\nconcurrency = 6\nlegs = 50\n\
-             [[tokens]]\nwallet = 'alice'\ntype = 'CHF'\namount = '1..9'\ncount = 5\n\
-             [[requests]]\nwallet = 'alice'\ntype = 'CHF'\namount = '1'\ncount = 30\nmode = '{mode}'"
-        ))
-        .expect("workload");
-        let options = holdfast_cli::simulator::SimOptions {
-            workload: load,
-            db: Some(db.url.clone()),
-            seed: 7,
-            ablate: None,
-            only: Some(vec![holdfast_cli::simulator::Strategy::Holdfast]),
-            raw_limit: Some(std::time::Duration::from_millis(200)),
-            progress: false,
-            config: holdfast::Config::default(),
-        };
-        let report = holdfast_cli::simulator::simulate(options)
-            .await
-            .expect("simulation runs");
-        assert_eq!(report.backend, "postgres");
-        let limit = report.raw_limit.expect("raw limit measured");
-        assert!(limit.cycles > 0, "{mode}: {limit:?}");
-        assert_eq!(limit.locks_left, 0, "{mode}: {limit:?}");
-        assert!(limit.statements_per_cycle >= least, "{mode}: {limit:?}");
-        assert!(
-            limit.fraction_of_raw_limit.is_some_and(|f| f > 0.0),
-            "{mode}: {limit:?}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_slot_operations_on_postgres() {
     let Some(db) = TestDb::create("cli_postgres::queue_slot_operations").await else {

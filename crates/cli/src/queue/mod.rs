@@ -14,8 +14,8 @@ mod work;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand, ValueEnum};
-use holdfast_domain::{BuildOutcome, Generation, QueueName, Reply, RequestId, RevisionUri};
-use holdfast_ports::Clock;
+use holdfast::domain::{BuildOutcome, Generation, QueueName, Reply, RequestId, RevisionUri};
+use holdfast::ports::Clock;
 use serde::Serialize;
 
 use super::output::{Rendered, Report};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use holdfast_domain::admission::{Pruned, PrunedWhy};
-use holdfast_domain::{Generation, Heartbeat, QueueName, RequestId};
+use holdfast::domain::admission::{Pruned, PrunedWhy};
+use holdfast::domain::{Generation, Heartbeat, QueueName, RequestId};
 use serde::Serialize;
 
 use super::{ensure_queue, no_queue};
@@ -88,7 +88,7 @@ impl From<&Pruned> for PrunedView {
             PrunedWhy::Missing => ("missing", None),
             PrunedWhy::Terminal {
                 state,
-                reason: Some(holdfast_domain::FailReason::SlotLeaseExpired),
+                reason: Some(holdfast::domain::FailReason::SlotLeaseExpired),
             } => ("lease_expired", Some(state.as_str())),
             PrunedWhy::Terminal { state, .. } => ("terminal", Some(state.as_str())),
         };

@@ -1,9 +1,9 @@
 //! What the queue commands print: requests, step replies and the queue view, for
 //! people (text) and programs (JSON).
 
-use holdfast_domain::admission::invariants::owner_violation;
-use holdfast_domain::admission::{DeadLetterReason, RetryReason};
-use holdfast_domain::{Queue, Reply, Request, RequestState, Slot, Timestamp};
+use holdfast::domain::admission::invariants::owner_violation;
+use holdfast::domain::admission::{DeadLetterReason, RetryReason};
+use holdfast::domain::{Queue, Reply, Request, RequestState, Slot, Timestamp};
 use serde::Serialize;
 
 use crate::Context;

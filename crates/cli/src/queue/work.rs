@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use holdfast_domain::{BuildPlan, Generation, Request};
-use holdfast_ports::{BuildPublisher, DeliveryError};
+use holdfast::domain::{BuildPlan, Generation, Request};
+use holdfast::ports::{BuildPublisher, DeliveryError};
 use serde::Serialize;
 use tokio::sync::Notify;
 

@@ -1,4 +1,5 @@
-//! The contention simulator behind `holdfast simulate`: reproduces the hot-token
+//! The contention simulator behind `holdfast simulate`, in its own crate (not
+//! published) so the command-line crate names no database driver or adapter: reproduces the hot-token
 //! incident shapes (the presets of `docs/simulate.md`) and runs holdfast beside a naive selector
 //! in the same run, with the same seed, each strategy on a fresh database of the
 //! same type.
@@ -42,13 +43,14 @@ pub use figures::{LatencyMs, StrategyFigures};
 pub use provision::{ProvisionError, Provisioner};
 pub use rawlimit::RawLimit;
 pub use runner::StrategyRun;
+pub use table::Table;
 pub use workload::{AmountSpec, PRESETS, RequestMode, Workload, WorkloadError};
 
 use holdfast::backend::BackendError;
 use holdfast::config::Config;
 
 /// One mechanism of holdfast that `--ablate` switches off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ablation {
     /// Candidates include locked tokens (no `NOT EXISTS (lock)`).
     AntiJoin,

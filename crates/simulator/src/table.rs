@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use super::figures::StrategyFigures;
 use super::{SimulationReport, StrategyEntry};
-use crate::output::Table;
 
 fn ratio(numerator: f64, denominator: f64) -> String {
     if denominator == 0.0 && numerator == 0.0 {
@@ -213,4 +212,92 @@ fn token_table(strategies: &[&StrategyFigures]) -> Table {
         table.row(row);
     }
     table
+}
+
+/// A plain-text table with left-aligned columns separated by two spaces.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headers.
+    pub fn new<I, S>(headers: I) -> Table
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Table {
+            headers: headers.into_iter().map(Into::into).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row (missing cells are blank, extra cells are dropped).
+    pub fn row<I, S>(&mut self, cells: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
+        cells.resize(self.headers.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// The column headers.
+    pub fn headers(&self) -> &[String] {
+        &self.headers
+    }
+
+    /// The rows, each with one cell per header.
+    pub fn rows(&self) -> &[Vec<String>] {
+        &self.rows
+    }
+
+    /// Whether the table has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The table as text, one line per row, each ending with a newline.
+    pub fn render(&self) -> String {
+        let width = |s: &str| s.chars().count();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| width(h)).collect();
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(width(cell));
+            }
+        }
+        let mut out = String::new();
+        for line in std::iter::once(&self.headers).chain(&self.rows) {
+            let mut text = String::new();
+            for (i, (cell, w)) in line.iter().zip(&widths).enumerate() {
+                if i + 1 == line.len() {
+                    text.push_str(cell);
+                } else {
+                    let _ = write!(text, "{cell:<w$}  ");
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns_and_trim_trailing_space() {
+        let mut t = Table::new(["id", "amount", "note"]);
+        t.row(["a:0", "100", ""]);
+        t.row(["long-tx:12", "7", "x"]);
+        assert_eq!(
+            t.render(),
+            "id          amount  note\na:0         100\nlong-tx:12  7       x\n"
+        );
+    }
 }

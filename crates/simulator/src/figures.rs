@@ -232,7 +232,7 @@ mod tests {
     #[test]
     fn inputs_and_change_count_successful_selects_only() {
         let run = StrategyRun {
-            strategy: crate::simulator::Strategy::Holdfast,
+            strategy: crate::Strategy::Holdfast,
             samples: vec![
                 sample(true, 1, false),
                 sample(true, 3, true),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::figures::{conflicts_by_token, to_f64};
 use super::runner::StrategyRun;
 use super::{SimulationReport, Strategy};
-use crate::output::Table;
+use crate::table::Table;
 
 const COLORS: &[&str] = &["#d9534f", "#2a7ab0", "#5cb85c", "#9b59b6"];
 const WIDTH: f64 = 760.0;

@@ -85,7 +85,10 @@ pub(crate) fn status_from_sql(row: &str, text: &str) -> Result<TxStatus, StoreFa
         let names: Vec<&str> = TxStatus::ALL.into_iter().map(TxStatus::as_str).collect();
         corrupt(
             row,
-            format!("unknown status {text:?}; expected one of {}", names.join(", ")),
+            format!(
+                "unknown status {text:?}; expected one of {}",
+                names.join(", ")
+            ),
         )
     })
 }

@@ -340,15 +340,13 @@ impl SqliteBackend {
                 // Amounts are 128-bit hex text, which SQL cannot sum; the rows are
                 // streamed from the covering candidate index and summed with checks.
                 let mut stmt = tx
-                    .prepare_cached(
-                        concat!(
-                            "SELECT t.tx, t.output, t.amount FROM tokens AS t WHERE ",
-                            spendable_of_line!(),
-                            " AND (?3 IS NULL OR NOT EXISTS (
+                    .prepare_cached(concat!(
+                        "SELECT t.tx, t.output, t.amount FROM tokens AS t WHERE ",
+                        spendable_of_line!(),
+                        " AND (?3 IS NULL OR NOT EXISTS (
                                 SELECT 1 FROM selections AS s
                                 WHERE s.consumer = ?3 AND s.tx = t.tx AND s.output = t.output))"
-                        ),
-                    )
+                    ))
                     .db()?;
                 let mut rows = stmt
                     .query(params![wallet.as_str(), token_type.as_str(), consumer])

@@ -5,28 +5,7 @@
 use assert_cmd::Command;
 
 /// A small hot lineage: demand equals balance, every spend mints its change.
-const SMALL_LINEAGE: &str = r#"
-name = "small-lineage"
-replicas = 2
-concurrency = 8
-legs = 50
-[[tokens]]
-wallet = "alice"
-type = "CHF"
-amount = "1"
-count = 4
-[[tokens]]
-wallet = "alice"
-type = "CHF"
-amount = "56"
-count = 1
-[[requests]]
-wallet = "alice"
-type = "CHF"
-amount = "1"
-count = 60
-mode = "settle"
-"#;
+const SMALL_LINEAGE: &str = include_str!("../../simulator/tests/small-lineage.toml");
 
 #[test]
 fn the_command_prints_the_documented_json_and_writes_the_report() {

@@ -45,28 +45,7 @@ fn by_name<'a>(report: &'a SimulationReport, name: &str) -> &'a StrategyFigures 
 }
 
 /// A small hot lineage: demand equals balance, every spend mints its change.
-const SMALL_LINEAGE: &str = r#"
-name = "small-lineage"
-replicas = 2
-concurrency = 8
-legs = 50
-[[tokens]]
-wallet = "alice"
-type = "CHF"
-amount = "1"
-count = 4
-[[tokens]]
-wallet = "alice"
-type = "CHF"
-amount = "56"
-count = 1
-[[requests]]
-wallet = "alice"
-type = "CHF"
-amount = "1"
-count = 60
-mode = "settle"
-"#;
+const SMALL_LINEAGE: &str = include_str!("small-lineage.toml");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_lineage_keeps_the_invariants_and_holdfast_never_fails_spuriously() {

@@ -7,7 +7,7 @@
 //!
 //! - [`quantity`], [`ids`], [`timestamp`], [`token`]: validated values and records.
 //! - [`selection`], [`blacklist`], [`window`]: the token selection engine;
-//!   [`read_plan`]: whether a select reads apart from its claim or with it.
+//!   [`read_plan`](mod@read_plan): whether a select reads apart from its claim or with it.
 //! - [`request`], [`admission`]: build-slot admission.
 //! - [`lease`]: the lock lifecycle (settlement and lease expiry).
 //! - [`fault`]: the kinds of store failure every layer keeps.

@@ -116,7 +116,7 @@ pub type Chooser = Box<dyn FnOnce(&[Candidate]) -> Vec<TokenId> + Send>;
 
 /// When a selector reads and claims in one call ([`LockStore::read_and_claim`]),
 /// as the store says it should ([`LockStore::read_with_claim`]); the domain's
-/// [`holdfast_domain::read_plan`] decides each read from it.
+/// [`holdfast_domain::read_plan()`] decides each read from it.
 pub use holdfast_domain::ReadWithClaim;
 
 /// What a [`LockStore::read_and_claim`] did.

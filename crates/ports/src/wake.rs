@@ -172,7 +172,7 @@ impl Subscription {
     /// What this instance knows of the other callers of the key: how many are
     /// subscribed, how many wait now, and how full the last read of the key came
     /// back ([`Subscription::note`]). Facts only: the domain's
-    /// [`holdfast_domain::read_plan`] decides from them. A timer-only
+    /// [`holdfast_domain::read_plan()`] decides from them. A timer-only
     /// subscription knows of nobody.
     pub fn others(&self) -> Others {
         let Some((registry, key, id)) = &self.registration else {

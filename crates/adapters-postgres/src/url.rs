@@ -596,9 +596,14 @@ mod tests {
                 detail,
             ),
             ConnectError::NoHost { url, target, tried } => {
+                // The drivers' scrubbed messages only: holdfast's own wording
+                // around them ("failed: ") is checked with the whole text below.
                 let details = tried
                     .iter()
-                    .map(|t| t.outcome.to_string())
+                    .map(|t| match &t.outcome {
+                        HostOutcome::Failed(d) | HostOutcome::Busy(d) => d.clone(),
+                        other => other.to_string(),
+                    })
                     .collect::<Vec<_>>()
                     .join(" ");
                 let blank = tried

@@ -135,6 +135,13 @@ impl AdmissionPolicy {
         }
     }
 
+    /// How often a long-running worker reconciles every queue
+    /// ([`Admission::reconcile_periodically`]): a tenth of the default slot
+    /// lease, between 100 ms and 60 s.
+    pub fn reconcile_period(&self) -> Duration {
+        (self.default.slot_lease / 10).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    }
+
     /// The settings of `queue`.
     pub fn for_queue(&self, queue: &QueueName) -> AdmissionConfig {
         self.queues.get(queue).copied().unwrap_or(self.default)

@@ -270,11 +270,7 @@ impl WorkerGroup {
         let (mut finished, mut report) = (true, RunReport::default());
         for mut task in running {
             match tokio::time::timeout_at(deadline, &mut task).await {
-                Ok(Ok(Ok(run))) => {
-                    for (handled, n) in run.handled {
-                        *report.handled.entry(handled).or_default() += n;
-                    }
-                }
+                Ok(Ok(Ok(run))) => report.add(run),
                 Ok(Ok(Err(e))) => {
                     tracing::warn!(error = %e, "an admission worker stopped on a source error");
                 }
@@ -656,15 +652,16 @@ impl Holdfast {
         for group in &tasks.workers {
             group.source.close();
         }
-        let mut report = ShutdownReport::default();
-        let mut drained = true;
+        let (mut drained, mut admission) = (true, RunReport::default());
         for group in &tasks.workers {
             let (finished, run) = group.stop(deadline).await;
             drained &= finished;
-            for (handled, n) in run.handled {
-                *report.admission.entry(handled).or_default() += n;
-            }
+            admission.add(run);
         }
+        let mut report = ShutdownReport {
+            admission: admission.handled,
+            ..ShutdownReport::default()
+        };
         // Builds finishing now still heartbeat and report through the handle.
         drained &= tokio::time::timeout_at(deadline, self.gate.close_when_idle())
             .await
@@ -717,8 +714,7 @@ impl Drop for Holdfast {
 fn spawn_reconciler(admission: &Arc<Admission>) -> (watch::Sender<()>, JoinHandle<u64>) {
     let (stop, mut stopped) = watch::channel(());
     let admission = admission.clone();
-    let period = (admission.policy().default.slot_lease / 10)
-        .clamp(Duration::from_millis(100), Duration::from_secs(60));
+    let period = admission.policy().reconcile_period();
     let task = tokio::spawn(async move {
         admission
             .reconcile_periodically(period, async move {

@@ -65,6 +65,15 @@ pub struct RunReport {
     pub handled: BTreeMap<Handled, u64>,
 }
 
+impl RunReport {
+    /// Adds what another run handled to this one.
+    pub fn add(&mut self, other: RunReport) {
+        for (handled, n) in other.handled {
+            *self.handled.entry(handled).or_default() += n;
+        }
+    }
+}
+
 impl Admission {
     /// Takes deliveries from `source` until it closes, handling each in turn
     /// ([`Admission::handle`]). Run as many of these as you want workers; a source

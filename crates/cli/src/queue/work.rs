@@ -331,8 +331,7 @@ pub async fn work(
     let (stop_reconcile, reconcile_stopped) = tokio::sync::watch::channel(());
     let reconciler = follow.then(|| {
         let (admission, mut stopped) = (Arc::clone(&admission), reconcile_stopped.clone());
-        let period = (admission.policy().default.slot_lease / 10)
-            .clamp(Duration::from_millis(100), Duration::from_secs(60));
+        let period = admission.policy().reconcile_period();
         tokio::spawn(async move {
             admission
                 .reconcile_periodically(period, async move {

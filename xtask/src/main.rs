@@ -60,6 +60,10 @@ const TASKS: &[(&str, &str)] = &[
         "readme",
         "the README's Rust examples built in a crate outside the workspace with exactly its dependency block",
     ),
+    (
+        "package",
+        "cargo package (offline, verified) for every publishable crate",
+    ),
     ("help", "this list"),
 ];
 
@@ -89,6 +93,13 @@ fn dispatch(args: &[String]) -> Result<(), Error> {
                 arg: arg.clone(),
             }),
             None => readme::run(),
+        },
+        "package" => match rest.first() {
+            Some(arg) => Err(Error::UnexpectedArgument {
+                task: "package",
+                arg: arg.clone(),
+            }),
+            None => package::run(),
         },
         "test" => testing::run(rest),
         "failover" => failover::run(rest),

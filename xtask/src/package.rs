@@ -30,8 +30,23 @@ pub fn run() -> Result<(), Error> {
     if names.is_empty() {
         return Err(bad_metadata("no publishable package".to_owned()));
     }
+    forget_unpacked(&names);
+    // Verification builds our crates as registry crates, and cargo takes a
+    // registry crate it has built once at a version as unchanged forever: in the
+    // workspace's target directory a warm run would link each crate against its
+    // dependencies as they were at the first run. A target directory of its own,
+    // emptied first, builds them from this checkout.
+    let target = root.join("target").join("package-verify");
+    if target.exists() {
+        std::fs::remove_dir_all(&target).map_err(|source| Error::Io {
+            action: "remove",
+            path: target.clone(),
+            source,
+        })?;
+    }
     let mut cmd = process::cargo();
     cmd.current_dir(&root)
+        .env("CARGO_TARGET_DIR", &target)
         .args(["package", "--offline", "--allow-dirty"])
         // Verification builds each crate as a workspace of its own, outside our
         // `[profile]`; without debug info it builds in less time and space.
@@ -80,6 +95,48 @@ pub fn publishable(json: &str) -> Result<Vec<String>, Error> {
     Ok(names)
 }
 
+/// Removes the copies of our own crates that earlier `cargo package` runs
+/// unpacked from their temporary registry into `$CARGO_HOME/registry/src/-<hash>/`
+/// (a registry without a name). Cargo unpacks a crate there once per version and
+/// reuses the copy afterwards, so a second run at the same version would verify
+/// each crate against its dependencies' sources of the first run. Nothing else
+/// lives in those directories; cargo unpacks again what is missing.
+fn forget_unpacked(names: &[String]) {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry").join("src")) else {
+        return;
+    };
+    let Ok(registries) = std::fs::read_dir(&src) else {
+        return;
+    };
+    for registry in registries.flatten() {
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        let Ok(crates) = std::fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for unpacked in crates.flatten() {
+            if is_unpacked_copy_of(&unpacked.file_name().to_string_lossy(), names) {
+                // A copy that cannot be removed makes `cargo package` fail
+                // loudly on a stale source, which is where the problem shows.
+                let _ = std::fs::remove_dir_all(unpacked.path());
+            }
+        }
+    }
+}
+
+/// Whether `dir` is `<name>-<version>` for one of `names`.
+fn is_unpacked_copy_of(dir: &str, names: &[String]) -> bool {
+    names.iter().any(|name| {
+        dir.strip_prefix(name.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+    })
+}
+
 fn bad_metadata(detail: String) -> Error {
     Error::Metadata {
         what: "cargo metadata",
@@ -105,6 +162,16 @@ mod tests {
             ],
         });
         assert_eq!(publishable(&metadata.to_string()).unwrap(), ["a", "c", "d"]);
+    }
+
+    #[test]
+    fn only_unpacked_copies_of_the_named_crates_are_forgotten() {
+        let names = ["holdfast".to_owned(), "holdfast-domain".to_owned()];
+        assert!(is_unpacked_copy_of("holdfast-0.1.0", &names));
+        assert!(is_unpacked_copy_of("holdfast-domain-0.2.0-rc.1", &names));
+        assert!(!is_unpacked_copy_of("holdfast-ports-0.1.0", &names));
+        assert!(!is_unpacked_copy_of("holdfast", &names));
+        assert!(!is_unpacked_copy_of("tokio-1.0.0", &names));
     }
 
     #[test]

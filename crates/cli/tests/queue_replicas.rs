@@ -65,7 +65,10 @@ const SLOT_LEASE_MS: u64 = 600_000;
 const HEARTBEAT: Duration = Duration::from_millis(300);
 /// Scheduling on a loaded machine: a scan that waits for the workers of its
 /// process to be free, the step's round trips, the print and the read of the line.
-const SLACK: Duration = Duration::from_millis(1_000);
+/// A CI run beside the rest of the suite on two cores measured 1.5 s of it once;
+/// the bound still tells resume-after recovery from the 600 s slot lease, and the
+/// measured latencies are printed.
+const SLACK: Duration = Duration::from_millis(3_000);
 /// Beyond one heartbeat interval, how long two live builds of one request may
 /// overlap: the stale build's last heartbeat call itself.
 const OVERLAP_SLACK: Duration = Duration::from_millis(500);

@@ -490,6 +490,25 @@ async fn trace_a_select_that_lost_its_claim_is_woken_by_a_release_before_its_bac
 }
 
 #[tokio::test(start_paused = true)]
+async fn trace_a_select_woken_by_the_release_of_the_token_it_lost_takes_it() {
+    // The waiter reads a=10, the wallet's only token, and a rival takes it first:
+    // the waiter blacklists a and waits. The rival gives a back after 50 ms: the
+    // woken attempt reads a again and wins it, instead of skipping the token it
+    // lost and waiting out its backoff.
+    let shared = Shared::of(&[("a", 10)]);
+    shared.book().rival = Some((tok("a"), tx("rival")));
+    let waiter = shared.select("waiter", 10, ReadWithClaim::Never, 1);
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(shared.waiting(), 1, "the waiter waits");
+    release(&shared, "rival", "a").await;
+    waiter.await.expect("select task");
+    insta::assert_snapshot!(
+        "a_select_woken_by_the_release_of_the_token_it_lost_takes_it",
+        shared.trace("wallet [a=10]; waiter selects 10, a rival claims a just before it")
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn trace_a_woken_waiter_that_cannot_use_the_freed_token_hands_the_wake_on() {
     // Both find nothing free and wait, `large` (100) first. The release of y=10
     // wakes `large` (the longest waiting), which reads it, cannot use it and

@@ -360,3 +360,85 @@ async fn postgres_a_killed_listener_costs_only_latency() {
         }
     }
 }
+
+/// `n` selects that each need more than one released token can give, all
+/// waiting on a wallet whose funds are held, then one release: the wake-ups
+/// and store round trips it caused, summed over the waiters. Each waiter's
+/// deadline ends its call 1.5 s after it started.
+async fn wakes_of_one_useless_release(stores: &Stores, n: usize, seed: u64) -> (u64, u64) {
+    let tokens = fund(stores, "useless", &[10]).await;
+    hold(stores, "holder", &tokens).await;
+    // Funds for the waiters' balance checks, held and never freed.
+    let big = fund(stores, "big", &[5_000]).await;
+    hold(stores, "hoarder", &big).await;
+    let selector = Arc::new(
+        TokenSelector::new(
+            stores.clone(),
+            TokioClock::new(),
+            SelectionConfig {
+                deadline: Duration::from_millis(1_500),
+                ..patient()
+            },
+            Some(seed),
+        )
+        .expect("config"),
+    );
+    let mut waiting = Vec::new();
+    for i in 0..n {
+        let amount = 100 * (u128::try_from(i).expect("small") + 1);
+        waiting.push(waiting_select(&selector, amount, &format!("needs-{amount}")).await);
+    }
+    release(stores, "holder", &tokens).await;
+    let (mut wakeups, mut round_trips) = (0, 0);
+    for task in waiting {
+        let report = answered(task).await;
+        assert!(report.result.is_err(), "nobody can use the freed token");
+        wakeups += report.stats.wakeups;
+        round_trips += report.stats.round_trips();
+    }
+    (wakeups, round_trips)
+}
+
+/// Before the fix, two such waiters woke each other until their deadlines: one
+/// release gave about 155 wake-ups per select and 317 round trips in a second.
+/// A wake is handed on at most once per waiter per signal: one release wakes
+/// each waiter once at most.
+fn at_most_one_wake_each(n: usize, (wakeups, round_trips): (u64, u64)) {
+    eprintln!("{n} waiters, one useless release: {wakeups} wake-ups, {round_trips} round trips");
+    let n = u64::try_from(n).expect("small");
+    assert!(
+        wakeups <= n,
+        "{n} waiters were woken {wakeups} times by one release ({round_trips} round trips)"
+    );
+    // Each waiter: its first read and balance check, then at most one woken read
+    // and balance check (a woken read-and-claim is one round trip).
+    assert!(
+        round_trips <= 4 * n,
+        "{n} waiters made {round_trips} round trips around one release ({wakeups} wake-ups)"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_waiters_that_cannot_use_a_freed_token_are_woken_once_each() {
+    for n in [2, 3] {
+        let backend = SqliteBackend::open_in_memory().await.expect("open");
+        at_most_one_wake_each(
+            n,
+            wakes_of_one_useless_release(&backend.stores(), n, 7).await,
+        );
+    }
+}
+
+#[tokio::test]
+async fn postgres_waiters_that_cannot_use_a_freed_token_are_woken_once_each() {
+    for n in [2, 3] {
+        let Some(db) = TestDb::create(&format!("wakeups::useless_release_{n}")).await else {
+            return;
+        };
+        let backend = db.backend(LockStrategy::default(), 4).await;
+        at_most_one_wake_each(
+            n,
+            wakes_of_one_useless_release(&backend.stores(), n, 7).await,
+        );
+    }
+}

@@ -337,7 +337,7 @@ pub struct SelectionStats {
     pub balance_checks: u64,
     /// Releases requested.
     pub releases: u64,
-    /// Times the blacklist escape hatch cleared the blacklist.
+    /// Times the blacklist was cleared: the escape hatch, or a wake-up.
     pub blacklist_clears: u64,
     /// Store errors outside lock attempts: failed fetches, balance reads and
     /// releases (not counted in [`store_errors`](SelectionStats::store_errors)).
@@ -795,7 +795,9 @@ impl Selection {
     /// lock, which gives it the leg's usual budget; if it fails, its wins are
     /// released and the engine asks to wait for the rest of the leg's wait
     /// (`delay - waited`), so wake-ups never make a call wait longer in all, nor
-    /// spend its legs faster.
+    /// spend its legs faster. The blacklist is forgotten first: the release that
+    /// woke the call may be of a token it lost earlier, and the fresh read shows
+    /// only tokens nobody holds.
     pub fn on_woken(&mut self, waited: Duration, rng: &mut impl Rng) -> Action {
         let delay = match &self.phase {
             Phase::BackingOff(delay) => *delay,
@@ -803,6 +805,10 @@ impl Selection {
             _ => return self.pending(),
         };
         self.stats.wakeups += 1;
+        if !self.blacklist.is_empty() {
+            self.blacklist.clear();
+            self.stats.blacklist_clears += 1;
+        }
         self.leg = Leg {
             number: self.leg.number,
             immediate_retries: self.config.max_immediate_retries,

@@ -17,7 +17,7 @@
 //! SQLite: polling `PRAGMA data_version` while anyone waits).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use holdfast_domain::{Fullness, Others, QueueName, TokenType, TxId, WalletId};
@@ -104,6 +104,20 @@ struct Waiter {
     /// In its current (or last) wait, a signal of the key woke a waiter
     /// subscribed before this one ([`Subscription::passed_over`]).
     passed_over: AtomicBool,
+    /// The signal its last wake came from, first-hand or handed on (0: never
+    /// woken). A wake handed on never reaches a waiter that already looked at
+    /// what that signal freed.
+    round: AtomicU64,
+}
+
+/// Which wake [`Registry::wake_first`] sends.
+#[derive(Debug, Clone, Copy)]
+enum Wake {
+    /// A new signal: what it freed nobody has looked at yet.
+    Signal,
+    /// The wake of signal `round`, handed on: only to a waiter that has not
+    /// looked at what that signal freed.
+    HandOn(u64),
 }
 
 /// A waiter's registration with a [`Registry`]; dropping it deregisters (and
@@ -202,7 +216,8 @@ impl Subscription {
             // The next waiter is marked looking before this one stops, so that no
             // newcomer slips in between.
             if pass {
-                registry.wake_first(key, None, Some(*id));
+                let round = self.waiter.round.load(Ordering::SeqCst);
+                registry.wake_first(key, None, Some(*id), Wake::HandOn(round));
             }
             if self.waiter.looking.swap(false, Ordering::SeqCst) {
                 registry.looked.notify_waiters();
@@ -240,7 +255,8 @@ impl Drop for Subscription {
             // next waiter looks instead.
             let looking = self.waiter.looking.swap(false, Ordering::SeqCst);
             if looking || self.waiter.pending.load(Ordering::SeqCst) {
-                registry.wake_first(&key, None, None);
+                let round = self.waiter.round.load(Ordering::SeqCst);
+                registry.wake_first(&key, None, None, Wake::HandOn(round));
             }
             if looking {
                 registry.looked.notify_waiters();
@@ -266,6 +282,8 @@ struct Line {
 #[derive(Default)]
 struct State {
     next_id: u64,
+    /// The last signal's round ([`Waiter::round`]).
+    last_round: u64,
     /// Kept while the key has subscriptions.
     waiters: HashMap<WakeKey, Line>,
     count: usize,
@@ -288,7 +306,10 @@ impl State {
 /// subscribed longest (of those not on behalf of the signal's origin) that has
 /// no wake pending and is waiting now (else, the one subscribed longest: it is
 /// between its read and its wait); a second signal wakes the next. A woken waiter that finds
-/// free tokens it does not keep hands the wake on ([`Subscription::looked`]). So a
+/// free tokens it does not keep hands the wake on ([`Subscription::looked`]), to
+/// a waiter that has not been woken by that signal yet: a signal reaches each
+/// waiter once at most, so waiters that all cannot use what it freed do not
+/// wake each other in turn until their deadlines. So a
 /// release of one token wakes one waiter, not a stampede of reads that all but
 /// one lose, and the longest waiting looks first. A wake sent to a waiter that is
 /// not waiting yet (it is between its read and its wait) is kept for its next
@@ -372,14 +393,29 @@ impl Registry {
     }
 
     /// Wakes the first waiter of `key` (subscription order) that is not on behalf
-    /// of `origin`, is not `except` and has no wake pending. Whether one was woken.
-    fn wake_first(&self, key: &WakeKey, origin: Option<&TxId>, except: Option<u64>) -> bool {
-        let state = self.lock();
+    /// of `origin`, is not `except`, has no wake pending and, for a wake handed
+    /// on, has not been woken by its signal yet. Whether one was woken.
+    fn wake_first(
+        &self,
+        key: &WakeKey,
+        origin: Option<&TxId>,
+        except: Option<u64>,
+        wake: Wake,
+    ) -> bool {
+        let mut state = self.lock();
+        let round = match wake {
+            Wake::Signal => {
+                state.last_round += 1;
+                state.last_round
+            }
+            Wake::HandOn(round) => round,
+        };
         let eligible = || {
             state.entries(key).filter(|e| {
                 Some(e.id) != except
                     && (origin.is_none() || e.origin.as_ref() != origin)
                     && !e.waiter.pending.load(Ordering::SeqCst)
+                    && e.waiter.round.load(Ordering::SeqCst) < round
             })
         };
         // One that waits now first: one between its waits is reading anyway.
@@ -395,6 +431,7 @@ impl Registry {
                     .skip(1)
                     .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
                     .for_each(|e| e.waiter.passed_over.store(true, Ordering::SeqCst));
+                entry.waiter.round.store(round, Ordering::SeqCst);
                 entry.waiter.pending.store(true, Ordering::SeqCst);
                 if entry.waiter.waiting.load(Ordering::SeqCst) {
                     entry.waiter.looking.store(true, Ordering::SeqCst);
@@ -418,7 +455,7 @@ impl Registry {
     /// those subscribed on behalf of `origin`. Returns how many were woken.
     pub fn signal(&self, keys: &[WakeKey], origin: Option<&TxId>) -> usize {
         keys.iter()
-            .filter(|key| self.wake_first(key, origin, None))
+            .filter(|key| self.wake_first(key, origin, None, Wake::Signal))
             .count()
     }
 
@@ -552,6 +589,30 @@ mod tests {
         assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
         assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
         assert_eq!(third.wait_until(soon()).await, WaitEnd::Timer);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_is_handed_on_at_most_once_per_waiter_per_signal() {
+        let registry = Registry::new();
+        let mut first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        let mut third = registry.subscribe(key("a"), None);
+        registry.signal(&[key("a")], None);
+        // Nobody can use what was freed: each hands the wake on.
+        for waiter in [&mut first, &mut second, &mut third] {
+            assert_eq!(waiter.wait_until(soon()).await, WaitEnd::Signalled);
+            waiter.looked(true);
+        }
+        // Everyone has looked at what this signal freed: the last pass wakes
+        // nobody, where it would start the line over and over.
+        for waiter in [&mut first, &mut second, &mut third] {
+            assert_eq!(waiter.wait_until(soon()).await, WaitEnd::Timer);
+        }
+        // A new signal starts a new round, from the longest waiting.
+        registry.signal(&[key("a")], None);
+        assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
+        first.looked(true);
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
     }
 
     #[tokio::test(start_paused = true)]

@@ -144,6 +144,7 @@ fn config(input: &mut Input<'_>) -> SelectionConfig {
         sufficiency_window: n(input, 1, 4),
         max_sufficiency_ratio: m(input, 1, 5),
         batch_window: n(input, 1, 8),
+        max_inputs: n(input, 1, 8),
         page_size: n(input, 1, 8),
         max_immediate_retries: m(input, 0, 5),
         max_retries: m(input, 1, 4),
@@ -381,6 +382,10 @@ fn check_done(
                 .try_fold(Quantity::ZERO, |s, t| s.checked_add(store.quantity(t)));
             assert_eq!(sum, Some(selected.total), "total");
             assert!(selected.total >= amount, "total below the amount");
+            assert!(
+                selected.tokens.len() <= selection.config().max_inputs,
+                "more inputs than the cap"
+            );
             assert_eq!(
                 selected.total.checked_sub(amount),
                 Some(selected.change),

@@ -214,6 +214,8 @@ settings! {
             "A window member is at most this many times the anchor (at least 1).";
         batch_window: usize = sel().batch_window, "HOLDFAST_BATCH_WINDOW",
             "The most tokens one claim names in one round trip (1 to 256).";
+        max_inputs: usize = sel().max_inputs, "HOLDFAST_MAX_INPUTS",
+            "The most tokens one select returns; an amount the free tokens cannot cover within it answers TooManyInputs (1 to 256).";
         page_size: usize = sel().page_size, "HOLDFAST_PAGE_SIZE",
             "Candidates per fetch; under `cover_first` the fill band, candidates smaller than the amount (1 to 10000).";
         max_immediate_retries: u32 = sel().max_immediate_retries, "HOLDFAST_MAX_IMMEDIATE_RETRIES",
@@ -693,6 +695,7 @@ impl Config {
             sufficiency_window: s.sufficiency_window,
             max_sufficiency_ratio: s.max_sufficiency_ratio,
             batch_window: s.batch_window,
+            max_inputs: s.max_inputs,
             page_size: s.page_size,
             max_immediate_retries: s.max_immediate_retries,
             max_retries: s.max_retries,

@@ -110,7 +110,7 @@ pub struct MetricDef {
 
 const OUTCOME: (&str, &str) = (
     "outcome",
-    "success, insufficient_funds, funds_locked, deadline_exceeded, error",
+    "success, insufficient_funds, funds_locked, too_many_inputs, deadline_exceeded, error",
 );
 
 /// Every metric holdfast emits.
@@ -126,7 +126,7 @@ pub static METRICS: &[MetricDef] = &[
         name: SELECTION_OUTCOMES,
         kind: MetricKind::Counter,
         unit: "calls",
-        help: "Select calls by outcome. funds_locked means retry later; so does deadline_exceeded (the call's deadline, `selection.deadline_ms`, passed before it saw the funds held by others); insufficient_funds means not enough money.",
+        help: "Select calls by outcome. funds_locked means retry later; so does deadline_exceeded (the call's deadline, `selection.deadline_ms`, passed before it saw the funds held by others); insufficient_funds means not enough money; too_many_inputs means the amount needs more tokens than `selection.max_inputs`.",
         labels: &[OUTCOME],
     },
     MetricDef {
@@ -404,6 +404,8 @@ pub enum SelectOutcomeLabel {
     /// Enough money, all locked by others through every leg (or until the
     /// call's deadline).
     FundsLocked,
+    /// The amount needs more tokens than `selection.max_inputs`.
+    TooManyInputs,
     /// The call's deadline passed before it could tell locked funds from a slow
     /// store.
     DeadlineExceeded,
@@ -418,6 +420,7 @@ impl SelectOutcomeLabel {
             SelectOutcomeLabel::Success => "success",
             SelectOutcomeLabel::InsufficientFunds => "insufficient_funds",
             SelectOutcomeLabel::FundsLocked => "funds_locked",
+            SelectOutcomeLabel::TooManyInputs => "too_many_inputs",
             SelectOutcomeLabel::DeadlineExceeded => "deadline_exceeded",
             SelectOutcomeLabel::Error => "error",
         }

@@ -8,8 +8,10 @@
 //! locks ignored, less what the transaction has selected):
 //!
 //! - `InsufficientFunds` exactly when available < amount, naming both figures;
-//! - otherwise the select answers with free tokens that cover the amount, or
-//!   `FundsLocked` only when other transactions hold what the free tokens lack.
+//! - otherwise the select answers with at most `max_inputs` free tokens that
+//!   cover the amount; `TooManyInputs` only when the `max_inputs` largest free
+//!   tokens fall short of it; or `FundsLocked` only when other transactions hold
+//!   what the free tokens lack.
 //!
 //! On SQLite rather than over the engine with a wallet in memory: the engine
 //! takes "available" from the store, so an in-memory store would restate the
@@ -145,16 +147,33 @@ fn names() -> (WalletId, TokenType) {
 }
 
 /// The defaults, with legs short enough for locked funds to answer at once.
-fn config() -> SelectionConfig {
+fn config(max_inputs: usize) -> SelectionConfig {
     SelectionConfig {
         max_retries: 2,
         retry_interval: Duration::from_millis(1),
+        max_inputs,
         ..SelectionConfig::default()
     }
 }
 
+/// The sum of the `n` largest free tokens.
+fn largest_free(wallet: &[(u128, State)], n: usize) -> u128 {
+    let mut free: Vec<u128> = wallet
+        .iter()
+        .filter(|(_, s)| *s == State::Free)
+        .map(|(v, _)| *v)
+        .collect();
+    free.sort_unstable_by(|a, b| b.cmp(a));
+    free.iter().take(n).sum()
+}
+
 /// One select of `amount` by `me` from `wallet`, checked against the oracle.
-async fn check(wallet: Vec<(u128, State)>, amount: u128, seed: u64) -> Result<(), TestCaseError> {
+async fn check(
+    wallet: Vec<(u128, State)>,
+    amount: u128,
+    max_inputs: usize,
+    seed: u64,
+) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("oracle.db").display());
     let backend = SqliteBackend::open(&url, SqliteOptions::default())
@@ -170,8 +189,8 @@ async fn check(wallet: Vec<(u128, State)>, amount: u128, seed: u64) -> Result<()
         .expect("balance");
     prop_assert_eq!(balance, q(available(&wallet)), "the store's balance_for");
 
-    let selector =
-        TokenSelector::new(stores, TokioClock::new(), config(), Some(seed)).expect("config");
+    let selector = TokenSelector::new(stores, TokioClock::new(), config(max_inputs), Some(seed))
+        .expect("config");
     let request = SelectRequest {
         wallet: alice,
         token_type: chf,
@@ -191,6 +210,11 @@ async fn check(wallet: Vec<(u128, State)>, amount: u128, seed: u64) -> Result<()
         }
         Ok(selected) => {
             prop_assert!(!short, "selected more than is available");
+            prop_assert!(
+                selected.tokens.len() <= max_inputs,
+                "{} inputs, cap {max_inputs}",
+                selected.tokens.len()
+            );
             let free: BTreeSet<TokenId> = tokens_in(&wallet, State::Free).into_iter().collect();
             let mut total = Quantity::ZERO;
             for t in &selected.tokens {
@@ -209,6 +233,17 @@ async fn check(wallet: Vec<(u128, State)>, amount: u128, seed: u64) -> Result<()
                 "FundsLocked although the free tokens cover {amount}"
             );
         }
+        Err(SelectError::TooManyInputs {
+            requested,
+            max_inputs: cap,
+        }) => {
+            prop_assert!(!short, "TooManyInputs although short of funds");
+            prop_assert_eq!((requested, cap), (q(amount), max_inputs));
+            prop_assert!(
+                largest_free(&wallet, max_inputs) < amount,
+                "TooManyInputs although {max_inputs} free tokens cover {amount}"
+            );
+        }
         Err(other) => prop_assert!(false, "unexpected answer {other}"),
     }
     Ok(())
@@ -222,6 +257,8 @@ proptest! {
         wallet in prop::collection::vec((1u128..=20, state()), 0..=8),
         // Mostly around the available balance, where an off-by-one would show.
         offset in prop_oneof![3 => -3i64..=3, 1 => -60i64..=60],
+        // A cap that the wallet's few tokens can meet, or the default.
+        max_inputs in prop_oneof![2 => 1usize..=3, 1 => Just(100usize)],
         seed in any::<u64>(),
     ) {
         let around = i128::try_from(available(&wallet)).expect("small") + i128::from(offset);
@@ -230,6 +267,6 @@ proptest! {
             .enable_all()
             .build()
             .expect("runtime");
-        rt.block_on(check(wallet, amount, seed))?;
+        rt.block_on(check(wallet, amount, max_inputs, seed))?;
     }
 }

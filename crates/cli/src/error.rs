@@ -175,6 +175,7 @@ impl CliError {
             CliError::Select(
                 SelectError::InsufficientFunds { .. }
                 | SelectError::FundsLocked
+                | SelectError::TooManyInputs { .. }
                 | SelectError::DeadlineExceeded { .. },
             ) => ErrorClass::Refused,
             CliError::Select(SelectError::Store(_) | SelectError::ShuttingDown) => {

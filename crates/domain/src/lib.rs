@@ -44,7 +44,7 @@ pub use request::{
     RequestIdError, RequestState, Slot, Version,
 };
 pub use selection::{
-    Action, Bands, FetchRequest, SelectRequest, Selected, Selection, SelectionConfig,
+    Action, Bands, FetchRequest, MAX_INPUTS, SelectRequest, Selected, Selection, SelectionConfig,
     SelectionConfigError, SelectionError, SelectionFailure, SelectionPolicy, SelectionStats,
     StoreFailure, UnknownPolicy,
 };

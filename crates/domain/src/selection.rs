@@ -100,7 +100,7 @@ use crate::window::{self, WindowLimits, WindowPlan};
 
 pub use config::{
     MAX_BATCH_WINDOW, MAX_CONSOLIDATE_DUST, MAX_COVER_BAND, MAX_DEADLINE, MAX_IMMEDIATE_RETRIES,
-    MAX_LEGS, MAX_PAGE_SIZE, MAX_RETRY_INTERVAL, MAX_SUFFICIENCY_WINDOW, MIN_DEADLINE,
+    MAX_INPUTS, MAX_LEGS, MAX_PAGE_SIZE, MAX_RETRY_INTERVAL, MAX_SUFFICIENCY_WINDOW, MIN_DEADLINE,
     SelectionConfig, SelectionConfigError, SelectionPolicy, UnknownPolicy,
 };
 pub use pages::MAX_SHUFFLE_BUCKET;
@@ -294,6 +294,18 @@ pub enum SelectionFailure {
     /// The funds exist but other transactions held the locks through every leg.
     #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
     FundsLocked,
+    /// The amount needs more than `max_inputs` of the tokens free now
+    /// ([`SelectionConfig::max_inputs`]): the wallet holds it in too many small
+    /// tokens. Pay less at once, or consolidate the wallet first.
+    #[error(
+        "too many inputs: {requested} needs more than {max_inputs} tokens of those free now (selection.max_inputs); pay a smaller amount, or consolidate the wallet"
+    )]
+    TooManyInputs {
+        /// The full requested amount.
+        requested: Quantity,
+        /// The cap.
+        max_inputs: usize,
+    },
     /// A leg's retry budget was spent on store errors (module docs, "Store-bound
     /// legs"): an outage, not locked funds.
     #[error("token store error ({kind}): {message}")]
@@ -750,6 +762,7 @@ impl Selection {
                             requested: self.request.amount,
                         })
                     }
+                    _ if self.scan.over_cap => self.over_cap(),
                     available => {
                         // The money is there (an overflow is more than any amount)
                         // but the scan found it taken: held by others.
@@ -975,6 +988,10 @@ impl Selection {
         self.drop_unusable();
         let quantities: Vec<Quantity> = self.scan.buffer.iter().map(|c| c.quantity).collect();
         let headroom = u128::MAX - self.leg.sum.value();
+        let inputs_left = self.config.max_inputs.saturating_sub(self.leg.won.len());
+        if inputs_left == 0 {
+            return self.over_cap();
+        }
         if self.config.policy == SelectionPolicy::CoverFirst {
             let limits = CoverLimits {
                 batch_window: self.config.batch_window.min(MAX_BATCH_WINDOW),
@@ -982,6 +999,7 @@ impl Selection {
                 max_sufficiency_ratio: self.config.max_sufficiency_ratio,
                 prefer_exact: self.config.prefer_exact,
                 consolidate_dust: self.config.consolidate_dust,
+                max_inputs: inputs_left,
             };
             // Further fill pages only while no more cover candidates may exist: a
             // full cover band that was all lost is read afresh instead.
@@ -1006,6 +1024,7 @@ impl Selection {
                     self.fetch(after, false)
                 }
                 CoverPlan::Nothing => self.end_of_scan(rng),
+                CoverPlan::OverCap => self.over_cap(),
             };
         }
         let limits = WindowLimits {
@@ -1035,6 +1054,11 @@ impl Selection {
                     0 => {}
                     1 => chosen.extend(anchor_choices.first().copied()),
                     n => chosen.extend(anchor_choices.get(rng.random_range(0..n)).copied()),
+                }
+                // The smallest tokens first: an amount held in many small ones
+                // meets the cap sooner than under cover_first.
+                if chosen.len() > inputs_left {
+                    return self.over_cap();
                 }
                 self.claim(&chosen)
             }
@@ -1232,6 +1256,23 @@ impl Selection {
     }
 
     /// Ends the call with `failure`, releasing everything held first.
+    /// The amount cannot be covered within `max_inputs` tokens of those read:
+    /// TooManyInputs, unless the balance check (first, if this leg has not made
+    /// it) says the wallet is short of the amount anyway.
+    fn over_cap(&mut self) -> Action {
+        if !self.leg.balance_checked {
+            self.scan.over_cap = true;
+            self.leg.balance_checked = true;
+            self.stats.balance_checks += 1;
+            self.phase = Phase::CheckingBalance;
+            return Action::CheckBalance;
+        }
+        self.fail(SelectionFailure::TooManyInputs {
+            requested: self.request.amount,
+            max_inputs: self.config.max_inputs,
+        })
+    }
+
     fn fail(&mut self, failure: SelectionFailure) -> Action {
         let tokens = self.take_all_held();
         if tokens.is_empty() {

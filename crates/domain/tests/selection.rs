@@ -505,19 +505,37 @@ fn an_empty_wallet_fails_fast() {
 }
 
 #[test]
-fn dust_is_claimed_in_minimal_windows_of_at_most_256() {
+fn dust_is_claimed_in_minimal_windows_within_the_batch_window_and_the_cap() {
     let dust = Wallet::of(&[1; 768]);
     let r = run(dust.clone(), 100, defaults(), 5);
     assert_eq!(r.claims.iter().map(Vec::len).collect::<Vec<_>>(), vec![100]);
     let selected = r.outcome.unwrap();
     assert_eq!((selected.total, selected.change), (q(100), q(0)));
 
-    let r = run(dust.clone(), 600, defaults(), 5);
+    let windows = SelectionConfig {
+        batch_window: 96,
+        max_inputs: 256,
+        ..defaults()
+    };
+    let r = run(dust.clone(), 250, windows, 5);
     let sizes: Vec<usize> = r.claims.iter().map(Vec::len).collect();
-    assert_eq!(sizes, vec![256, 256, 88], "{}", r.trace);
+    assert_eq!(sizes, vec![96, 96, 58], "{}", r.trace);
     let selected = r.outcome.unwrap();
-    assert_eq!(selected.tokens.len(), 600);
-    assert_eq!(selected.tokens.iter().collect::<BTreeSet<_>>().len(), 600);
+    assert_eq!(selected.tokens.len(), 250);
+    assert_eq!(selected.tokens.iter().collect::<BTreeSet<_>>().len(), 250);
+
+    // More inputs than the cap (100 by default): a typed answer, nothing held.
+    let r = run(dust.clone(), 600, defaults(), 5);
+    assert_eq!(
+        r.outcome,
+        Err(SelectionFailure::TooManyInputs {
+            requested: q(600),
+            max_inputs: 100
+        }),
+        "{}",
+        r.trace
+    );
+    assert!(r.wallet.held_by_consumer().is_empty());
 
     let r = run(dust, 769, defaults(), 5);
     assert!(r.claims.iter().all(|c| c.len() <= 256));

@@ -83,6 +83,9 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
                 sufficiency_window,
                 max_sufficiency_ratio,
                 batch_window,
+                // The properties here hold below the cap (selection_oracle.rs
+                // and the engine's unit tests cover the cap).
+                max_inputs: holdfast_domain::MAX_INPUTS,
                 page_size,
                 max_immediate_retries,
                 max_retries,

@@ -47,14 +47,30 @@ fn trace_hot_wallet_with_paging() {
 
 #[test]
 fn trace_dust_then_anchor() {
-    // 300 dust tokens fill one window of 256, then 44 more and an anchor drawn
+    // 60 dust tokens fill one window of 32, then 28 more and an anchor drawn
     // from {50, 60, 80} (400 > 5 x 50 stays out).
+    let mut amounts = vec![1u128; 60];
+    amounts.extend([50, 60, 80, 400]);
+    let config = SelectionConfig {
+        batch_window: 32,
+        ..smallest_first()
+    };
+    insta::assert_snapshot!(
+        "dust_then_anchor",
+        check("dust then anchor", Wallet::of(&amounts), 100, config, 22)
+    );
+}
+
+#[test]
+fn trace_dust_beyond_the_input_cap() {
+    // The 300 smallest tokens and an anchor would cover 320: more inputs than
+    // the cap of 100, so the call answers TooManyInputs and claims nothing.
     let mut amounts = vec![1u128; 300];
     amounts.extend([50, 60, 80, 400]);
     insta::assert_snapshot!(
-        "dust_then_anchor",
+        "dust_beyond_the_input_cap",
         check(
-            "dust then anchor",
+            "dust beyond the input cap",
             Wallet::of(&amounts),
             320,
             smallest_first(),

@@ -157,6 +157,9 @@ impl Subscription {
         tokio::select! {
             biased;
             () = self.waiter.notify.notified() => {
+                // Looking until it says so (or is dropped, which hands the wake
+                // on): also a wake that arrived between its waits.
+                self.waiter.looking.store(true, Ordering::SeqCst);
                 self.waiter.pending.store(false, Ordering::SeqCst);
                 WaitEnd::Signalled
             }
@@ -361,6 +364,9 @@ impl Registry {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
+        // It reads after subscribing: what earlier signals freed it will see,
+        // so their wakes, handed on, are not for it.
+        waiter.round.store(state.last_round, Ordering::SeqCst);
         state
             .waiters
             .entry(key.clone())
@@ -424,12 +430,16 @@ impl Registry {
             .or_else(|| eligible().next());
         match next {
             Some(entry) => {
-                // Those waiting behind it are passed over by this wake.
+                // Those waiting behind it are passed over by this wake, if it
+                // may still reach them.
                 state
                     .entries(key)
                     .skip_while(|e| e.id != entry.id)
                     .skip(1)
-                    .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
+                    .filter(|e| {
+                        e.waiter.waiting.load(Ordering::SeqCst)
+                            && e.waiter.round.load(Ordering::SeqCst) < round
+                    })
                     .for_each(|e| e.waiter.passed_over.store(true, Ordering::SeqCst));
                 entry.waiter.round.store(round, Ordering::SeqCst);
                 entry.waiter.pending.store(true, Ordering::SeqCst);
@@ -613,6 +623,64 @@ mod tests {
         assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
         first.looked(true);
         assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_on_that_cannot_reach_a_waiter_does_not_pass_it_over() {
+        let registry = Registry::new();
+        let mut first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        let mut third = registry.subscribe(key("a"), None);
+        // Only the third waits when the signal comes: it looks first, and hands
+        // on to the first and the second, which were between their waits.
+        let third_waits = tokio::spawn(async move {
+            let end = third.wait_until(soon()).await;
+            (third, end)
+        });
+        tokio::task::yield_now().await;
+        registry.signal(&[key("a")], None);
+        let (mut third, end) = third_waits.await.expect("task");
+        assert_eq!(end, WaitEnd::Signalled);
+        third.looked(true);
+        let third_waits = tokio::spawn(async move {
+            let end = third.wait_until(soon()).await;
+            (third, end)
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
+        first.looked(true);
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+        second.looked(true);
+        // The third already looked at what this signal freed: the wakes of the
+        // first and second were not its place in line, and it reads on its timer.
+        let (third, end) = third_waits.await.expect("task");
+        assert_eq!(end, WaitEnd::Timer);
+        assert!(!third.passed_over());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_dropped_after_it_was_woken_between_waits_hands_the_wake_on() {
+        let registry = Registry::new();
+        let mut first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        // Woken while reading; its next wait returns at once, then it is
+        // cancelled before it has looked.
+        registry.signal(&[key("a")], None);
+        assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
+        drop(first);
+        assert_eq!(second.wait_until(soon()).await, WaitEnd::Signalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_newcomer_is_not_handed_the_wake_of_a_signal_before_it_subscribed() {
+        let registry = Registry::new();
+        let mut first = registry.subscribe(key("a"), None);
+        registry.signal(&[key("a")], None);
+        // Subscribed after the signal: it reads what the signal freed anyway.
+        let mut late = registry.subscribe(key("a"), None);
+        assert_eq!(first.wait_until(soon()).await, WaitEnd::Signalled);
+        first.looked(true);
+        assert_eq!(late.wait_until(soon()).await, WaitEnd::Timer);
     }
 
     #[tokio::test(start_paused = true)]

@@ -89,6 +89,19 @@ pub enum SelectError {
     /// (or until the call's deadline).
     #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
     FundsLocked,
+    /// The amount needs more than [`SelectionConfig::max_inputs`] of the tokens
+    /// free now: the wallet holds it in too many small tokens. Pay less at once,
+    /// or consolidate the wallet first; retrying unchanged does not help while
+    /// the wallet is as it is.
+    #[error(
+        "too many inputs: {requested} needs more than {max_inputs} tokens of those free now (selection.max_inputs); pay a smaller amount, or consolidate the wallet"
+    )]
+    TooManyInputs {
+        /// The full requested amount.
+        requested: Quantity,
+        /// The cap.
+        max_inputs: usize,
+    },
     /// The call's deadline ([`SelectionConfig::deadline`]) passed before it could
     /// answer, and before it saw enough funds held by others: it was waiting on
     /// the store (a pooled connection, the wallet's line, a row lock) or for
@@ -126,6 +139,13 @@ impl From<SelectionFailure> for SelectError {
                 requested,
             },
             SelectionFailure::FundsLocked => SelectError::FundsLocked,
+            SelectionFailure::TooManyInputs {
+                requested,
+                max_inputs,
+            } => SelectError::TooManyInputs {
+                requested,
+                max_inputs,
+            },
             SelectionFailure::Store { kind, message } => {
                 SelectError::Store(StoreFault::new(kind, message))
             }
@@ -139,6 +159,7 @@ impl SelectError {
         match self {
             SelectError::InsufficientFunds { .. } => SelectOutcomeLabel::InsufficientFunds,
             SelectError::FundsLocked => SelectOutcomeLabel::FundsLocked,
+            SelectError::TooManyInputs { .. } => SelectOutcomeLabel::TooManyInputs,
             SelectError::DeadlineExceeded { .. } => SelectOutcomeLabel::DeadlineExceeded,
             SelectError::Store(_) | SelectError::Input(_) | SelectError::ShuttingDown => {
                 SelectOutcomeLabel::Error
@@ -153,6 +174,7 @@ impl SelectError {
         match self {
             SelectError::InsufficientFunds { .. } => ErrorKind::InsufficientFunds,
             SelectError::FundsLocked => ErrorKind::FundsLocked,
+            SelectError::TooManyInputs { .. } => ErrorKind::Conflict,
             SelectError::DeadlineExceeded { .. } => ErrorKind::Timeout,
             SelectError::Store(fault) => fault.kind().into(),
             SelectError::Input(_) => ErrorKind::InvalidInput,

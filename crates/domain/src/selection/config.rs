@@ -29,6 +29,9 @@ pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
 /// The largest accepted `cover_band`.
 pub const MAX_COVER_BAND: usize = 256;
 
+/// The largest accepted `max_inputs`: one claim's window limit.
+pub const MAX_INPUTS: usize = MAX_BATCH_WINDOW;
+
 /// The largest accepted `consolidate_dust`.
 pub const MAX_CONSOLIDATE_DUST: usize = 64;
 
@@ -105,6 +108,11 @@ pub struct SelectionConfig {
     pub max_sufficiency_ratio: u32,
     /// The most tokens one claim names (default 256; 1 gives single-token claims).
     pub batch_window: usize,
+    /// The most tokens one select returns, its inputs (default 100, at most
+    /// 256). An amount the free tokens cannot cover within it is answered
+    /// [`crate::selection::SelectionFailure::TooManyInputs`], never with a
+    /// transaction no ledger would take.
+    pub max_inputs: usize,
     /// How many candidates one fetch asks for (default 256); under `cover_first`,
     /// the size of the fill band (candidates smaller than the amount).
     pub page_size: usize,
@@ -143,6 +151,7 @@ impl Default for SelectionConfig {
             sufficiency_window: 4,
             max_sufficiency_ratio: 5,
             batch_window: MAX_BATCH_WINDOW,
+            max_inputs: 100,
             page_size: 256,
             max_immediate_retries: 5,
             max_retries: 10,
@@ -205,6 +214,9 @@ impl SelectionConfig {
         if !(1..=MAX_BATCH_WINDOW).contains(&self.batch_window) {
             return bad("batch_window", self.batch_window, "1 to 256 tokens");
         }
+        if !(1..=MAX_INPUTS).contains(&self.max_inputs) {
+            return bad("max_inputs", self.max_inputs, "1 to 256 tokens");
+        }
         if !(1..=MAX_PAGE_SIZE).contains(&self.page_size) {
             return bad("page_size", self.page_size, "1 to 10000 candidates");
         }
@@ -249,6 +261,7 @@ mod tests {
             (4, 5, 256)
         );
         assert_eq!((c.max_immediate_retries, c.max_retries), (5, 10));
+        assert_eq!(c.max_inputs, 100);
         assert_eq!(c.retry_interval, Duration::from_secs(5));
         assert_eq!(c.deadline, Duration::from_secs(30));
         assert_eq!(
@@ -285,6 +298,8 @@ mod tests {
             (|c| c.consolidate_dust = 65, "consolidate_dust", "65"),
             (|c| c.batch_window = 0, "batch_window", "0"),
             (|c| c.batch_window = 257, "batch_window", "257"),
+            (|c| c.max_inputs = 0, "max_inputs", "0"),
+            (|c| c.max_inputs = 257, "max_inputs", "257"),
             (|c| c.page_size = 0, "page_size", "0"),
             (|c| c.page_size = 10_001, "page_size", "10001"),
             (

@@ -20,6 +20,11 @@
 //! 4. **dust** (opt-in `consolidate_dust = k`): up to k of the smallest remaining
 //!    candidates join as optional inputs.
 //!
+//! No choice names more than `max_inputs` tokens (what the select has won in
+//! this leg counted). An amount that the fill candidates read cover only with
+//! more, and no cover candidate covers, is [`CoverPlan::OverCap`]: the fill band
+//! holds the largest tokens below R, so no further page can do with fewer.
+//!
 //! Pure: the caller passes its RNG, so a seeded RNG replays the choice.
 
 use rand::Rng;
@@ -40,6 +45,8 @@ pub(crate) struct CoverLimits {
     pub(crate) max_sufficiency_ratio: u32,
     pub(crate) prefer_exact: bool,
     pub(crate) consolidate_dust: usize,
+    /// How many more inputs the select may take.
+    pub(crate) max_inputs: usize,
 }
 
 /// What the next claim should name.
@@ -52,6 +59,8 @@ pub(crate) enum CoverPlan {
     MoreFill,
     /// Nothing read can cover R (and no more fill is to be read).
     Nothing,
+    /// Only more than `max_inputs` tokens can cover R.
+    OverCap,
 }
 
 /// What of the fill band is still to read.
@@ -99,6 +108,14 @@ pub(crate) fn plan(
         .or_else(|| draw_fill(candidates, &fill, remaining, headroom, limits, rng))
         .or_else(|| anchor_window(candidates, &cover, limits, rng));
     let Some(mut chosen) = chosen else {
+        // The fill candidates read cover R, but not within the cap (draw_fill
+        // takes the fewest, the largest, when the cap allows them).
+        let all: u128 = fill
+            .iter()
+            .fold(0, |sum, &i| sum.saturating_add(candidates[i].value()));
+        if all >= remaining.value() {
+            return CoverPlan::OverCap;
+        }
         return match fill_left {
             Fill::Exhausted => CoverPlan::Nothing,
             Fill::MorePages | Fill::Unread => CoverPlan::MoreFill,
@@ -148,7 +165,7 @@ fn exact(
         }
     }
     let target = remaining.value();
-    let size = limits.batch_window.min(3);
+    let size = limits.batch_window.min(limits.max_inputs).min(3);
     let mut found: Vec<Vec<usize>> = Vec::new();
     // Groups are descending, so each inner scan stops once the sum is too small.
     if size >= 2 {
@@ -279,6 +296,9 @@ fn draw_fill(
         sum = sum.saturating_add(value(i));
         sum >= target
     })? + 1;
+    if needed > limits.max_inputs {
+        return None;
+    }
     let batch = limits.batch_window.max(1);
     if needed > batch {
         return Some(fill[..batch].to_vec());
@@ -325,6 +345,14 @@ fn draw_fill(
         }
     }
     kept.sort_by(|&a, &b| candidates[b].cmp(&candidates[a]));
+    if kept.len() > limits.max_inputs {
+        // The draw took more of the smaller ones than the cap allows: the
+        // fewest, the largest, instead.
+        kept = fill[..needed].to_vec();
+        total = kept
+            .iter()
+            .fold(0u128, |sum, &i| sum.saturating_add(value(i)));
+    }
     kept.truncate(batch);
     (total <= headroom).then_some(kept)
 }
@@ -344,7 +372,10 @@ fn add_dust(
     let mut total = chosen
         .iter()
         .fold(0u128, |sum, &i| sum.saturating_add(candidates[i].value()));
-    let room = limits.batch_window.saturating_sub(chosen.len());
+    let room = limits
+        .batch_window
+        .min(limits.max_inputs)
+        .saturating_sub(chosen.len());
     let dust: Vec<usize> = fill
         .iter()
         .rev()
@@ -386,6 +417,7 @@ mod tests {
         max_sufficiency_ratio: 5,
         prefer_exact: false,
         consolidate_dust: 0,
+        max_inputs: 100,
     };
 
     /// The amounts a plan claims, ascending.
@@ -587,14 +619,45 @@ mod tests {
     }
 
     #[test]
-    fn never_beyond_the_batch_window_or_the_headroom() {
+    fn never_beyond_the_batch_window_the_cap_or_the_headroom() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let c = qs(&[1; 300]);
+        let windows = CoverLimits {
+            batch_window: 64,
+            ..LIMITS
+        };
         let got = claimed(
             &c,
-            plan(&c, q(290), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+            plan(&c, q(90), u128::MAX, Fill::Exhausted, windows, &mut rng),
         );
-        assert_eq!(got.len(), 256);
+        assert_eq!(got.len(), 64, "a window, the rest claimed after it");
+        // 290 of them would cover, but the cap is 100.
+        assert_eq!(
+            plan(&c, q(290), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+            CoverPlan::OverCap
+        );
+        // A cover candidate does with one.
+        let mut with_cover = c.clone();
+        with_cover.push(q(1_000));
+        assert_eq!(
+            claimed(
+                &with_cover,
+                plan(
+                    &with_cover,
+                    q(290),
+                    u128::MAX,
+                    Fill::Exhausted,
+                    LIMITS,
+                    &mut rng
+                )
+            ),
+            [1_000]
+        );
+        // Fewer than the amount in all: not over the cap, short.
+        assert_eq!(
+            plan(&c, q(301), u128::MAX, Fill::Exhausted, LIMITS, &mut rng),
+            CoverPlan::Nothing
+        );
         let c = qs(&[100]);
         assert_eq!(
             plan(&c, q(10), 50, Fill::Exhausted, LIMITS, &mut rng),

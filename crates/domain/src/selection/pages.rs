@@ -37,6 +37,9 @@ pub(crate) struct Scan {
     pub(crate) saw_clean: bool,
     /// The scan proposed at least one claim.
     pub(crate) claimed: bool,
+    /// The tokens read cover the amount only with more than `max_inputs`: the
+    /// balance check decides between InsufficientFunds and TooManyInputs.
+    pub(crate) over_cap: bool,
     /// The scan met contention (a lost race, or a token blacklisted for one).
     pub(crate) contention: bool,
     /// `cover_first`: the cover band came back full, so more cover candidates may

@@ -52,6 +52,14 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A page's generated section has no place to go.
+    #[error("{path}: {source}")]
+    Markers {
+        /// The page.
+        path: PathBuf,
+        /// What is wrong with its markers.
+        source: crate::bench::MarkerError,
+    },
     /// PostgreSQL is needed (CI=true) but no server could be provided.
     #[error("no PostgreSQL: {0}")]
     NoPostgres(String),

@@ -1,12 +1,15 @@
-//! The backend: connecting, migrating, the pool, and the counters shared by the
-//! four port implementations.
+//! The backend: connecting, migrating, and the instance the four port
+//! implementations share (its pool and statement counters are
+//! `session::Sessions`).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use holdfast_ports::Stores;
 use sqlx::Connection;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, PgPoolOptions, Postgres};
 
 use crate::durability::{self, Durability};
 use crate::error::ConnectError;
@@ -14,7 +17,7 @@ use crate::hosts::{Hosts, ParseError, TargetSessionAttrs};
 use crate::options::{LockStrategy, PgOptions};
 use crate::route::{self, Follower, HostOutcome, Route};
 use crate::schema;
-use crate::session::{self, Health};
+use crate::session::{self, Health, Sessions};
 use crate::url::{redact_url, scrub, secrets, unescaped_in_password};
 use crate::wake::Wake;
 
@@ -33,9 +36,8 @@ pub struct PgBackend {
 }
 
 pub(crate) struct Inner {
-    pub(crate) pool: PgPool,
-    /// When this instance last saw a broken connection.
-    pub(crate) health: Arc<Health>,
+    /// The pool, its health and the statement counters.
+    pub(crate) sessions: Sessions,
     /// The URL's hosts and the one new connections go to.
     pub(crate) route: Arc<Route>,
     /// Walks the hosts when the primary may have moved (several hosts only).
@@ -44,8 +46,6 @@ pub(crate) struct Inner {
     durability: Option<Durability>,
     /// The bound on a read-and-claim's wait for its line's advisory lock.
     pub(crate) line_wait: std::time::Duration,
-    /// How long a call waits for a pooled connection in all.
-    pub(crate) acquire_timeout: std::time::Duration,
     /// The client-side bound on a whole read-and-claim transaction.
     pub(crate) transaction_bound: std::time::Duration,
     pub(crate) strategy: LockStrategy,
@@ -56,8 +56,6 @@ pub(crate) struct Inner {
     pub(crate) claim_lines: Box<[tokio::sync::Mutex<()>]>,
     /// Read-and-claims that found their line held beyond `line_wait`.
     pub(crate) lines_busy: AtomicU64,
-    round_trips: AtomicU64,
-    server_errors: AtomicU64,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -203,13 +201,11 @@ impl PgBackend {
         };
         Ok(PgBackend {
             inner: Arc::new(Inner {
-                pool,
-                health,
+                sessions: Sessions::new(pool, health, options.acquire_timeout),
                 route,
                 follower,
                 durability,
                 line_wait: options.line_wait,
-                acquire_timeout: options.acquire_timeout,
                 transaction_bound: options.statement_timeout
                     + options.line_wait
                     + std::time::Duration::from_secs(1),
@@ -220,8 +216,6 @@ impl PgBackend {
                     .map(|_| tokio::sync::Mutex::new(()))
                     .collect(),
                 lines_busy: AtomicU64::new(0),
-                round_trips: AtomicU64::new(0),
-                server_errors: AtomicU64::new(0),
             }),
         })
     }
@@ -262,7 +256,7 @@ impl PgBackend {
     /// Statements sent to the server so far (each is one round trip; `BEGIN` and
     /// `COMMIT` of multi-statement transactions count too).
     pub fn round_trips(&self) -> u64 {
-        self.inner.round_trips.load(Ordering::Relaxed)
+        self.inner.sessions.round_trips()
     }
 
     /// Read-and-claims so far that found their wallet and type's advisory lock held
@@ -274,7 +268,7 @@ impl PgBackend {
     /// Statements the server answered with an error so far (including unique
     /// violations the `insert` strategy reports as contended).
     pub fn server_errors(&self) -> u64 {
-        self.inner.server_errors.load(Ordering::Relaxed)
+        self.inner.sessions.server_errors()
     }
 
     /// Closes the pool: waits for connections in use to come back, then closes all;
@@ -282,26 +276,45 @@ impl PgBackend {
     pub async fn close(&self) {
         self.inner.follower.stop();
         self.inner.wake.stop();
-        self.inner.pool.close().await;
+        self.inner.sessions.pool().close().await;
     }
 
-    /// Counts one statement and, if the server answered with an error, one server
-    /// error; passes the result through.
+    /// The pool, its health and the statement counters: sessions, transactions
+    /// and single statements run on them.
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
+    }
+
+    /// [`Sessions::note`].
     pub(crate) fn note<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
-        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
-        if let Err(sqlx::Error::Database(_)) = &result {
-            self.inner.server_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Err(e) = &result {
-            tracing::debug!(error = %e, "statement failed");
-            if session::broken(e) {
-                self.inner.health.broken();
-            }
-        }
-        result
+        self.inner.sessions.note(result)
     }
 
+    /// [`Sessions::pool`].
     pub(crate) fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        self.inner.sessions.pool()
+    }
+
+    /// [`Sessions::connection`].
+    pub(crate) async fn connection(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        self.inner.sessions.connection().await
+    }
+
+    /// [`Sessions::retried`]: a statement that is safe to repeat.
+    pub(crate) async fn retried<T, F, Fut>(&self, attempt: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.inner.sessions.retried(attempt).await
+    }
+
+    /// [`Sessions::once`]: a statement that must not run twice.
+    pub(crate) async fn once<T, F, Fut>(&self, attempt: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.inner.sessions.once(attempt).await
     }
 }

@@ -503,7 +503,9 @@ impl PgBackend {
         choose: Chooser,
         line: &ClaimLine,
     ) -> Result<ReadAndClaim, LockStoreError> {
-        let session = Session::acquire(self).await.map_err(|e| fault(&e))?;
+        let session = Session::acquire(self.sessions())
+            .await
+            .map_err(|e| fault(&e))?;
         // BEGIN and the line's lock, its wait bounded by `line_wait`, in one round
         // trip; the read after it is a new statement, so its snapshot shows every
         // claim committed under the line before (READ COMMITTED). Until COMMIT
@@ -515,7 +517,7 @@ impl PgBackend {
             self.inner.line_wait.as_millis(),
             line.key
         );
-        let mut tx = match Tx::begin_on(self, session, begin).await {
+        let mut tx = match Tx::begin_on(self.sessions(), session, begin).await {
             Ok(tx) => tx,
             // The line is held beyond the bound (a slow or frozen holder): read and
             // claim without it, which is always correct; only a race may be lost.
@@ -547,14 +549,14 @@ impl PgBackend {
             // A failed COMMIT may have committed: the selector gives back what it
             // chose when the call fails.
             Ok(done) => {
-                tx.commit(self).await.map_err(|e| fault(&e))?;
+                tx.commit(self.sessions()).await.map_err(|e| fault(&e))?;
                 Ok(done)
             }
             // A statement failed on the server (say a row lock waited out
             // `lock_timeout`): roll back and keep the connection; if even that
             // fails, it is closed.
             Err(e) => {
-                let _ = tx.rollback(self).await;
+                let _ = tx.rollback(self.sessions()).await;
                 Err(e)
             }
         }

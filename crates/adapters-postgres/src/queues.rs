@@ -582,7 +582,7 @@ impl QueueStore for PgBackend {
         queue: &QueueName,
         uri: &RevisionUri,
     ) -> Result<Ingested, QueueStoreError> {
-        let mut tx = Tx::begin(self).await.map_err(|e| fault(&e))?;
+        let mut tx = Tx::begin(self.sessions()).await.map_err(|e| fault(&e))?;
         self.note(
             sqlx::query(LOCK_QUEUE)
                 .bind(queue.as_str())
@@ -599,7 +599,7 @@ impl QueueStore for PgBackend {
                     .await,
             )
             .map_err(|e| fault(&e))?;
-        tx.commit(self).await.map_err(|e| fault(&e))?;
+        tx.commit(self.sessions()).await.map_err(|e| fault(&e))?;
         Ok(Ingested {
             request: decode_request(queue, &row)?,
             created: get(&row, 8)?,

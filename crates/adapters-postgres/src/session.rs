@@ -1,5 +1,7 @@
-//! Sessions: the settings every connection holdfast opens applies, the pool, and
-//! the rules that keep a pooled connection clean.
+//! Sessions: the settings every connection holdfast opens applies, the pool
+//! ([`Sessions`]: the pool, its [`Health`] and the statement counters, which the
+//! backend instance holds), and the rules that keep a pooled connection clean.
+//! This module does not know the backend; the backend builds on it.
 //!
 //! - **A transaction is owned before anything in it can fail.** Multi-statement
 //!   transactions run on a [`Tx`], which holds its pooled connection in a
@@ -17,7 +19,7 @@
 //!   the last broken connection this instance saw (a statement failing on a
 //!   broken connection, or the wake-up listener having had to reconnect:
 //!   [`Health`]), or for longer than [`PING_IDLE_AFTER`]; and
-//!   [`crate::PgBackend`] retries a statement that is safe to repeat once when its
+//!   [`Sessions`] retries a statement that is safe to repeat once when its
 //!   connection broke under it. When the URL asks for a kind of session
 //!   (`crate::route`), the ping is the role question, so a connection on a server
 //!   that became a standby or read-only is closed too; a write refused as
@@ -32,7 +34,6 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres};
 
-use crate::backend::PgBackend;
 use crate::hosts::TargetSessionAttrs;
 use crate::options::PgOptions;
 use crate::route::Route;
@@ -47,7 +48,7 @@ pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 const RETURN_GRACE: Duration = Duration::from_secs(1);
 
 /// The longest one request to the pool waits; callers ask again until the
-/// configured acquire timeout ([`crate::PgBackend`] keeps waiting, the pool does
+/// configured acquire timeout ([`Sessions::connection`] keeps waiting, the pool does
 /// not). A request that opens a new connection spends its slice on the connect
 /// and the health ping too, so the slice is far above a connection's setup
 /// (TCP, TLS, authentication: milliseconds on a LAN) and equal to the ping's
@@ -244,7 +245,7 @@ pub(crate) fn pool(route: &Arc<Route>, options: &PgOptions, health: Arc<Health>)
     let checker = route.clone();
     pool.max_connections(options.max_connections)
         .min_connections(options.min_connections)
-        // Waits beyond a slice are PgBackend::connection's loop.
+        // Waits beyond a slice are Sessions::connection's loop.
         .acquire_timeout(options.acquire_timeout.min(ACQUIRE_SLICE))
         .idle_timeout(options.idle_timeout)
         .max_lifetime(options.max_lifetime)
@@ -292,8 +293,8 @@ pub(crate) struct Session {
 
 impl Session {
     /// Takes a connection from the pool.
-    pub(crate) async fn acquire(backend: &PgBackend) -> Result<Session, sqlx::Error> {
-        let conn = backend.connection().await?;
+    pub(crate) async fn acquire(sessions: &Sessions) -> Result<Session, sqlx::Error> {
+        let conn = sessions.connection().await?;
         Ok(Session { conn, clean: false })
     }
 
@@ -326,9 +327,9 @@ pub(crate) struct Tx {
 
 impl Tx {
     /// Begins a transaction with `BEGIN`.
-    pub(crate) async fn begin(backend: &PgBackend) -> Result<Tx, sqlx::Error> {
-        let session = Session::acquire(backend).await?;
-        Tx::begin_on(backend, session, "BEGIN").await
+    pub(crate) async fn begin(sessions: &Sessions) -> Result<Tx, sqlx::Error> {
+        let session = Session::acquire(sessions).await?;
+        Tx::begin_on(sessions, session, "BEGIN").await
     }
 
     /// Begins a transaction on `session` with `begin`, a simple-query text that
@@ -337,14 +338,14 @@ impl Tx {
     /// transaction is rolled back and the clean connection goes back to the pool;
     /// on any other error, or if this future is dropped, the connection is closed.
     pub(crate) async fn begin_on(
-        backend: &PgBackend,
+        sessions: &Sessions,
         mut session: Session,
         begin: impl Into<String>,
     ) -> Result<Tx, sqlx::Error> {
-        match simple(backend, session.conn(), begin.into()).await {
+        match simple(sessions, session.conn(), begin.into()).await {
             Ok(()) => Ok(Tx { session }),
             Err(e @ sqlx::Error::Database(_)) if !broken(&e) => {
-                if simple(backend, session.conn(), "ROLLBACK".to_owned())
+                if simple(sessions, session.conn(), "ROLLBACK".to_owned())
                     .await
                     .is_ok()
                 {
@@ -363,15 +364,15 @@ impl Tx {
 
     /// Commits; the connection is clean only if `COMMIT` answered. A failed
     /// `COMMIT` may have committed: callers treat it as ambiguous.
-    pub(crate) async fn commit(mut self, backend: &PgBackend) -> Result<Session, sqlx::Error> {
-        simple(backend, self.session.conn(), "COMMIT".to_owned()).await?;
+    pub(crate) async fn commit(mut self, sessions: &Sessions) -> Result<Session, sqlx::Error> {
+        simple(sessions, self.session.conn(), "COMMIT".to_owned()).await?;
         self.session.clean();
         Ok(self.session)
     }
 
     /// Rolls back; the connection is clean only if `ROLLBACK` answered.
-    pub(crate) async fn rollback(mut self, backend: &PgBackend) -> Result<Session, sqlx::Error> {
-        simple(backend, self.session.conn(), "ROLLBACK".to_owned()).await?;
+    pub(crate) async fn rollback(mut self, sessions: &Sessions) -> Result<Session, sqlx::Error> {
+        simple(sessions, self.session.conn(), "ROLLBACK".to_owned()).await?;
         self.session.clean();
         Ok(self.session)
     }
@@ -380,28 +381,85 @@ impl Tx {
 /// Runs `text` (one or more statements, no parameters) as one simple query: one
 /// round trip.
 async fn simple(
-    backend: &PgBackend,
+    sessions: &Sessions,
     conn: &mut PgConnection,
     text: String,
 ) -> Result<(), sqlx::Error> {
-    backend
+    sessions
         .note(sqlx::raw_sql(sqlx::AssertSqlSafe(text)).execute(conn).await)
         .map(drop)
 }
 
-impl PgBackend {
+/// The pool of one backend instance and what every statement sent through it
+/// shares: the instance's [`Health`], the acquire timeout, and the counts of
+/// statements and of server errors. The backend instance holds one; sessions,
+/// transactions and single statements ([`Sessions::retried`], [`Sessions::once`])
+/// run on it.
+pub(crate) struct Sessions {
+    pool: PgPool,
+    health: Arc<Health>,
+    /// How long a call waits for a pooled connection in all.
+    acquire_timeout: Duration,
+    round_trips: AtomicU64,
+    server_errors: AtomicU64,
+}
+
+impl Sessions {
+    /// The sessions of `pool`, which reports broken connections to `health`.
+    pub(crate) fn new(pool: PgPool, health: Arc<Health>, acquire_timeout: Duration) -> Sessions {
+        Sessions {
+            pool,
+            health,
+            acquire_timeout,
+            round_trips: AtomicU64::new(0),
+            server_errors: AtomicU64::new(0),
+        }
+    }
+
+    /// The pool.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Statements sent so far (each one round trip).
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Statements the server answered with an error so far.
+    pub(crate) fn server_errors(&self) -> u64 {
+        self.server_errors.load(Ordering::Relaxed)
+    }
+
+    /// Counts one statement and, if the server answered with an error, one server
+    /// error; a broken connection is told to the [`Health`]. Passes the result
+    /// through.
+    pub(crate) fn note<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        if let Err(sqlx::Error::Database(_)) = &result {
+            self.server_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, "statement failed");
+            if broken(e) {
+                self.health.broken();
+            }
+        }
+        result
+    }
+
     /// A connection from the pool, waiting up to the acquire timeout. The pool
     /// itself is asked for at most [`ACQUIRE_SLICE`] at a time: a caller waiting
     /// on a full server (opening a new connection, refused) looks at the idle
     /// queue again after each slice, so it takes a connection another call
     /// hands back instead of waiting out the whole timeout.
     pub(crate) async fn connection(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
-        let deadline = tokio::time::Instant::now() + self.inner.acquire_timeout;
+        let deadline = tokio::time::Instant::now() + self.acquire_timeout;
         loop {
-            match self.pool().acquire().await {
+            match self.pool.acquire().await {
                 Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {
                     // No connection within a slice: the server may have moved.
-                    self.inner.health.look_again();
+                    self.health.look_again();
                 }
                 other => return other,
             }
@@ -418,12 +476,12 @@ impl PgBackend {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, sqlx::Error>>,
     {
-        let deadline = tokio::time::Instant::now() + self.inner.acquire_timeout;
+        let deadline = tokio::time::Instant::now() + self.acquire_timeout;
         let mut repeated = false;
         loop {
             match attempt().await {
                 Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => {
-                    self.inner.health.look_again();
+                    self.health.look_again();
                 }
                 Err(e) if repeatable && !repeated && broken(&e) => {
                     let _ = self.note::<()>(Err(e));
@@ -435,7 +493,7 @@ impl PgBackend {
         }
     }
 
-    /// [`PgBackend::on_pool`] for a statement that is safe to repeat.
+    /// [`Sessions::on_pool`] for a statement that is safe to repeat.
     pub(crate) async fn retried<T, F, Fut>(&self, attempt: F) -> Result<T, sqlx::Error>
     where
         F: FnMut() -> Fut,
@@ -444,7 +502,7 @@ impl PgBackend {
         self.on_pool(true, attempt).await
     }
 
-    /// [`PgBackend::on_pool`] for a statement that must not run twice (a claim, a
+    /// [`Sessions::on_pool`] for a statement that must not run twice (a claim, a
     /// compare-and-set): repeated only while it was never sent.
     pub(crate) async fn once<T, F, Fut>(&self, attempt: F) -> Result<T, sqlx::Error>
     where

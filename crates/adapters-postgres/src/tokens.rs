@@ -534,7 +534,7 @@ impl TokenStore for PgBackend {
         let spendable: Vec<bool> = distinct.values().map(|t| t.spendable).collect();
         // Under the pairs' locks, the insert and the check of the totals it
         // joins are one statement: nothing is written unless every total fits.
-        let mut tx = Tx::begin(self).await.map_err(|e| fault(&e))?;
+        let mut tx = Tx::begin(self.sessions()).await.map_err(|e| fault(&e))?;
         self.note(
             sqlx::query(LOCK_BALANCES)
                 .bind(&wallets)
@@ -588,7 +588,7 @@ impl TokenStore for PgBackend {
                     && token_type == given.token_type.as_str()
                     && codec::quantity(&amount)? == given.quantity;
                 if !same {
-                    let _ = tx.rollback(self).await;
+                    let _ = tx.rollback(self.sessions()).await;
                     return Err(TokenStoreError::Conflict {
                         token: id.to_string(),
                         detail: format!(
@@ -605,11 +605,11 @@ impl TokenStore for PgBackend {
             }
         }
         if let Some(pair) = overflow {
-            let _ = tx.rollback(self).await;
+            let _ = tx.rollback(self.sessions()).await;
             let (wallet, token_type) = overflowing_pair(&pair)?;
             return Err(TokenStoreError::BalanceOverflow { wallet, token_type });
         }
-        tx.commit(self).await.map_err(|e| fault(&e))?;
+        tx.commit(self.sessions()).await.map_err(|e| fault(&e))?;
         if added > 0 {
             self.signal_added(&distinct);
         }

@@ -19,7 +19,7 @@
 //!
 //! [selection]
 //! sufficiency_window = 4
-//! retry_interval_ms = 5000
+//! max_backoff_ms = 5000        # each backoff between legs is uniform in [0, this)
 //! deadline_ms = 30000          # the longest one select takes, every wait included
 //!
 //! [lease]
@@ -156,6 +156,12 @@ settings! {
         settlement: SettlementSection = SettlementSection::default();
         /// Build-slot admission.
         admission: AdmissionSection = AdmissionSection::default();
+        /// The deprecated names ([`ALIASES`]) this configuration was read with:
+        /// the loaders warn about each, and an error about such a key names it
+        /// as it was written. Not part of the configuration's value: equality
+        /// ignores it.
+        #[serde(skip)]
+        deprecated_names: DeprecatedNames = DeprecatedNames::default();
     }
 }
 
@@ -191,46 +197,133 @@ settings! {
 /// The longest connection lifetime: one day.
 pub const MAX_LIFETIME_MS: u64 = 86_400_000;
 
-/// The domain's selection defaults, which `[selection]` keeps.
-fn sel() -> SelectionConfig {
-    SelectionConfig::default()
+/// Declares a settings section that stands for one of the domain's settings
+/// structs, one line per setting: the section's field and type, the domain field
+/// it stands for (`= .field`; its default is the domain's), its variable, its
+/// meaning, optionally the accepted range in the section's units (`range`, where
+/// the domain states it in its own, as for durations) and the names it had
+/// before (`formerly "key" "VARIABLE"`, still accepted with a warning). It
+/// expands to [`settings!`] (the struct, its `Default`, `$keys`), `to_domain`
+/// (the conversion, which names every domain field, so a field the domain adds
+/// fails to compile until it is declared here), `key_of` (a domain field's key,
+/// for errors) and `$aliases`, the entries of [`ALIASES`].
+macro_rules! domain_settings {
+    (
+        $(#[$smeta:meta])*
+        pub struct $name:ident for $domain:ident, on |$c:ident| $place:expr, prefix $prefix:literal, keys $keys:ident, aliases $aliases:ident {
+            $(
+                $(#[$fmeta:meta])*
+                $field:ident: $ty:ty = .$dfield:ident, $env:literal, $meaning:literal
+                    $(, range $range:literal)? $(, formerly $old:literal $old_env:literal)?;
+            )*
+        }
+    ) => {
+        settings! {
+            $(#[$smeta])*
+            pub struct $name, on |$c| $place, prefix $prefix, keys $keys {
+                $(
+                    $(#[$fmeta])* $(#[serde(alias = $old)])?
+                    $field: $ty = DomainValue::from_domain($domain::default().$dfield), $env, $meaning;
+                )*
+            }
+        }
+
+        impl $name {
+            /// The domain's settings this section stands for.
+            pub fn to_domain(&self) -> $domain {
+                $domain {
+                    $($dfield: DomainValue::to_domain(&self.$field),)*
+                }
+            }
+
+            /// The key, value (as the section holds it) and accepted range (if
+            /// the section states it in units of its own) of the setting that
+            /// stands for the domain field `domain_field`.
+            fn key_of(&self, domain_field: &str) -> Option<(&'static str, String, Option<&'static str>)> {
+                $(
+                    if domain_field == stringify!($dfield) {
+                        let range: Option<&'static str> = None $(.or(Some($range)))?;
+                        return Some((concat!($prefix, stringify!($field)), EnvValue::show(&self.$field), range));
+                    }
+                )*
+                None
+            }
+        }
+
+        /// The renamed keys of this section.
+        const $aliases: &[Alias] = &[$($(Alias {
+            old_key: concat!($prefix, $old),
+            old_env: $old_env,
+            key: concat!($prefix, stringify!($field)),
+            env: $env,
+        },)?)*];
+    };
 }
 
-settings! {
-    /// `[selection]`: see [`SelectionConfig`] for each field.
-    pub struct SelectionSection, on |c| c.selection, prefix "selection.", keys SELECTION_KEYS {
+/// A section's value that stands for a domain value: the same value, or whole
+/// milliseconds for a [`Duration`].
+trait DomainValue<D> {
+    fn from_domain(value: D) -> Self;
+    fn to_domain(&self) -> D;
+}
+
+impl<T: Clone> DomainValue<T> for T {
+    fn from_domain(value: T) -> Self {
+        value
+    }
+    fn to_domain(&self) -> T {
+        self.clone()
+    }
+}
+
+impl DomainValue<Duration> for u64 {
+    fn from_domain(value: Duration) -> Self {
+        millis(value)
+    }
+    fn to_domain(&self) -> Duration {
+        Duration::from_millis(*self)
+    }
+}
+
+domain_settings! {
+    /// `[selection]`: see [`SelectionConfig`] for each field; [`Config::selection_config`]
+    /// converts it.
+    pub struct SelectionSection for SelectionConfig, on |c| c.selection, prefix "selection.", keys SELECTION_KEYS, aliases SELECTION_ALIASES {
         #[serde(deserialize_with = "de_policy")]
-        policy: SelectionPolicy = sel().policy, "HOLDFAST_SELECTION_POLICY",
+        policy: SelectionPolicy = .policy, "HOLDFAST_SELECTION_POLICY",
             "`cover_first`: few inputs (one near-sized token, else a few of the largest smaller ones); `smallest_first`: the upstream order.";
-        cover_band: usize = sel().cover_band, "HOLDFAST_COVER_BAND",
+        cover_band: usize = .cover_band, "HOLDFAST_COVER_BAND",
             "`cover_first`: candidates at least as large as the amount read per select, smallest first (1 to 256).";
-        prefer_exact: bool = sel().prefer_exact, "HOLDFAST_PREFER_EXACT",
+        prefer_exact: bool = .prefer_exact, "HOLDFAST_PREFER_EXACT",
             "`cover_first`: prefer a token, or a pair or triple of the largest smaller ones, that sums to the amount exactly (no change).";
-        consolidate_dust: usize = sel().consolidate_dust, "HOLDFAST_CONSOLIDATE_DUST",
+        consolidate_dust: usize = .consolidate_dust, "HOLDFAST_CONSOLIDATE_DUST",
             "`cover_first`: add up to this many of the smallest candidates as optional inputs (0 to 64).";
-        sufficiency_window: usize = sel().sufficiency_window, "HOLDFAST_SUFFICIENCY_WINDOW",
+        sufficiency_window: usize = .sufficiency_window, "HOLDFAST_SUFFICIENCY_WINDOW",
             "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256).";
-        max_sufficiency_ratio: u32 = sel().max_sufficiency_ratio, "HOLDFAST_MAX_SUFFICIENCY_RATIO",
+        max_sufficiency_ratio: u32 = .max_sufficiency_ratio, "HOLDFAST_MAX_SUFFICIENCY_RATIO",
             "A window member is at most this many times the anchor (at least 1).";
-        batch_window: usize = sel().batch_window, "HOLDFAST_BATCH_WINDOW",
+        batch_window: usize = .batch_window, "HOLDFAST_BATCH_WINDOW",
             "The most tokens one claim names in one round trip (1 to 256).";
-        max_inputs: usize = sel().max_inputs, "HOLDFAST_MAX_INPUTS",
+        max_inputs: usize = .max_inputs, "HOLDFAST_MAX_INPUTS",
             "The most tokens one select returns; an amount the free tokens cannot cover within it answers TooManyInputs (1 to 256).";
-        page_size: usize = sel().page_size, "HOLDFAST_PAGE_SIZE",
+        page_size: usize = .page_size, "HOLDFAST_PAGE_SIZE",
             "Candidates per fetch; under `cover_first` the fill band, candidates smaller than the amount (1 to 10000).";
-        max_immediate_retries: u32 = sel().max_immediate_retries, "HOLDFAST_MAX_IMMEDIATE_RETRIES",
+        max_immediate_retries: u32 = .max_immediate_retries, "HOLDFAST_MAX_IMMEDIATE_RETRIES",
             "Refetches without a won lock in one leg before it ends (0 to 1000).";
-        max_retries: u32 = sel().max_retries, "HOLDFAST_MAX_RETRIES",
-            "Legs of one select, the first included; then FundsLocked (1 to 1000).";
-        retry_interval_ms: u64 = millis(sel().retry_interval), "HOLDFAST_RETRY_INTERVAL_MS",
-            "Backoff between legs is uniform in [0, this) (1 to 3600000 ms).";
-        deadline_ms: u64 = millis(sel().deadline), "HOLDFAST_SELECT_DEADLINE_MS",
-            "The longest one select takes, every wait included: a pooled connection, the wallet's line, each store call, the backoffs and wake-up waits (legs bound retries, not time). At it the select answers `FundsLocked` if it saw enough funds held by others, else `DeadlineExceeded` (both: retry later), and gives back what it holds (`docs/selection.md`) (1 to 3600000 ms).";
-        wakeups: bool = sel().wakeups, "HOLDFAST_WAKEUPS",
+        max_legs: u32 = .max_retries, "HOLDFAST_MAX_LEGS",
+            "Legs of one select, the first included; then FundsLocked (1 to 1000).",
+            formerly "max_retries" "HOLDFAST_MAX_RETRIES";
+        max_backoff_ms: u64 = .retry_interval, "HOLDFAST_MAX_BACKOFF_MS",
+            "The bound of the backoff between legs: each backoff is uniform in [0, this) (1 to 3600000 ms).",
+            range "1 to 3600000 ms", formerly "retry_interval_ms" "HOLDFAST_RETRY_INTERVAL_MS";
+        deadline_ms: u64 = .deadline, "HOLDFAST_SELECT_DEADLINE_MS",
+            "The longest one select takes, every wait included: a pooled connection, the wallet's line, each store call, the backoffs and wake-up waits (legs bound retries, not time). At it the select answers `FundsLocked` if it saw enough funds held by others, else `DeadlineExceeded` (both: retry later), and gives back what it holds (`docs/selection.md`) (1 to 3600000 ms).",
+            range "1 to 3600000 ms";
+        wakeups: bool = .wakeups, "HOLDFAST_WAKEUPS",
             "A waiting select (and a held head) is woken when tokens (a slot) are freed, the backoff staying the upper bound; on PostgreSQL instances tell each other with NOTIFY. False sleeps the whole backoff.";
-        blacklist: bool = sel().blacklist, "HOLDFAST_BLACKLIST",
+        blacklist: bool = .blacklist, "HOLDFAST_BLACKLIST",
             "Skip tokens that lost a race or were stale for the rest of a select.";
-        ascending: bool = sel().ascending, "HOLDFAST_ASCENDING",
+        ascending: bool = .ascending, "HOLDFAST_ASCENDING",
             "`smallest_first`: scan candidates smallest first (false only to measure what ordering buys).";
     }
 }
@@ -397,6 +490,90 @@ impl std::fmt::Display for UnknownVar {
     }
 }
 
+/// A renamed key: its old file key and variable stay accepted, with a warning
+/// ([`DeprecatedName`]). [`ALIASES`] has them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alias {
+    /// The old key (`selection.max_retries`).
+    pub old_key: &'static str,
+    /// The old variable (`HOLDFAST_MAX_RETRIES`).
+    pub old_env: &'static str,
+    /// The key now (`selection.max_legs`).
+    pub key: &'static str,
+    /// The variable now (`HOLDFAST_MAX_LEGS`).
+    pub env: &'static str,
+}
+
+/// Every renamed key, in the order of the reference.
+pub static ALIASES: &[Alias] = SELECTION_ALIASES;
+
+/// A deprecated name a configuration was read with: an old key in the file, or
+/// an old variable in the environment. Its value applied as the new name's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeprecatedName {
+    /// The rename.
+    pub alias: Alias,
+    /// Whether the old variable was read (else the old key, in the file).
+    pub in_env: bool,
+}
+
+impl DeprecatedName {
+    /// The name as it was written.
+    pub fn old(&self) -> &'static str {
+        if self.in_env {
+            self.alias.old_env
+        } else {
+            self.alias.old_key
+        }
+    }
+
+    /// The name to write instead.
+    pub fn now(&self) -> &'static str {
+        if self.in_env {
+            self.alias.env
+        } else {
+            self.alias.key
+        }
+    }
+}
+
+impl std::fmt::Display for DeprecatedName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.in_env {
+            "environment variable"
+        } else {
+            "configuration key"
+        };
+        write!(
+            f,
+            "{what} {} is deprecated: it sets {}, the name to use now (see docs/configuration.md)",
+            self.old(),
+            self.now()
+        )
+    }
+}
+
+/// The deprecated names a [`Config`] was read with, in the order read (each once).
+/// How a value was spelled is not part of it, so any two compare equal.
+#[derive(Debug, Clone, Default)]
+pub struct DeprecatedNames(Vec<DeprecatedName>);
+
+impl DeprecatedNames {
+    fn note(&mut self, name: DeprecatedName) {
+        if !self.0.contains(&name) {
+            self.0.push(name);
+        }
+    }
+}
+
+impl PartialEq for DeprecatedNames {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for DeprecatedNames {}
+
 /// The variable that sets `db_url` when `HOLDFAST_DB` is unset.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
@@ -407,10 +584,42 @@ impl Config {
     /// Parses a TOML document; missing keys keep their defaults. Not validated.
     #[cfg(feature = "config-file")]
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Toml {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Toml {
             path: "<string>".to_owned(),
             message: e.message().to_owned() + &span_hint(text, e.span()),
-        })
+        })?;
+        // It parsed as a Config, so it is a table; note the old keys it used.
+        let table = toml::from_str::<toml::Table>(text).unwrap_or_default();
+        for alias in ALIASES {
+            let mut path = alias.old_key.split('.');
+            let mut at = path.next().and_then(|first| table.get(first));
+            for part in path {
+                at = at.and_then(|v| v.get(part));
+            }
+            if at.is_some() {
+                config.deprecated_names.note(DeprecatedName {
+                    alias: *alias,
+                    in_env: false,
+                });
+            }
+        }
+        Ok(config)
+    }
+
+    /// The deprecated names this configuration was read with (old keys of the
+    /// file, old variables of the environment): [`ALIASES`] says what each is
+    /// now. The loaders log a warning for each.
+    pub fn deprecated_names(&self) -> &[DeprecatedName] {
+        &self.deprecated_names.0
+    }
+
+    /// `key` as this configuration was written: its old name when that is the
+    /// one it was read with.
+    fn spelled(&self, key: &'static str) -> &'static str {
+        self.deprecated_names()
+            .iter()
+            .find(|d| d.alias.key == key)
+            .map_or(key, |d| d.alias.old_key)
     }
 
     /// Reads and parses a TOML file. Not validated.
@@ -434,8 +643,10 @@ impl Config {
     /// and `db_url` is still the default: the fallback, so a `DATABASE_URL` meant
     /// for another tool never overrides holdfast's own setting ([`Config::load`]
     /// also ignores it when the file names `db_url`, even the default one).
-    /// Other variables without the prefix are ignored. A prefixed one that is
-    /// neither a key of [`KEYS`] nor in [`RESERVED_ENV`] is ignored too and
+    /// Other variables without the prefix are ignored. An old variable of
+    /// [`ALIASES`] sets its key, and is noted in [`Config::deprecated_names`].
+    /// A prefixed one that is neither a key of [`KEYS`], an old one nor in
+    /// [`RESERVED_ENV`] is ignored too and
     /// returned, with the known variable it is likely a typo of, for the caller to
     /// warn about; a value that does not parse is an error naming the variable.
     pub fn apply_env<I, K, V>(&mut self, vars: I) -> Result<Vec<UnknownVar>, ConfigError>
@@ -456,13 +667,21 @@ impl Config {
             if !var.starts_with("HOLDFAST_") || RESERVED_ENV.contains(&var) {
                 continue;
             }
-            let Some(spec) = KEYS.iter().find(|k| k.env == var) else {
+            let alias = ALIASES.iter().find(|a| a.old_env == var);
+            let env = alias.map_or(var, |a| a.env);
+            let Some(spec) = KEYS.iter().find(|k| k.env == env) else {
                 unknown.push(UnknownVar {
                     var: var.to_owned(),
                     did_you_mean: likely_meant(var),
                 });
                 continue;
             };
+            if let Some(alias) = alias {
+                self.deprecated_names.note(DeprecatedName {
+                    alias: *alias,
+                    in_env: true,
+                });
+            }
             db_set |= spec.key == "db_url";
             (spec.set)(self, value).map_err(|expected| ConfigError::Env {
                 var: var.to_owned(),
@@ -519,6 +738,9 @@ impl Config {
         for u in unknown {
             tracing::warn!(var = %u.var, did_you_mean = u.did_you_mean, "{u}");
         }
+        for d in self.deprecated_names() {
+            tracing::warn!(old = d.old(), now = d.now(), "{d}");
+        }
         self.validate()?;
         Ok(self)
     }
@@ -559,18 +781,11 @@ impl Config {
         self.precision_bits()?;
         self.selection_config()
             .validate()
-            .map_err(|e| match e.key {
-                "retry_interval" => invalid(
-                    "selection.retry_interval_ms",
-                    self.selection.retry_interval_ms,
-                    "1 to 3600000 ms",
-                ),
-                "deadline" => invalid(
-                    "selection.deadline_ms",
-                    self.selection.deadline_ms,
-                    "1 to 3600000 ms",
-                ),
-                key => invalid(&format!("selection.{key}"), e.value, e.expected),
+            .map_err(|e| match self.selection.key_of(e.key) {
+                Some((key, value, range)) => {
+                    invalid(self.spelled(key), value, range.unwrap_or(e.expected))
+                }
+                None => invalid(&format!("selection.{}", e.key), e.value, e.expected),
             })?;
         self.lease_config().validate().map_err(|e| match e {
             holdfast_domain::LeaseConfigError::LeaseExpiryZero => {
@@ -686,25 +901,7 @@ impl Config {
 
     /// The selection settings.
     pub fn selection_config(&self) -> SelectionConfig {
-        let s = &self.selection;
-        SelectionConfig {
-            policy: s.policy,
-            cover_band: s.cover_band,
-            prefer_exact: s.prefer_exact,
-            consolidate_dust: s.consolidate_dust,
-            sufficiency_window: s.sufficiency_window,
-            max_sufficiency_ratio: s.max_sufficiency_ratio,
-            batch_window: s.batch_window,
-            max_inputs: s.max_inputs,
-            page_size: s.page_size,
-            max_immediate_retries: s.max_immediate_retries,
-            max_retries: s.max_retries,
-            retry_interval: Duration::from_millis(s.retry_interval_ms),
-            deadline: Duration::from_millis(s.deadline_ms),
-            wakeups: s.wakeups,
-            blacklist: s.blacklist,
-            ascending: s.ascending,
-        }
+        self.selection.to_domain()
     }
 
     /// The lease settings.
@@ -1096,8 +1293,21 @@ pub fn reference_markdown() -> String {
     out.push_str(
         "\n```toml\n[admission]\nmax_concurrent = 1\n\n\
          [admission.queues.\"monorepo/main\"]\nmax_concurrent = 4\nslot_lease_ms = 21600000   # 6 h builds\n```\n\n\
-         ## Reserved variables\n\n",
+         ## Old names\n\n\
+         Keys renamed so that their names say what they count are still accepted under\n\
+         their old names, in the file and in the environment, with a logged warning naming\n\
+         the new one; an error about such a value names the key as it was written. A file\n\
+         that sets both names of one key is refused.\n\n\
+         | old key | old variable | now |\n|---|---|---|\n",
     );
+    for a in ALIASES {
+        let _ = writeln!(
+            out,
+            "| `{}` | `{}` | `{}` (`{}`) |",
+            a.old_key, a.old_env, a.key, a.env
+        );
+    }
+    out.push_str("\n## Reserved variables\n\n");
     let _ = writeln!(
         out,
         "{} are not configuration: the command, `cargo xtask` and the test harnesses read them.",

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use holdfast::config::{Config, ConfigError, KEYS, QUEUE_KEYS, UnknownVar};
+use holdfast::config::{ALIASES, Config, ConfigError, KEYS, QUEUE_KEYS, UnknownVar};
 use holdfast_domain::{QueueName, SelectionConfig, SelectionPolicy};
 
 fn queue(name: &str) -> QueueName {
@@ -195,7 +195,7 @@ fn unknown_variables_are_reported_with_the_key_they_likely_meant() {
         ]
     );
     let mut expected = Config::default();
-    expected.selection.max_retries = 7;
+    expected.selection.max_legs = 7;
     assert_eq!(c, expected, "unknown variables change nothing");
     let typo = UnknownVar {
         var: "HOLDFAST_SUFFICENCY_WINDOW".into(),
@@ -278,5 +278,134 @@ fn every_per_queue_key_overrides_its_queue_and_is_documented() {
             "{} is not in the per-queue table",
             k.key
         );
+    }
+}
+
+/// Every `[selection]` key reaches the domain's settings: setting it alone changes
+/// what `selection_config` hands the engine (one declaration gives the key and its
+/// conversion).
+#[test]
+fn every_selection_key_reaches_the_domain() {
+    let defaults = Config::default();
+    let keys: Vec<_> = KEYS
+        .iter()
+        .filter(|k| k.key.starts_with("selection."))
+        .collect();
+    assert!(keys.len() >= 15, "{keys:?}");
+    for k in keys {
+        let value = match (k.get)(&defaults).as_str() {
+            "true" => "false",
+            "false" => "true",
+            "`cover_first`" => "smallest_first",
+            _ => "3",
+        };
+        let mut c = Config::default();
+        c.apply_env([(k.env, value)])
+            .unwrap_or_else(|e| panic!("{}: {e}", k.env));
+        assert_ne!(
+            c.selection_config(),
+            SelectionConfig::default(),
+            "{} = {value} does not reach the domain",
+            k.key
+        );
+    }
+}
+
+/// Renamed keys keep their old names, in the file and in the environment: the
+/// value applies to the new key, the old name is reported (the loaders warn),
+/// an error names the key as written, and the reference lists the old names.
+#[test]
+fn old_names_are_accepted_reported_and_documented() {
+    assert!(!ALIASES.is_empty());
+    let reference = holdfast::config::reference_markdown();
+    for a in ALIASES {
+        assert!(
+            KEYS.iter().any(|k| k.key == a.key && k.env == a.env),
+            "{a:?}"
+        );
+        assert!(
+            !KEYS
+                .iter()
+                .any(|k| k.key == a.old_key || k.env == a.old_env),
+            "{a:?}"
+        );
+        assert!(
+            reference.contains(&format!(
+                "| `{}` | `{}` | `{}`",
+                a.old_key, a.old_env, a.key
+            )),
+            "{} is not in the reference",
+            a.old_key
+        );
+    }
+
+    let c = Config::from_toml_str("[selection]\nmax_retries = 3\nretry_interval_ms = 40\n")
+        .expect("old keys parse");
+    c.validate().expect("valid");
+    assert_eq!(c.selection.max_legs, 3);
+    assert_eq!(c.selection_config().max_retries, 3);
+    assert_eq!(
+        c.selection_config().retry_interval,
+        Duration::from_millis(40)
+    );
+    let reported: Vec<(&str, &str)> = c
+        .deprecated_names()
+        .iter()
+        .map(|d| (d.old(), d.now()))
+        .collect();
+    assert_eq!(
+        reported,
+        [
+            ("selection.max_retries", "selection.max_legs"),
+            ("selection.retry_interval_ms", "selection.max_backoff_ms")
+        ]
+    );
+    assert_eq!(
+        c.deprecated_names()[0].to_string(),
+        "configuration key selection.max_retries is deprecated: it sets \
+         selection.max_legs, the name to use now (see docs/configuration.md)"
+    );
+    let renamed = Config::from_toml_str("[selection]\nmax_legs = 3\nmax_backoff_ms = 40\n")
+        .expect("new keys parse");
+    assert!(renamed.deprecated_names().is_empty());
+    assert_eq!(renamed, c, "both names set the same value");
+
+    let err = Config::from_toml_str("[selection]\nmax_retries = 3\nmax_legs = 4\n")
+        .expect_err("both names of one key");
+    assert!(err.to_string().contains("max_legs"), "{err}");
+
+    let mut env = Config::default();
+    let unknown = env
+        .apply_env([
+            ("HOLDFAST_MAX_RETRIES", "4"),
+            ("HOLDFAST_MAX_BACKOFF_MS", "9"),
+        ])
+        .expect("applies");
+    assert!(unknown.is_empty(), "{unknown:?}");
+    assert_eq!(env.selection.max_legs, 4);
+    assert_eq!(env.selection.max_backoff_ms, 9);
+    let reported: Vec<(&str, bool)> = env
+        .deprecated_names()
+        .iter()
+        .map(|d| (d.old(), d.in_env))
+        .collect();
+    assert_eq!(reported, [("HOLDFAST_MAX_RETRIES", true)]);
+
+    for (text, key) in [
+        ("[selection]\nmax_retries = 0", "selection.max_retries"),
+        ("[selection]\nmax_legs = 0", "selection.max_legs"),
+        (
+            "[selection]\nmax_backoff_ms = 0",
+            "selection.max_backoff_ms",
+        ),
+    ] {
+        let err = Config::from_toml_str(text)
+            .expect("parses")
+            .validate()
+            .expect_err(text);
+        match &err {
+            ConfigError::Invalid { key: k, .. } => assert_eq!(k, key, "{text}"),
+            other => panic!("{text}: {other}"),
+        }
     }
 }

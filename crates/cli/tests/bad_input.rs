@@ -562,6 +562,30 @@ fn unknown_variables_are_warned_about_not_refused() {
     );
 }
 
+/// An old name of a renamed key still sets it: the command runs, and one warning
+/// on stderr names the old variable and the new one.
+#[test]
+fn old_variable_names_are_warned_about_and_applied() {
+    let db = seeded();
+    let out = db
+        .command()
+        .arg("--db")
+        .arg(&db.url)
+        .env("HOLDFAST_MAX_RETRIES", "3")
+        .args(["tokens", "balance", "--wallet", "w", "--type", "CHF"])
+        .output()
+        .expect("run holdfast");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one warning: {stderr}");
+    assert!(
+        warnings[0].contains("HOLDFAST_MAX_RETRIES is deprecated")
+            && warnings[0].contains("HOLDFAST_MAX_LEGS"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn database_urls_and_corrupt_rows_are_refused() {
     let db = seeded();

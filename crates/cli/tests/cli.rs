@@ -212,11 +212,8 @@ fn funds_locked_exits_1_and_is_not_insufficient_funds() {
         "select", "--wallet", "w", "--type", "CHF", "--amount", "60", "--tx", "first",
     ]);
     let config = h.dir.path().join("fast.toml");
-    std::fs::write(
-        &config,
-        "[selection]\nmax_retries = 2\nretry_interval_ms = 1\n",
-    )
-    .expect("write config");
+    std::fs::write(&config, "[selection]\nmax_legs = 2\nmax_backoff_ms = 1\n")
+        .expect("write config");
     let config = config.display().to_string();
     let err = h.fails(
         &[

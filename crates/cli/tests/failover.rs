@@ -237,7 +237,7 @@ async fn failover(replication: Replication) -> Option<()> {
         ),
     }
 
-    let env = [("HOLDFAST_RETRY_INTERVAL_MS", "50")];
+    let env = [("HOLDFAST_MAX_BACKOFF_MS", "50")];
     let mut replicas = fleet(&url, h.dir.path(), 3, 2, &env);
     progress(
         &mut replicas,

@@ -156,7 +156,7 @@ async fn a_frozen_replica_does_not_stall_the_fleet() {
     let idle = IDLE_IN_TX_MS.to_string();
     let env = [
         ("HOLDFAST_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS", idle.as_str()),
-        ("HOLDFAST_RETRY_INTERVAL_MS", "50"),
+        ("HOLDFAST_MAX_BACKOFF_MS", "50"),
         // The frozen replica's held tokens are swept while it sleeps: on waking it
         // settles selections whose locks are gone.
         ("HOLDFAST_LEASE_EXPIRY_MS", "5000"),
@@ -313,7 +313,7 @@ async fn the_fleet_runs_through_server_restarts() {
     let url = cluster.create_database("fleet", None).await;
     let h = Holdfast::at(&url);
     fund(&h);
-    let env = [("HOLDFAST_RETRY_INTERVAL_MS", "50")];
+    let env = [("HOLDFAST_MAX_BACKOFF_MS", "50")];
     let mut replicas = fleet(&url, h.dir.path(), 3, 2, &env);
     progress(
         &mut replicas,
@@ -554,7 +554,7 @@ async fn a_fleet_beyond_max_connections_waits_and_never_dies() {
     fund(&h);
     let env = [
         ("HOLDFAST_PG_MAX_CONNECTIONS", "6"),
-        ("HOLDFAST_RETRY_INTERVAL_MS", "50"),
+        ("HOLDFAST_MAX_BACKOFF_MS", "50"),
     ];
     let mut observer = cluster.admin().await;
     let mut replicas = Vec::new();
@@ -927,7 +927,7 @@ async fn payments_survive_kills_and_a_server_restart() {
     let start = |name: &str, rng: &mut StdRng| {
         let replica_seed = rng.random::<u64>().to_string();
         let env = [
-            ("HOLDFAST_RETRY_INTERVAL_MS", "50"),
+            ("HOLDFAST_MAX_BACKOFF_MS", "50"),
             ("HOLDFAST_LEASE_EXPIRY_MS", KILL_LEASE_MS),
             ("HOLDFAST_CLEANUP_PERIOD_MS", KILL_SWEEP_MS),
             ("HOLDFAST_SEED", replica_seed.as_str()),

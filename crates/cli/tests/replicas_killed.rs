@@ -67,7 +67,7 @@ impl Replica {
             .args(["--db", &h.url])
             .env("HOLDFAST_LEASE_EXPIRY_MS", LEASE_MS.to_string())
             .env("HOLDFAST_CLEANUP_PERIOD_MS", SWEEP_MS.to_string())
-            .env("HOLDFAST_RETRY_INTERVAL_MS", "50")
+            .env("HOLDFAST_MAX_BACKOFF_MS", "50")
             .env("HOLDFAST_SEED", seed.to_string())
             .args([
                 "soak",

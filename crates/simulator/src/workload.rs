@@ -244,7 +244,7 @@ pub struct Workload {
     pub replicas: usize,
     /// Concurrent select tasks in total, spread over the replicas.
     pub concurrency: usize,
-    /// Backoff legs per select; `None` keeps the configuration's `max_retries`.
+    /// Backoff legs per select; `None` keeps the configuration's `selection.max_legs`.
     pub legs: Option<u32>,
     /// Backoff between legs is uniform in `[0, retry_interval_ms)` (default 20).
     pub retry_interval_ms: u64,

@@ -25,6 +25,7 @@ const PRESETS: &[&str] = &[
     "pareto",
     "dust",
     "big-wallet",
+    "hot-wallets",
     "admission",
 ];
 /// Workload files of `bench/workloads/` run after the presets, in report order.

@@ -257,6 +257,20 @@ pub struct SimulationReport {
 /// The backoff note every report carries.
 pub const BACKOFF_NOTE: &str = "backoff between legs is short in the simulator (retry_interval_ms, default 20 ms, as in upstream's contention tests), not the 5 s default";
 
+/// The note of a workload that keeps the configuration's default backoff
+/// (`hot-wallets`).
+pub const DEFAULT_BACKOFF_NOTE: &str =
+    "backoff between legs is the configuration's default (uniform in [0, 5 s)), as a service runs it";
+
+/// The note for a run whose backoff interval is `retry_interval`.
+fn backoff_note(retry_interval: Duration) -> &'static str {
+    if retry_interval == holdfast_domain::SelectionConfig::default().retry_interval {
+        DEFAULT_BACKOFF_NOTE
+    } else {
+        BACKOFF_NOTE
+    }
+}
+
 /// The strategies a run compares, in the order they run (holdfast first, so its
 /// peak memory is not inflated by what the naive run left resident).
 pub fn strategies(options: &SimOptions) -> Vec<Strategy> {
@@ -311,7 +325,7 @@ async fn simulate_on(
         lease_expiry_ms: u64::try_from(lease.lease_expiry.as_millis()).unwrap_or(u64::MAX),
         tokens: workload.token_count(),
         requests: workload.request_count(),
-        note: BACKOFF_NOTE,
+        note: backoff_note(selection.retry_interval),
     };
     let mut report = SimulationReport {
         workload: workload.name.clone(),

@@ -441,8 +441,7 @@ impl Workload {
                 Workload {
                     concurrency: 96,
                     legs: None,
-                    retry_interval_ms: u64::try_from(defaults.retry_interval.as_millis())
-                        .ok()?,
+                    retry_interval_ms: u64::try_from(defaults.retry_interval.as_millis()).ok()?,
                     tokens: wallets,
                     requests: asks,
                     ..base(name)

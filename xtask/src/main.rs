@@ -49,8 +49,8 @@ const TASKS: &[(&str, &str)] = &[
         "the scripted tour of `holdfast demo` on a temporary database; ARGS go to it (--json, --keep)",
     ),
     (
-        "bench [--quick] [--sqlite-only]",
-        "simulator presets on SQLite and PostgreSQL, raw select-cycle limit, wallet scaling -> bench/results.json",
+        "bench [--quick] [--sqlite-only] [--payments FILE.csv]",
+        "simulator presets on SQLite and PostgreSQL, raw select-cycle limit, wallet scaling, the payment-history replay -> bench/results.json",
     ),
     (
         "browser [--screenshot FILE.png]",

@@ -12,7 +12,7 @@ use holdfast_simulator::replay::{
 /// Deposits of 10, 20 and 5 sat; a payment of 12; a deposit of 30; payments of
 /// 30, 500 (more than the wallet holds) and 3; a deposit of 7, a payment of 27
 /// and a deposit of 4. Deposits 76, payments made 72.
-const HISTORY: &str = "\
+pub const HISTORY: &str = "\
 0.00000010,0.00001000
 0.00000020,0.00001000
 0.00000005,0.00001000

@@ -743,17 +743,25 @@ pub async fn replay_policy_on(
             tally.pool
         )));
     }
-    let unspent_sats = u64::try_from(unspent.iter().sum::<u128>()).unwrap_or(u64::MAX);
+    let unspent_total: u128 = unspent.iter().sum();
+    // Value is conserved: what is left is what came in less what was paid.
+    if unspent_total != u128::from(deposited) - u128::from(paid) {
+        return Err(SimulateError::internal(format!(
+            "{}: {unspent_total} sat unspent, but deposits {deposited} − payments {paid}",
+            policy.name()
+        )));
+    }
+    let unspent_sats = u64::try_from(unspent_total).unwrap_or(u64::MAX);
     let dust: Vec<u128> = unspent
         .iter()
         .copied()
         .filter(|v| v.saturating_mul(DUST_DIVISOR) < u128::from(median))
         .collect();
     let payments = u64::try_from(tally.inputs.len()).unwrap_or(u64::MAX);
-    let mut inputs = tally.inputs.clone();
+    let mut inputs = tally.inputs;
     inputs.sort_unstable();
     let input_total: u64 = inputs.iter().sum();
-    let mut times = tally.select_times.clone();
+    let mut times = tally.select_times;
     times.sort_unstable();
     let time_total: Duration = times.iter().sum();
     let lines = u64::try_from(options.payments.len()).unwrap_or(u64::MAX);
@@ -782,18 +790,6 @@ pub async fn replay_policy_on(
             p99: round3(percentile(&times, 99).as_secs_f64() * 1000.0),
         },
         wall_seconds: round3(started.elapsed().as_secs_f64()),
-    })
-    .and_then(|figures| {
-        // Value is conserved: what is left is what came in less what was paid.
-        if u128::from(figures.unspent_sats) == u128::from(deposited) - u128::from(paid) {
-            Ok(figures)
-        } else {
-            Err(SimulateError::internal(format!(
-                "{}: {} sat unspent, but deposits {deposited} − payments {paid}",
-                policy.name(),
-                figures.unspent_sats
-            )))
-        }
     })
 }
 

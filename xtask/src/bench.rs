@@ -7,6 +7,11 @@
 //! page's prose outside the markers is left as it is). Numbers are reported,
 //! never asserted.
 //!
+//! It also replays a payment history (`holdfast simulate --payments`, SQLite,
+//! every policy): [`DEFAULT_PAYMENTS`], beside the repository, unless
+//! `--payments FILE.csv` names another; a missing file fails the bench before
+//! anything runs.
+//!
 //! Options: `--quick` stops the scaling series at 100k tokens; `--sqlite-only`
 //! skips PostgreSQL; `--render` runs nothing and rewrites the page's tables from
 //! the existing `bench/results.json`. PostgreSQL is `DATABASE_URL`, or a
@@ -28,6 +33,7 @@ const PRESETS: &[&str] = &[
     "pareto",
     "dust",
     "big-wallet",
+    "hot-wallets",
     "admission",
 ];
 /// Workload files of `bench/workloads/` run after the presets, in report order.
@@ -46,6 +52,10 @@ const WAKE_FILES: &[&str] = &[
 /// The preset whose settlement throughput shows what wake-ups cost (NOTIFY on
 /// PostgreSQL), run with holdfast and `--ablate wakeups`.
 const WAKE_COST_PRESET: &str = "many-wallets";
+/// The payment history the bench replays, relative to the workspace root: the
+/// Bitcoin Core developers' `bustabit` tiny scenario, kept in the shared data
+/// directory beside the repository (`../shared/data/README.md` describes it).
+pub const DEFAULT_PAYMENTS: &str = "../shared/data/payments-bustabit-tiny.csv";
 /// Wallet sizes of the scaling series.
 const WALLETS: &[u64] = &[1_000, 10_000, 100_000, 1_000_000];
 /// The seed of every run.
@@ -236,11 +246,20 @@ pub fn run(args: &[String]) -> Result<(), Error> {
     let mut quick = false;
     let mut sqlite_only = false;
     let mut render_only = false;
-    for arg in args {
+    let root = root();
+    let mut payments = root.join(DEFAULT_PAYMENTS);
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--sqlite-only" => sqlite_only = true,
             "--render" => render_only = true,
+            "--payments" => {
+                payments = args.next().map(PathBuf::from).ok_or(Error::MissingValue {
+                    task: "bench",
+                    option: "--payments",
+                })?;
+            }
             other => {
                 return Err(Error::UnexpectedArgument {
                     task: "bench",
@@ -249,13 +268,19 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             }
         }
     }
-    let root = root();
     if render_only {
         let results = read_results(&root)?;
         println!("{}", markdown(&results));
         let page = render_page(&root, &results)?;
         eprintln!("bench: rewrote {} from bench/results.json", page.display());
         return Ok(());
+    }
+    if !payments.is_file() {
+        return Err(Error::MissingInput {
+            what: "payment history",
+            path: payments,
+            hint: "give one with `cargo xtask bench --payments FILE.csv` (amount,feerate lines)",
+        });
     }
     let started = Instant::now();
     process::run(process::cargo().current_dir(&root).args([
@@ -375,6 +400,10 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         }
     }
 
+    // The payment history, replayed once on SQLite through every policy.
+    let payments_arg = payments.display().to_string();
+    let replay = json_of(&mut simulate(&None, &["--payments", &payments_arg]))?;
+
     let mut scaling = Vec::new();
     for (backend, db) in &backends {
         for &tokens in WALLETS {
@@ -417,10 +446,12 @@ pub fn run(args: &[String]) -> Result<(), Error> {
             format!("holdfast simulate --workload bench/workloads/<file>.toml --seed {SEED} --json --raw-limit --ablate smallest-first [--db postgres://...]"),
             format!("holdfast simulate --workload wallet-<n>.toml --strategy holdfast --seed {SEED} --json"),
             format!("holdfast simulate --workload <file or many-wallets> --strategy holdfast --ablate wakeups --seed {SEED} --json [--db postgres://...]"),
+            format!("holdfast simulate --payments {payments_arg} --seed {SEED} --json"),
         ],
         "seconds": started.elapsed().as_secs(),
         "presets": presets,
         "wakeups": wakeups,
+        "replay": replay,
         "scaling": scaling,
     });
     let out = root.join("bench").join("results.json");
@@ -570,6 +601,7 @@ pub fn markdown(results: &Value) -> String {
             );
         }
     }
+    out.push_str(&replay_markdown(&results["replay"]));
     out.push_str("\n**Wallet scaling** (holdfast only):\n\n| backend | wallet tokens | select p50 ms | select p99 ms | peak MiB | round trips/select | spurious |\n|---|---|---|---|---|---|---|\n");
     for s in results["scaling"].as_array().unwrap_or(&empty) {
         let _ = writeln!(
@@ -582,6 +614,50 @@ pub fn markdown(results: &Value) -> String {
             mib(&s["peak_memory_bytes"]),
             num(&s["round_trips_per_select"]),
             num(&s["spurious_failures"]),
+        );
+    }
+    out
+}
+
+/// The payment replay's table (empty without a replay).
+pub fn replay_markdown(replay: &Value) -> String {
+    let Some(policies) = replay["policies"].as_array() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\nPayment history {} on {}: {} lines ({} deposits, {} payments); dust below {} sat.\n\n",
+        replay["source"].as_str().unwrap_or("?"),
+        replay["backend"].as_str().unwrap_or("?"),
+        replay["lines"],
+        replay["deposits"],
+        replay["withdrawals"],
+        replay["dust_below_sats"],
+    );
+    out.push_str("| policy | payments | insufficient | final pool | mean pool | inputs mean | inputs p99 | inputs max | changeless | dust count | dust BTC | select mean ms | select p99 ms |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for p in policies {
+        let dust = p["dust_sats"].as_u64().map_or_else(
+            || "n/a".to_owned(),
+            |s| format!("{}.{:08}", s / 100_000_000, s % 100_000_000),
+        );
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p["policy"].as_str().unwrap_or("?"),
+            num(&p["payments"]),
+            num(&p["insufficient"]),
+            num(&p["final_pool"]),
+            p["mean_pool"].as_f64().unwrap_or(0.0),
+            num(&p["inputs"]["mean"]),
+            num(&p["inputs"]["p99"]),
+            num(&p["inputs"]["max"]),
+            p["changeless_share"]
+                .as_f64()
+                .map_or_else(|| "n/a".to_owned(), |f| format!("{:.1}%", f * 100.0)),
+            num(&p["dust_count"]),
+            dust,
+            num(&p["select_ms"]["mean"]),
+            num(&p["select_ms"]["p99"]),
         );
     }
     out
@@ -672,5 +748,33 @@ mod tests {
             current == page,
             "{PAGE} is not what bench/results.json renders to; run `cargo xtask bench --render`"
         );
+    }
+
+    #[test]
+    fn the_replay_table_has_a_row_per_policy_with_dust_in_btc() {
+        let results = json!({
+            "replay": {
+                "source": "payments.csv", "backend": "sqlite", "lines": 3,
+                "deposits": 2, "withdrawals": 1, "dust_below_sats": 4000,
+                "policies": [{
+                    "policy": "random_improve", "payments": 1, "insufficient": 0,
+                    "final_pool": 2, "mean_pool": 1.5,
+                    "inputs": {"mean": 1.0, "p99": 1, "max": 1},
+                    "changeless_share": 0.25, "dust_count": 1, "dust_sats": 1200,
+                    "select_ms": {"mean": 0.5, "p99": 1.25},
+                }],
+            },
+        });
+        let md = markdown(&results);
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| random_improve |"))
+            .unwrap_or_else(|| panic!("no row in {md}"));
+        assert_eq!(
+            row,
+            "| random_improve | 1 | 0 | 2 | 2 | 1 | 1 | 1 | 25.0% | 1 | 0.00001200 | 0.50 | 1.25 |"
+        );
+        assert!(md.contains("Payment history payments.csv on sqlite: 3 lines"));
+        assert!(!markdown(&json!({})).contains("Payment history"));
     }
 }

@@ -60,6 +60,24 @@ pub enum Error {
         /// What is wrong with its markers.
         source: crate::bench::MarkerError,
     },
+    /// An input file a task needs is not there.
+    #[error("{what} {path} is missing: {hint}")]
+    MissingInput {
+        /// What the file is.
+        what: &'static str,
+        /// Where it was looked for.
+        path: PathBuf,
+        /// How to provide it.
+        hint: &'static str,
+    },
+    /// An option was given without its value.
+    #[error("task {task}: {option} needs a value")]
+    MissingValue {
+        /// The task.
+        task: &'static str,
+        /// The option.
+        option: &'static str,
+    },
     /// PostgreSQL is needed (CI=true) but no server could be provided.
     #[error("no PostgreSQL: {0}")]
     NoPostgres(String),

@@ -49,8 +49,8 @@ const TASKS: &[(&str, &str)] = &[
         "the scripted tour of `holdfast demo` on a temporary database; ARGS go to it (--json, --keep)",
     ),
     (
-        "bench [--quick] [--sqlite-only] [--render]",
-        "simulator presets on SQLite and PostgreSQL, raw select-cycle limit, wallet scaling -> bench/results.json and docs/measurements.md (--render: the page from the existing results.json, nothing run)",
+        "bench [--quick] [--sqlite-only] [--payments FILE.csv] [--render]",
+        "simulator presets on SQLite and PostgreSQL, raw select-cycle limit, wallet scaling, the payment-history replay -> bench/results.json and docs/measurements.md (--render: the page from the existing results.json, nothing run)",
     ),
     (
         "browser [--screenshot FILE.png]",

@@ -5,21 +5,30 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::{ArgGroup, Args, ValueEnum};
 
 use super::CliError;
 use super::output::{Rendered, Report};
 use holdfast::config::Config;
 use holdfast_simulator::{
-    self as simulator, Ablation, SimOptions, SimulationReport, Strategy, Workload,
+    self as simulator, Ablation, ReplayOptions, ReplayPolicy, ReplayReport, SimOptions,
+    SimulationReport, Strategy, Workload,
 };
 
 /// `simulate`.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).args(["workload", "payments"])))]
 pub struct SimulateArgs {
-    /// A preset (hot-lineage, pareto, dust, big-wallet, many-wallets, admission) or a workload TOML file
+    /// A preset (hot-lineage, pareto, dust, big-wallet, many-wallets, hot-wallets, admission) or a workload TOML file
     #[arg(long, value_name = "NAME|FILE")]
-    pub workload: String,
+    pub workload: Option<String>,
+    /// Replay a payment history instead (`amount,feerate` lines in BTC; positive
+    /// deposits, negative payments) through every selection policy and two baselines
+    #[arg(long, value_name = "FILE.csv", conflicts_with_all = ["report", "ablate", "only", "raw_limit"])]
+    pub payments: Option<PathBuf>,
+    /// Replay only the first N lines of the payment history
+    #[arg(long, value_name = "N", requires = "payments")]
+    pub limit: Option<usize>,
     /// Seed of the run: every strategy gets the same wallets, requests and per-call seeds
     #[arg(long, default_value_t = 42, value_name = "N")]
     pub seed: u64,
@@ -106,6 +115,12 @@ impl Report for SimulationReport {
     }
 }
 
+impl Report for ReplayReport {
+    fn human(&self) -> String {
+        self.text()
+    }
+}
+
 impl From<simulator::SimulateError> for CliError {
     fn from(e: simulator::SimulateError) -> Self {
         CliError::Simulate(Box::new(e))
@@ -118,7 +133,27 @@ pub async fn run(
     db: Option<&str>,
     config: Config,
 ) -> Result<Rendered, CliError> {
-    let workload = Workload::resolve(&args.workload).map_err(simulator::SimulateError::from)?;
+    // --db, else the configuration's db_url; neither: SQLite in the temp directory.
+    let db = db
+        .map(str::to_owned)
+        .or_else(|| Some(config.db_url.clone()).filter(|u| !u.trim().is_empty()));
+    if let Some(path) = &args.payments {
+        let payments = simulator::replay::read_payments(path, args.limit)
+            .map_err(simulator::SimulateError::from)?;
+        let report = simulator::replay::replay(ReplayOptions {
+            payments,
+            source: path.display().to_string(),
+            db,
+            seed: args.seed,
+            policies: ReplayPolicy::ALL.to_vec(),
+            config,
+            progress: true,
+        })
+        .await?;
+        return Ok(Rendered::of(&report));
+    }
+    let name = args.workload.as_deref().unwrap_or_default();
+    let workload = Workload::resolve(name).map_err(simulator::SimulateError::from)?;
     let ablate = args.ablate.map(Ablation::from);
     // `--strategy holdfast --ablate X` runs holdfast and its ablation, no naive.
     let only = (!args.only.is_empty()).then(|| {
@@ -133,10 +168,7 @@ pub async fn run(
     });
     let options = SimOptions {
         workload,
-        // --db, else the configuration's db_url; neither: SQLite in the temp directory.
-        db: db
-            .map(str::to_owned)
-            .or_else(|| Some(config.db_url.clone()).filter(|u| !u.trim().is_empty())),
+        db,
         seed: args.seed,
         ablate,
         only,

@@ -114,3 +114,59 @@ fn unknown_workloads_are_bad_input() {
         .code(2)
         .stderr(predicates::str::contains("no-such-preset"));
 }
+
+#[test]
+fn a_payment_history_replays_as_json_and_a_bad_line_is_bad_input_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("payments.csv");
+    std::fs::write(
+        &file,
+        "0.00000010,0.00001\n0.00000020,0.00001\n-0.00000012,0.00001\n-1,0.00001\n",
+    )
+    .expect("write history");
+    let output = Command::cargo_bin("holdfast")
+        .expect("binary")
+        .args(["simulate", "--payments"])
+        .arg(&file)
+        .args(["--seed", "3", "--json", "--db"])
+        .arg(dir.path().join("replay.db"))
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(
+        (json["lines"].as_u64(), json["withdrawals"].as_u64()),
+        (Some(4), Some(2))
+    );
+    let policies = json["policies"].as_array().expect("policies");
+    assert_eq!(policies.len(), 5);
+    for p in policies {
+        // 30 in, 12 paid, the payment of 1 BTC skipped.
+        assert_eq!(p["unspent_sats"], 18, "{p}");
+        assert_eq!(
+            (p["payments"].as_u64(), p["insufficient"].as_u64()),
+            (Some(1), Some(1)),
+            "{p}"
+        );
+    }
+
+    std::fs::write(&file, "0.00000010,0.00001\n0.1.2,0.00001\n").expect("write history");
+    Command::cargo_bin("holdfast")
+        .expect("binary")
+        .args(["simulate", "--payments"])
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("line 2"));
+    Command::cargo_bin("holdfast")
+        .expect("binary")
+        .args(["simulate", "--payments"])
+        .arg(dir.path().join("missing.csv"))
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("missing.csv"));
+}

@@ -14,6 +14,9 @@
 //! - [`rawlimit`]: the physical limit (a hand-written select cycle through the
 //!   database driver, no holdfast code in the loop).
 //! - [`figures`], [`table`], [`html`]: the figures, the human table, the report page.
+//! - [`replay`]: a payment history (CSV) replayed sequentially through the real
+//!   selector and settlement, once per policy, with two baselines
+//!   (`holdfast simulate --payments`).
 //!
 //! Backoff between legs is short in the simulator (`retry_interval_ms`, default
 //! 20 ms, as in upstream's contention tests) and every report says so.
@@ -28,6 +31,7 @@ pub mod memory;
 pub mod naive;
 pub mod provision;
 pub mod rawlimit;
+pub mod replay;
 pub mod runner;
 pub mod table;
 pub mod workload;
@@ -42,6 +46,7 @@ pub use admission::AdmissionFigures;
 pub use figures::{LatencyMs, StrategyFigures};
 pub use provision::{ProvisionError, Provisioner};
 pub use rawlimit::RawLimit;
+pub use replay::{PaymentsError, ReplayOptions, ReplayPolicy, ReplayReport};
 pub use runner::StrategyRun;
 pub use table::Table;
 pub use workload::{AmountSpec, PRESETS, RequestMode, Workload, WorkloadError};
@@ -142,6 +147,12 @@ pub enum SimulateError {
     /// The raw select cycle's database driver failed.
     #[error("raw limit: {0}")]
     RawLimit(String),
+    /// The payment history was refused (`--payments`).
+    #[error(transparent)]
+    Payments(#[from] replay::PaymentsError),
+    /// A select or a confirm of the payment replay failed in the store.
+    #[error("payment replay: {0}")]
+    Replay(String),
     /// A simulation task panicked.
     #[error("a simulation task failed: {0}")]
     Task(String),
@@ -166,9 +177,10 @@ impl SimulateError {
     /// Whether the error is the caller's input (workload, settings, URL).
     pub fn is_bad_input(&self) -> bool {
         match self {
-            SimulateError::Workload(_) | SimulateError::Selection(_) | SimulateError::Lease(_) => {
-                true
-            }
+            SimulateError::Workload(_)
+            | SimulateError::Payments(_)
+            | SimulateError::Selection(_)
+            | SimulateError::Lease(_) => true,
             SimulateError::Open(e) => e.is_bad_input(),
             SimulateError::Provision(ProvisionError::Url(e)) => e.is_bad_input(),
             _ => false,
@@ -257,6 +269,19 @@ pub struct SimulationReport {
 /// The backoff note every report carries.
 pub const BACKOFF_NOTE: &str = "backoff between legs is short in the simulator (retry_interval_ms, default 20 ms, as in upstream's contention tests), not the 5 s default";
 
+/// The note of a workload that keeps the configuration's default backoff
+/// (`hot-wallets`).
+pub const DEFAULT_BACKOFF_NOTE: &str = "backoff between legs is the configuration's default (uniform in [0, 5 s)), as a service runs it";
+
+/// The note for a run whose backoff interval is `retry_interval`.
+fn backoff_note(retry_interval: Duration) -> &'static str {
+    if retry_interval == holdfast_domain::SelectionConfig::default().retry_interval {
+        DEFAULT_BACKOFF_NOTE
+    } else {
+        BACKOFF_NOTE
+    }
+}
+
 /// The strategies a run compares, in the order they run (holdfast first, so its
 /// peak memory is not inflated by what the naive run left resident).
 pub fn strategies(options: &SimOptions) -> Vec<Strategy> {
@@ -311,7 +336,7 @@ async fn simulate_on(
         lease_expiry_ms: u64::try_from(lease.lease_expiry.as_millis()).unwrap_or(u64::MAX),
         tokens: workload.token_count(),
         requests: workload.request_count(),
-        note: BACKOFF_NOTE,
+        note: backoff_note(selection.retry_interval),
     };
     let mut report = SimulationReport {
         workload: workload.name.clone(),

@@ -7,7 +7,7 @@
 //! ("Benchmarks"). Every parse error is a [`WorkloadError`] naming the key
 //! (`tokens[1].amount`) and what was expected.
 
-use holdfast_domain::{Precision, Quantity, TokenType, WalletId};
+use holdfast_domain::{Precision, Quantity, SelectionConfig, TokenType, WalletId};
 use rand::Rng;
 use rand::rngs::StdRng;
 use serde::Deserialize;
@@ -19,6 +19,7 @@ pub const PRESETS: &[&str] = &[
     "dust",
     "big-wallet",
     "many-wallets",
+    "hot-wallets",
     "admission",
 ];
 
@@ -28,6 +29,19 @@ pub const MANY_WALLETS: u32 = 64;
 pub const MANY_WALLETS_TOKENS: u64 = 400;
 /// Requests to each wallet of the `many-wallets` preset.
 pub const MANY_WALLETS_REQUESTS: u64 = 96;
+
+/// Hot wallets of the `hot-wallets` preset.
+pub const HOT_WALLETS: u32 = 3;
+/// Tokens (of 1,000) in each hot wallet of the `hot-wallets` preset.
+pub const HOT_WALLET_TOKENS: u64 = 200;
+/// Payments from each hot wallet of the `hot-wallets` preset.
+pub const HOT_WALLET_REQUESTS: u64 = 600;
+/// Cold wallets of the `hot-wallets` preset.
+pub const COLD_WALLETS: u32 = 40;
+/// Tokens (of 100) in each cold wallet of the `hot-wallets` preset.
+pub const COLD_WALLET_TOKENS: u64 = 10;
+/// Payments from each cold wallet of the `hot-wallets` preset.
+pub const COLD_WALLET_REQUESTS: u64 = 5;
 
 /// The most replicas a workload may ask for.
 pub const MAX_REPLICAS: usize = 64;
@@ -393,6 +407,46 @@ impl Workload {
                     ..base(name)
                 }
             }
+            // A payment service: three replicas, 96 payments in flight, most of
+            // them from three hot wallets (200 tokens of 1,000 each) and a few from
+            // 40 cold ones (10 tokens of 100), payments of 1..10 settled with their
+            // change. Unlike the presets above it keeps the true default backoff
+            // (the configuration's legs, 10, of [0, 5 s)), as a service runs it.
+            "hot-wallets" => {
+                let defaults = SelectionConfig::default();
+                let mut wallets = Vec::new();
+                let mut asks = Vec::new();
+                for w in 0..HOT_WALLETS {
+                    let name = format!("hot-{w}");
+                    wallets.push(tokens(&name, "CHF", fixed(1_000), HOT_WALLET_TOKENS)?);
+                    asks.push(requests(
+                        &name,
+                        "CHF",
+                        range(1, 10),
+                        HOT_WALLET_REQUESTS,
+                        RequestMode::Settle,
+                    )?);
+                }
+                for w in 0..COLD_WALLETS {
+                    let name = format!("cold-{w:02}");
+                    wallets.push(tokens(&name, "CHF", fixed(100), COLD_WALLET_TOKENS)?);
+                    asks.push(requests(
+                        &name,
+                        "CHF",
+                        range(1, 10),
+                        COLD_WALLET_REQUESTS,
+                        RequestMode::Settle,
+                    )?);
+                }
+                Workload {
+                    concurrency: 96,
+                    legs: None,
+                    retry_interval_ms: u64::try_from(defaults.retry_interval.as_millis()).ok()?,
+                    tokens: wallets,
+                    requests: asks,
+                    ..base(name)
+                }
+            }
             "admission" => Workload {
                 replicas: 1,
                 concurrency: 8,
@@ -724,6 +778,36 @@ mod tests {
         let smallest = w.tokens.iter().map(|b| range(b.amount).0).min();
         let largest_ask = w.requests.iter().map(|r| range(r.amount).1).max();
         assert_eq!((smallest, largest_ask), (Some(1), Some(100)));
+    }
+
+    #[test]
+    fn hot_wallets_keeps_the_default_backoff_and_pays_mostly_from_three_hot_wallets() {
+        let w = Workload::preset("hot-wallets").expect("preset");
+        assert_eq!((w.replicas, w.concurrency), (3, 96));
+        // The true defaults: the configuration's legs and its 5 s interval, not
+        // the short budget of the other token presets.
+        let defaults = SelectionConfig::default();
+        assert_eq!(w.legs, None);
+        assert_eq!(
+            u128::from(w.retry_interval_ms),
+            defaults.retry_interval.as_millis()
+        );
+        assert_eq!(w.token_count(), 3 * 200 + 40 * 10);
+        let hot: Vec<_> = w.tokens.iter().filter(|b| b.count == 200).collect();
+        assert_eq!(hot.len(), 3);
+        assert!(
+            hot.iter()
+                .all(|b| b.amount == AmountSpec::parse("a", "1000").expect("amount"))
+        );
+        let hot_requests: u64 = w
+            .requests
+            .iter()
+            .filter(|r| hot.iter().any(|b| b.wallet == r.wallet))
+            .map(|r| r.count)
+            .sum();
+        assert!(hot_requests * 2 > w.request_count(), "mostly hot");
+        assert!(w.requests.iter().all(|r| r.mode == RequestMode::Settle
+            && r.amount == AmountSpec::parse("a", "1..10").expect("amount")));
     }
 
     #[test]

@@ -4,4 +4,5 @@
 mod pg_support;
 
 mod postgres;
+mod replay;
 mod simulate;

@@ -42,3 +42,34 @@ async fn the_raw_limit_runs_the_select_cycle_on_postgres() {
         );
     }
 }
+
+/// The payment replay on fresh PostgreSQL databases: every policy conserves
+/// value and makes the same payments as on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payment_replay_runs_every_policy_on_postgres() {
+    let Some(db) = TestDb::create("simulator::replay").await else {
+        return;
+    };
+    let payments =
+        holdfast_simulator::replay::parse_payments(crate::replay::HISTORY, None).expect("parses");
+    let report = holdfast_simulator::replay::replay(holdfast_simulator::ReplayOptions {
+        payments,
+        source: "handmade".to_owned(),
+        db: Some(db.url.clone()),
+        seed: 7,
+        policies: holdfast_simulator::ReplayPolicy::ALL.to_vec(),
+        config: holdfast::Config::default(),
+        progress: false,
+    })
+    .await
+    .expect("replay runs");
+    assert_eq!(report.backend, "postgres");
+    assert_eq!(report.policies.len(), 5);
+    for p in &report.policies {
+        assert_eq!(
+            (p.payments, p.insufficient, p.unspent_sats, p.final_pool),
+            (4, 1, 4, 1),
+            "{p:?}"
+        );
+    }
+}

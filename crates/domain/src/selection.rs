@@ -472,6 +472,9 @@ pub struct Selection {
     stats: SelectionStats,
     attempted: HashSet<TokenId>,
     blacklist: Blacklist,
+    /// Callers of the wallet and type the instance sees, this one included
+    /// ([`Selection::note_callers`]).
+    callers: usize,
     /// Stale was seen: the next fetch asks for a refresh.
     refresh_pending: bool,
     /// Tokens that may be held after a failed release; retried on every release.
@@ -522,6 +525,7 @@ impl Selection {
             stats: SelectionStats::default(),
             attempted: HashSet::new(),
             blacklist: Blacklist::new(),
+            callers: 1,
             refresh_pending: false,
             unreleased: BTreeSet::new(),
             locked_out: false,
@@ -602,6 +606,15 @@ impl Selection {
             _ if self.locked_out => Some(SelectionFailure::FundsLocked),
             _ => None,
         }
+    }
+
+    /// Notes how many callers of the wallet and type the instance sees now, this
+    /// one included (its driver asks the wake-up registry). Under `cover_first`
+    /// the next reads ask for a cover band, and choose from a sufficiency window,
+    /// that widen with them, so concurrent callers land on different tokens
+    /// instead of all on the few smallest covers.
+    pub fn note_callers(&mut self, callers: usize) {
+        self.callers = callers.max(1);
     }
 
     /// Starts the call: the first action is always a fetch. Calling it again
@@ -933,7 +946,7 @@ impl Selection {
                         .saturating_mul(u128::from(self.config.max_sufficiency_ratio));
                     Bands {
                         threshold,
-                        cover: self.config.cover_band,
+                        cover: cover::spread_band(self.config.cover_band, self.callers),
                         fill_unless_cover_at_most: single_cover_only
                             .then(|| Quantity::new(bound, Precision::MAX).ok())
                             .flatten(),
@@ -995,7 +1008,10 @@ impl Selection {
         if self.config.policy == SelectionPolicy::CoverFirst {
             let limits = CoverLimits {
                 batch_window: self.config.batch_window.min(MAX_BATCH_WINDOW),
-                sufficiency_window: self.config.sufficiency_window,
+                sufficiency_window: cover::spread_window(
+                    self.config.sufficiency_window,
+                    self.callers,
+                ),
                 max_sufficiency_ratio: self.config.max_sufficiency_ratio,
                 prefer_exact: self.config.prefer_exact,
                 consolidate_dust: self.config.consolidate_dust,

@@ -257,3 +257,27 @@ fn an_amount_of_one_reads_no_fill_band() {
     assert_eq!(r.picked().len(), 1);
     assert_eq!(r.stats.round_trips(), 2);
 }
+
+#[test]
+fn a_read_asks_for_a_cover_band_that_widens_with_the_callers_the_instance_sees() {
+    use holdfast_domain::{Action, Selection};
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let mut cover_band = |callers: Option<usize>| {
+        let mut s =
+            Selection::new(selection_sim::request(5), SelectionConfig::default()).expect("valid");
+        if let Some(n) = callers {
+            s.note_callers(n);
+        }
+        match s.start(&mut rng) {
+            Action::Fetch(fetch) => fetch.bands.expect("cover_first reads bands").cover,
+            other => panic!("expected a fetch, got {other:?}"),
+        }
+    };
+    // Alone: the configured 16. With 10 callers of the wallet in this instance:
+    // 8 per caller, so that they can land on different tokens.
+    assert_eq!(cover_band(None), 16);
+    assert_eq!(cover_band(Some(1)), 16);
+    assert_eq!(cover_band(Some(10)), 80);
+    assert_eq!(cover_band(Some(100)), 256);
+}

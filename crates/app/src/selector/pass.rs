@@ -86,6 +86,10 @@ impl Pass<'_> {
 
     /// Performs one action of the engine; its answer is the engine's next action.
     async fn perform(&mut self, action: Action) -> Action {
+        // The callers of the wallet and type this instance sees now widen the
+        // engine's next read (`Selection::note_callers`).
+        self.selection
+            .note_callers(self.waiter.others().others.saturating_add(1));
         match action {
             Action::Fetch(fetch) => self.fetch(fetch).await,
             Action::Claim(tokens) => self.claim(tokens).await,

@@ -33,6 +33,30 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use crate::quantity::Quantity;
 use crate::window::{self, WindowLimits};
 
+/// Cover candidates a read asks for per caller of the wallet and type that the
+/// instance sees (this one included), beyond the configured `cover_band`.
+pub(crate) const COVER_PER_CALLER: usize = 8;
+
+/// Sufficiency-window members per caller the instance sees, beyond the
+/// configured `sufficiency_window`.
+pub(crate) const WINDOW_PER_CALLER: usize = 4;
+
+/// The cover band of a read with `callers` concurrent callers of the wallet and
+/// type in this instance: wide enough that they can land on different tokens.
+pub(crate) fn spread_band(configured: usize, callers: usize) -> usize {
+    configured
+        .max(callers.saturating_mul(COVER_PER_CALLER))
+        .min(crate::selection::MAX_COVER_BAND)
+}
+
+/// The sufficiency window with `callers` concurrent callers (as
+/// [`spread_band`]).
+pub(crate) fn spread_window(configured: usize, callers: usize) -> usize {
+    configured
+        .max(callers.saturating_mul(WINDOW_PER_CALLER))
+        .min(crate::selection::MAX_SUFFICIENCY_WINDOW)
+}
+
 /// How many distinct amounts of the fill candidates (largest first) the exact
 /// search looks at: pairs and triples of them, at most about 64^3 / 6 sums.
 const EXACT_SEARCH_LIMIT: usize = 64;
@@ -616,6 +640,38 @@ mod tests {
             ),
             [1, 1, 50]
         );
+    }
+
+    #[test]
+    fn the_band_and_the_window_widen_with_the_callers_up_to_their_limits() {
+        // Alone, or a few: as configured.
+        assert_eq!(spread_band(16, 1), 16);
+        assert_eq!(spread_window(4, 1), 4);
+        // Ten callers of the wallet in this instance.
+        assert_eq!(spread_band(16, 10), 10 * COVER_PER_CALLER);
+        assert_eq!(spread_window(4, 10), 10 * WINDOW_PER_CALLER);
+        // Never beyond what a config may ask for.
+        assert_eq!(spread_band(16, 1_000), crate::selection::MAX_COVER_BAND);
+        assert_eq!(
+            spread_window(4, 1_000),
+            crate::selection::MAX_SUFFICIENCY_WINDOW
+        );
+    }
+
+    #[test]
+    fn callers_of_one_run_of_equal_covers_spread_over_all_of_it_read() {
+        // 64 equal covers read, far above the amount: every one may be picked.
+        let c = qs(&[1_000; 64]);
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut picked = std::collections::BTreeSet::new();
+        for _ in 0..2_000 {
+            let CoverPlan::Claim(i) = plan(&c, q(5), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
+            else {
+                panic!("expected a claim");
+            };
+            picked.extend(i);
+        }
+        assert_eq!(picked.len(), 64);
     }
 
     #[test]

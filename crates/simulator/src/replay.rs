@@ -634,14 +634,7 @@ pub async fn replay_policy_on(
                 tally.pool += 1;
             }
             Payment::Withdrawal(sats) => {
-                if !deposits.is_empty() {
-                    stores
-                        .tokens
-                        .add_tokens(&deposits)
-                        .await
-                        .map_err(SimulateError::Seed)?;
-                    deposits.clear();
-                }
+                mint(&stores, &mut deposits).await?;
                 let tx =
                     TxId::new(format!("payment-{}", line + 1)).map_err(SimulateError::internal)?;
                 let amount = quantity(sats)?;
@@ -717,13 +710,7 @@ pub async fn replay_policy_on(
         tally.pool_sum += u128::from(tally.pool);
         progress.inc(1);
     }
-    if !deposits.is_empty() {
-        stores
-            .tokens
-            .add_tokens(&deposits)
-            .await
-            .map_err(SimulateError::Seed)?;
-    }
+    mint(&stores, &mut deposits).await?;
     progress.finish();
     let left = stores
         .tokens
@@ -791,6 +778,19 @@ pub async fn replay_policy_on(
         },
         wall_seconds: round3(started.elapsed().as_secs_f64()),
     })
+}
+
+/// Adds the deposits gathered since the last payment, in one batch.
+async fn mint(stores: &Stores, deposits: &mut Vec<NewToken>) -> Result<(), SimulateError> {
+    if !deposits.is_empty() {
+        stores
+            .tokens
+            .add_tokens(deposits)
+            .await
+            .map_err(SimulateError::Seed)?;
+        deposits.clear();
+    }
+    Ok(())
 }
 
 fn ratio(numerator: u64, denominator: u64) -> f64 {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 pub enum Error {
     /// The first argument named no task.
     #[error(
-        "unknown task {0:?}; expected one of: ci, test, failover, fuzz, demo, bench, browser, readme, help"
+        "unknown task {0:?}; expected one of: ci, test, failover, fuzz, demo, bench, browser, readme, package, help"
     )]
     UnknownTask(String),
     /// A task got an argument it does not take.

@@ -104,9 +104,10 @@ struct Waiter {
     /// In its current (or last) wait, a signal of the key woke a waiter
     /// subscribed before this one ([`Subscription::passed_over`]).
     passed_over: AtomicBool,
-    /// The signal its last wake came from, first-hand or handed on (0: never
-    /// woken). A wake handed on never reaches a waiter that already looked at
-    /// what that signal freed.
+    /// The newest signal whose freed tokens it has seen or will see: the one
+    /// its last wake came from, first-hand or handed on, or else the last one
+    /// before it subscribed (it reads after subscribing). A wake handed on
+    /// never reaches a waiter that already looked at what that signal freed.
     round: AtomicU64,
 }
 

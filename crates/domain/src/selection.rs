@@ -1200,10 +1200,7 @@ impl Selection {
         // Whether or not the scan met contention: a wallet whose lock-ignoring
         // balance is short is short, however contended (once per leg).
         if !self.leg.balance_checked {
-            self.leg.balance_checked = true;
-            self.stats.balance_checks += 1;
-            self.phase = Phase::CheckingBalance;
-            return Action::CheckBalance;
+            return self.check_balance();
         }
         self.rescan(rng)
     }
@@ -1272,16 +1269,21 @@ impl Selection {
     }
 
     /// Ends the call with `failure`, releasing everything held first.
+    /// Asks for the leg's one balance check ([`Selection::on_balance`] answers).
+    fn check_balance(&mut self) -> Action {
+        self.leg.balance_checked = true;
+        self.stats.balance_checks += 1;
+        self.phase = Phase::CheckingBalance;
+        Action::CheckBalance
+    }
+
     /// The amount cannot be covered within `max_inputs` tokens of those read:
     /// TooManyInputs, unless the balance check (first, if this leg has not made
     /// it) says the wallet is short of the amount anyway.
     fn over_cap(&mut self) -> Action {
         if !self.leg.balance_checked {
             self.scan.over_cap = true;
-            self.leg.balance_checked = true;
-            self.stats.balance_checks += 1;
-            self.phase = Phase::CheckingBalance;
-            return Action::CheckBalance;
+            return self.check_balance();
         }
         self.fail(SelectionFailure::TooManyInputs {
             requested: self.request.amount,

@@ -153,6 +153,7 @@ fn config(input: &mut Input<'_>) -> SelectionConfig {
         wakeups: true,
         blacklist: input.byte() % 4 != 1,
         ascending: input.byte() % 4 != 1,
+        tidy_band: n(input, 0, 8),
     }
 }
 

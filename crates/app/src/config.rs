@@ -295,9 +295,11 @@ domain_settings! {
         cover_band: usize = .cover_band, "HOLDFAST_COVER_BAND",
             "`cover_first`: candidates at least as large as the amount read per select, smallest first (1 to 256).";
         prefer_exact: bool = .prefer_exact, "HOLDFAST_PREFER_EXACT",
-            "`cover_first`: prefer a token, or a pair or triple of the largest smaller ones, that sums to the amount exactly (no change).";
+            "`cover_first`: prefer a token, or a pair or triple of smaller ones, that sums to the amount exactly (no change), of the fewest inputs.";
         consolidate_dust: usize = .consolidate_dust, "HOLDFAST_CONSOLIDATE_DUST",
             "`cover_first`: add up to this many of the smallest candidates as optional inputs (0 to 64).";
+        tidy_band: usize = .tidy_band, "HOLDFAST_TIDY_BAND",
+            "`cover_first`: with no other select of this instance on the wallet, read up to this many candidates below the amount and prefer an exact choice with the most inputs, up to 3 (0 turns it off; 0 to 10000).";
         sufficiency_window: usize = .sufficiency_window, "HOLDFAST_SUFFICIENCY_WINDOW",
             "Candidates in the sufficiency window, anchor included; one is picked at random (1 to 256).";
         max_sufficiency_ratio: u32 = .max_sufficiency_ratio, "HOLDFAST_MAX_SUFFICIENCY_RATIO",

@@ -143,7 +143,7 @@ fn a_payment_history_replays_as_json_and_a_bad_line_is_bad_input_naming_it() {
         (Some(4), Some(2))
     );
     let policies = json["policies"].as_array().expect("policies");
-    assert_eq!(policies.len(), 5);
+    assert_eq!(policies.len(), 6);
     for p in policies {
         // 30 in, 12 paid, the payment of 1 BTC skipped.
         assert_eq!(p["unspent_sats"], 18, "{p}");

@@ -105,7 +105,7 @@ pub use config::{
 };
 pub use pages::MAX_SHUFFLE_BUCKET;
 
-use cover::{CoverLimits, CoverPlan, Fill};
+use cover::{CoverLimits, CoverPlan, Exact, Fill};
 use pages::Scan;
 
 /// What to select: an amount of one token type from one wallet, for one consumer
@@ -939,6 +939,7 @@ impl Selection {
                     // lost yet (a cover lost now would cost another read).
                     let single_cover_only = !self.config.prefer_exact
                         && self.config.consolidate_dust == 0
+                        && !self.tidies()
                         && self.blacklist.is_empty()
                         && !self.scan.read_fill;
                     let bound = threshold
@@ -971,9 +972,24 @@ impl Selection {
         self.scan = Scan::default();
     }
 
+    /// Whether a scan starting now tidies (`SelectionConfig::tidy_band`):
+    /// `cover_first`, tidying on, and no other caller of the wallet and type in
+    /// this instance, so its extra inputs cost nobody a race.
+    fn tidies(&self) -> bool {
+        self.config.policy == SelectionPolicy::CoverFirst
+            && self.config.tidy_band > 0
+            && self.callers <= 1
+    }
+
     fn fetch(&mut self, after: Option<Candidate>, refresh: bool) -> Action {
         let bands = self.bands(after.as_ref());
+        if after.is_none() {
+            self.scan.tidy = self.tidies();
+        }
         let mut limit = self.config.page_size;
+        if self.scan.tidy {
+            limit = limit.max(self.config.tidy_band);
+        }
         if let Some(bands) = bands {
             self.scan.threshold = Some(bands.threshold);
             // Nothing but a zero amount lies below 1: no fill band to read.
@@ -1013,7 +1029,13 @@ impl Selection {
                     self.callers,
                 ),
                 max_sufficiency_ratio: self.config.max_sufficiency_ratio,
-                prefer_exact: self.config.prefer_exact,
+                exact: if self.scan.tidy {
+                    Exact::MostInputs
+                } else if self.config.prefer_exact {
+                    Exact::FewestInputs
+                } else {
+                    Exact::Off
+                },
                 consolidate_dust: self.config.consolidate_dust,
                 max_inputs: inputs_left,
             };

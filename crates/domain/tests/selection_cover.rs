@@ -19,6 +19,15 @@ fn tight() -> SelectionConfig {
     }
 }
 
+/// The defaults as a select sees them with other callers of its wallet in its
+/// instance: no tidying (`tidy_band` is for a select alone).
+fn shared() -> SelectionConfig {
+    SelectionConfig {
+        tidy_band: 0,
+        ..SelectionConfig::default()
+    }
+}
+
 fn amounts(wallet: &Wallet, picked: &[holdfast_domain::TokenId]) -> Vec<u128> {
     let mut v: Vec<u128> = picked
         .iter()
@@ -75,7 +84,7 @@ fn without_a_near_sized_token_a_few_of_the_largest_smaller_ones() {
     values.push(10_000);
     let wallet = Wallet::of(&values);
     for seed in 0..32 {
-        let r = run(wallet.clone(), 100, SelectionConfig::default(), seed);
+        let r = run(wallet.clone(), 100, shared(), seed);
         let got = amounts(&wallet, &r.picked());
         assert!((3..=4).contains(&got.len()), "{got:?}");
         assert!(got.iter().sum::<u128>() >= 100);
@@ -84,7 +93,7 @@ fn without_a_near_sized_token_a_few_of_the_largest_smaller_ones() {
     }
     // A fill that cannot cover uses the anchor after all.
     let wallet = Wallet::of(&[1, 2, 3, 10_000]);
-    let r = run(wallet.clone(), 100, SelectionConfig::default(), 1);
+    let r = run(wallet.clone(), 100, shared(), 1);
     assert_eq!(amounts(&wallet, &r.picked()), [10_000]);
 }
 
@@ -105,19 +114,19 @@ fn after_a_loss_the_next_pick_comes_from_what_was_read() {
 fn a_single_cover_read_leaves_the_fill_band_unread() {
     // 50 is within 5 x 10: the store may answer the cover band alone.
     let wallet = Wallet::of(&[1, 2, 9, 50, 70]);
-    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    let r = run(wallet.clone(), 10, shared(), 1);
     assert_eq!(r.picked().len(), 1, "{}", r.trace);
     assert!(r.trace.contains("-> 2 rows [t03=50 t04=70]"), "{}", r.trace);
     assert_eq!(r.stats.fetches, 1, "{}", r.trace);
     // 70 is beyond 5 x 10: the fill band is read with it, and drawn from.
     let wallet = Wallet::of(&[4, 5, 9, 70]);
-    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    let r = run(wallet.clone(), 10, shared(), 1);
     assert!(r.trace.contains("-> 4 rows"), "{}", r.trace);
     assert_eq!(r.picked().len(), 2, "{}", r.trace);
     // prefer_exact looks at the fill band: it is read with the cover band.
     let exact = SelectionConfig {
         prefer_exact: true,
-        ..SelectionConfig::default()
+        ..shared()
     };
     let wallet = Wallet::of(&[1, 9, 50]);
     let r = run(wallet.clone(), 10, exact, 1);
@@ -130,7 +139,7 @@ fn a_lost_single_cover_read_without_its_fill_band_reads_both_bands_again() {
     // The only cover loses its race: the next read has both bands, and the
     // fill tokens cover the amount.
     let wallet = Wallet::of(&[4, 5, 6, 50]).hot(3, 1);
-    let r = run(wallet.clone(), 10, SelectionConfig::default(), 1);
+    let r = run(wallet.clone(), 10, shared(), 1);
     assert!(r.outcome.is_ok(), "{}", r.trace);
     assert_eq!(r.stats.conflicts, 1, "{}", r.trace);
     assert_eq!(r.stats.fetches, 2, "{}", r.trace);
@@ -209,15 +218,34 @@ fn locked_funds_are_funds_locked_not_insufficient() {
 fn prefer_exact_avoids_change_where_a_set_sums_to_the_amount() {
     let exact = SelectionConfig {
         prefer_exact: true,
-        ..SelectionConfig::default()
+        ..shared()
     };
     let wallet = Wallet::of(&[7, 9, 13, 30, 31]);
     let r = run(wallet.clone(), 16, exact.clone(), 1);
     let selected = r.outcome.clone().expect("selected");
     assert_eq!(amounts(&wallet, &r.picked()), [7, 9]);
     assert!(selected.change.is_zero());
-    let r = run(wallet.clone(), 16, SelectionConfig::default(), 1);
+    let r = run(wallet.clone(), 16, shared(), 1);
     assert!(!r.outcome.expect("selected").change.is_zero());
+}
+
+#[test]
+fn alone_on_its_wallet_a_select_spends_more_tokens_than_it_mints() {
+    // Tidying (the default, no other caller): the tidy band below the amount is
+    // read with the covers, and an exact set of the most inputs is taken.
+    let wallet = Wallet::of(&[3, 4, 6, 9, 13, 30]);
+    let r = run(wallet.clone(), 13, SelectionConfig::default(), 1);
+    let selected = r.outcome.clone().expect("selected");
+    assert_eq!(amounts(&wallet, &r.picked()), [3, 4, 6], "{}", r.trace);
+    assert!(selected.change.is_zero());
+    assert!(r.trace.contains("limit=512"), "{}", r.trace);
+    assert_eq!(r.stats.round_trips(), 2, "{}", r.trace);
+    // No exact set: the choice is as with other callers (a near-sized cover).
+    let r = run(wallet.clone(), 14, SelectionConfig::default(), 1);
+    assert_eq!(amounts(&wallet, &r.picked()), [30], "{}", r.trace);
+    // With tidying off, the single cover even where an exact set exists.
+    let r = run(wallet.clone(), 13, shared(), 1);
+    assert_eq!(r.picked().len(), 1, "{}", r.trace);
 }
 
 #[test]

@@ -61,7 +61,11 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
             prop_oneof![1usize..=8, Just(256usize)],
         ),
         (1usize..=8, 0u32..=3, 1u32..=3),
-        (any::<bool>(), prop::bool::weighted(0.8)),
+        (
+            any::<bool>(),
+            prop::bool::weighted(0.8),
+            prop_oneof![Just(0usize), 1usize..=16],
+        ),
         (
             prop::sample::select(SelectionPolicy::ALL.to_vec()),
             1usize..=4,
@@ -73,13 +77,14 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
             |(
                 (sufficiency_window, max_sufficiency_ratio, batch_window),
                 (page_size, max_immediate_retries, max_retries),
-                (blacklist, ascending),
+                (blacklist, ascending, tidy_band),
                 (policy, cover_band, prefer_exact, consolidate_dust),
             )| SelectionConfig {
                 policy,
                 cover_band,
                 prefer_exact,
                 consolidate_dust,
+                tidy_band,
                 sufficiency_window,
                 max_sufficiency_ratio,
                 batch_window,

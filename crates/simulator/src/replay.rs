@@ -11,7 +11,9 @@
 //! [`holdfast::Settlement::confirm`] does for any service), and the next line
 //! starts. A payment the wallet cannot cover is counted and skipped.
 //!
-//! Policies ([`ReplayPolicy`]): holdfast's `cover_first` (the default),
+//! Policies ([`ReplayPolicy`]): holdfast's `cover_first` (the default, which
+//! tidies a wallet no other caller is on), `cover_first` without tidying
+//! (`tidy_band = 0`, as a select beside other callers chooses),
 //! `smallest_first` and `cover_first` with `consolidate_dust = 4`, each through
 //! [`TokenSelector`]; and two baselines that read the wallet's unspent tokens
 //! through the token store and claim what they chose through the lock store, as
@@ -236,6 +238,9 @@ pub fn random_improve(
 pub enum ReplayPolicy {
     /// holdfast's default, `cover_first`.
     CoverFirst,
+    /// `cover_first` with `tidy_band = 0`: what a select beside other callers
+    /// of its wallet chooses (and the default before tidying).
+    Untidy,
     /// holdfast's `smallest_first` (the upstream order).
     SmallestFirst,
     /// `cover_first` with `consolidate_dust = 4`.
@@ -248,8 +253,9 @@ pub enum ReplayPolicy {
 
 impl ReplayPolicy {
     /// Every policy, in report order.
-    pub const ALL: [ReplayPolicy; 5] = [
+    pub const ALL: [ReplayPolicy; 6] = [
         ReplayPolicy::CoverFirst,
+        ReplayPolicy::Untidy,
         ReplayPolicy::SmallestFirst,
         ReplayPolicy::ConsolidateDust,
         ReplayPolicy::RandomDraw,
@@ -260,6 +266,7 @@ impl ReplayPolicy {
     pub fn name(self) -> &'static str {
         match self {
             ReplayPolicy::CoverFirst => "cover_first",
+            ReplayPolicy::Untidy => "cover_first-untidy",
             ReplayPolicy::SmallestFirst => "smallest_first",
             ReplayPolicy::ConsolidateDust => "cover_first+dust4",
             ReplayPolicy::RandomDraw => "random_draw",
@@ -273,6 +280,10 @@ impl ReplayPolicy {
         let mut config = base.clone();
         match self {
             ReplayPolicy::CoverFirst => config.policy = SelectionPolicy::CoverFirst,
+            ReplayPolicy::Untidy => {
+                config.policy = SelectionPolicy::CoverFirst;
+                config.tidy_band = 0;
+            }
             ReplayPolicy::SmallestFirst => config.policy = SelectionPolicy::SmallestFirst,
             ReplayPolicy::ConsolidateDust => {
                 config.policy = SelectionPolicy::CoverFirst;

@@ -64,7 +64,10 @@ async fn the_payment_replay_runs_every_policy_on_postgres() {
     .await
     .expect("replay runs");
     assert_eq!(report.backend, "postgres");
-    assert_eq!(report.policies.len(), 5);
+    assert_eq!(
+        report.policies.len(),
+        holdfast_simulator::ReplayPolicy::ALL.len()
+    );
     for p in &report.policies {
         assert_eq!(
             (p.payments, p.insufficient, p.unspent_sats, p.final_pool),

@@ -129,6 +129,7 @@ async fn a_whole_replay_reports_every_policy_on_fresh_databases() {
         names,
         [
             "cover_first",
+            "cover_first-untidy",
             "smallest_first",
             "cover_first+dust4",
             "random_draw",

@@ -59,6 +59,8 @@ impl TokenSelector {
             ambiguous: Vec::new(),
             call_started: progress.started,
         };
+        // The first read is widened for the callers as every later one is.
+        pass.note_callers();
         let mut action = pass.selection.start(pass.rng);
         let outcome = loop {
             pass.cover();
@@ -84,12 +86,17 @@ impl Pass<'_> {
         self.guard.held = covered(self.selection.held(), &self.ambiguous);
     }
 
-    /// Performs one action of the engine; its answer is the engine's next action.
-    async fn perform(&mut self, action: Action) -> Action {
-        // The callers of the wallet and type this instance sees now widen the
-        // engine's next read (`Selection::note_callers`).
+    /// Tells the engine how many callers of the wallet and type this instance
+    /// sees now: they widen its next read, and a select alone tidies
+    /// (`Selection::note_callers`).
+    fn note_callers(&mut self) {
         self.selection
             .note_callers(self.waiter.others().others.saturating_add(1));
+    }
+
+    /// Performs one action of the engine; its answer is the engine's next action.
+    async fn perform(&mut self, action: Action) -> Action {
+        self.note_callers();
         match action {
             Action::Fetch(fetch) => self.fetch(fetch).await,
             Action::Claim(tokens) => self.claim(tokens).await,

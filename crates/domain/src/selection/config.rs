@@ -35,6 +35,9 @@ pub const MAX_INPUTS: usize = MAX_BATCH_WINDOW;
 /// The largest accepted `consolidate_dust`.
 pub const MAX_CONSOLIDATE_DUST: usize = 64;
 
+/// The largest accepted `tidy_band`.
+pub const MAX_TIDY_BAND: usize = MAX_PAGE_SIZE;
+
 /// Which tokens a select prefers (`docs/selection.md`, "Choice").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum SelectionPolicy {
@@ -93,13 +96,23 @@ pub struct SelectionConfig {
     /// `cover_first`: how many candidates at least as large as the amount one read
     /// returns, smallest first (default 16).
     pub cover_band: usize,
-    /// `cover_first`: prefer a token, or a pair or triple of the largest smaller
-    /// tokens, that sums to the amount exactly, so the select needs no change
-    /// (default false).
+    /// `cover_first`: prefer a token, or a pair or triple of smaller tokens read,
+    /// that sums to the amount exactly, so the select needs no change; of the
+    /// sets found, one of the fewest inputs (default false; a select that tidies,
+    /// [`SelectionConfig::tidy_band`], looks for one of the most inputs anyway).
     pub prefer_exact: bool,
     /// `cover_first`: add up to this many of the smallest candidates read as
-    /// optional inputs, to consolidate dust (default 0: none).
+    /// optional inputs, to consolidate dust (default 0: none). They are the
+    /// smallest of the fill band read (the largest tokens below the amount),
+    /// not the wallet's smallest, and they give an exact choice change.
     pub consolidate_dust: usize,
+    /// `cover_first`: when this instance has no other select on the wallet and
+    /// type, a select reads up to this many candidates below the amount (its fill
+    /// band) and prefers a choice that sums to the amount exactly with the most
+    /// inputs (up to 3): it makes no change and spends more tokens than it
+    /// mints, where that costs nobody a race (default 512; 0 turns it off;
+    /// `docs/selection.md`, "A tidy wallet").
+    pub tidy_band: usize,
     /// How many candidates the sufficiency window may hold, the anchor included
     /// (default 4). One of them is picked uniformly at random.
     pub sufficiency_window: usize,
@@ -148,6 +161,7 @@ impl Default for SelectionConfig {
             cover_band: 16,
             prefer_exact: false,
             consolidate_dust: 0,
+            tidy_band: 512,
             sufficiency_window: 4,
             max_sufficiency_ratio: 5,
             batch_window: MAX_BATCH_WINDOW,
@@ -211,6 +225,9 @@ impl SelectionConfig {
         if self.consolidate_dust > MAX_CONSOLIDATE_DUST {
             return bad("consolidate_dust", self.consolidate_dust, "0 to 64 tokens");
         }
+        if self.tidy_band > MAX_TIDY_BAND {
+            return bad("tidy_band", self.tidy_band, "0 to 10000 candidates");
+        }
         if !(1..=MAX_BATCH_WINDOW).contains(&self.batch_window) {
             return bad("batch_window", self.batch_window, "1 to 256 tokens");
         }
@@ -268,6 +285,7 @@ mod tests {
             (c.policy, c.cover_band, c.prefer_exact, c.consolidate_dust),
             (SelectionPolicy::CoverFirst, 16, false, 0)
         );
+        assert_eq!(c.tidy_band, 512);
     }
 
     #[test]
@@ -296,6 +314,7 @@ mod tests {
             (|c| c.cover_band = 0, "cover_band", "0"),
             (|c| c.cover_band = 257, "cover_band", "257"),
             (|c| c.consolidate_dust = 65, "consolidate_dust", "65"),
+            (|c| c.tidy_band = 10_001, "tidy_band", "10001"),
             (|c| c.batch_window = 0, "batch_window", "0"),
             (|c| c.batch_window = 257, "batch_window", "257"),
             (|c| c.max_inputs = 0, "max_inputs", "0"),

@@ -5,9 +5,11 @@
 //! (amount >= R, smallest first) and *fill* candidates (amount < R, largest first).
 //! In order:
 //!
-//! 1. **exact** (opt-in): a cover candidate equal to R, or a pair or triple of
-//!    fill candidates (among their 64 largest distinct amounts) summing to R, so
-//!    the select makes no change;
+//! 1. **exact** (`prefer_exact`, or a tidying scan): a cover candidate equal to
+//!    R, a pair of any fill candidates read, or a triple (its two largest among
+//!    the 200 largest distinct fill amounts) summing to R, so the select makes no
+//!    change: of the fewest inputs under `prefer_exact`, of the most (up to 3)
+//!    when the scan tidies (no other caller of the wallet in this instance);
 //! 2. **single cover**: if the smallest cover candidate (the anchor) is at most
 //!    `max_sufficiency_ratio` x R, one of up to `sufficiency_window` cover
 //!    candidates no larger than the ratio x the anchor, picked at random: one input,
@@ -18,7 +20,7 @@
 //!    can), so concurrent callers spread as thin as the read allows. If the fill
 //!    candidates cannot cover R, the anchor after all;
 //! 4. **dust** (opt-in `consolidate_dust = k`): up to k of the smallest remaining
-//!    candidates join as optional inputs.
+//!    fill candidates join as optional inputs, unless the choice is exact.
 //!
 //! No choice names more than `max_inputs` tokens (what the select has won in
 //! this leg counted). An amount that the fill candidates read cover only with
@@ -26,6 +28,8 @@
 //! holds the largest tokens below R, so no further page can do with fewer.
 //!
 //! Pure: the caller passes its RNG, so a seeded RNG replays the choice.
+
+use std::collections::HashMap;
 
 use rand::Rng;
 use rand::seq::{IndexedRandom, SliceRandom};
@@ -57,9 +61,23 @@ pub(crate) fn spread_window(configured: usize, callers: usize) -> usize {
         .min(crate::selection::MAX_SUFFICIENCY_WINDOW)
 }
 
-/// How many distinct amounts of the fill candidates (largest first) the exact
-/// search looks at: pairs and triples of them, at most about 64^3 / 6 sums.
-const EXACT_SEARCH_LIMIT: usize = 64;
+/// How many distinct fill amounts (largest first) the exact search takes the
+/// two largest members of a triple from: about 200^2 / 2 lookups.
+const EXACT_TRIPLE_LIMIT: usize = 200;
+
+/// How many exact triples the search collects before it picks one.
+const EXACT_SETS_KEPT: usize = 64;
+
+/// Whether, and how, a choice looks for a set that sums to R exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exact {
+    /// Not at all.
+    Off,
+    /// `prefer_exact`: an exact set of the fewest inputs found.
+    FewestInputs,
+    /// A tidying scan: an exact set of the most inputs found (up to 3).
+    MostInputs,
+}
 
 /// The limits of one choice (taken from the selection config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +85,7 @@ pub(crate) struct CoverLimits {
     pub(crate) batch_window: usize,
     pub(crate) sufficiency_window: usize,
     pub(crate) max_sufficiency_ratio: u32,
-    pub(crate) prefer_exact: bool,
+    pub(crate) exact: Exact,
     pub(crate) consolidate_dust: usize,
     /// How many more inputs the select may take.
     pub(crate) max_inputs: usize,
@@ -145,13 +163,17 @@ pub(crate) fn plan(
             Fill::MorePages | Fill::Unread => CoverPlan::MoreFill,
         };
     };
-    add_dust(candidates, &fill, &mut chosen, headroom, limits);
+    add_dust(candidates, &fill, remaining, &mut chosen, headroom, limits);
     CoverPlan::Claim(chosen)
 }
 
-/// A cover candidate equal to R, or a pair or triple of the largest fill
-/// candidates that sums to R: of the sets found, one with the fewest inputs, at
-/// random.
+/// A set of candidates summing to R exactly: a cover candidate equal to R, a
+/// pair of fill candidates (any two read), or a triple (its two largest among
+/// the [`EXACT_TRIPLE_LIMIT`] largest distinct fill amounts, its third any
+/// candidate read). [`Exact::FewestInputs`] takes a set of the fewest inputs
+/// found, [`Exact::MostInputs`] one of the most (up to 3, within the batch
+/// window and the cap); among those, one at random, with random members of
+/// each amount.
 fn exact(
     candidates: &[Quantity],
     cover: &[usize],
@@ -161,84 +183,104 @@ fn exact(
     limits: CoverLimits,
     rng: &mut (impl Rng + ?Sized),
 ) -> Option<Vec<usize>> {
-    if !limits.prefer_exact || remaining.value() > headroom {
+    if limits.exact == Exact::Off || remaining.value() > headroom {
         return None;
     }
-    let equal: Vec<usize> = cover
-        .iter()
-        .copied()
-        .take_while(|&i| candidates[i] == remaining)
-        .collect();
-    if !equal.is_empty() {
-        return Some(vec![equal[rng.random_range(0..equal.len())]]);
-    }
-    // Search over distinct amounts (a wallet of denominations has few), each with
-    // the candidates of that amount: pairs, then triples, of amounts summing to R
-    // with enough candidates of each.
+    let target = remaining.value();
+    let largest = limits.batch_window.min(limits.max_inputs).min(3);
+    // Distinct fill amounts, descending, each with its candidates.
     let mut groups: Vec<(u128, Vec<usize>)> = Vec::new();
     for &i in fill {
         let v = candidates[i].value();
-        if let Some((last, members)) = groups.last_mut()
-            && *last == v
-        {
-            members.push(i);
-        } else if groups.len() == EXACT_SEARCH_LIMIT {
-            break;
-        } else {
-            groups.push((v, vec![i]));
+        match groups.last_mut() {
+            Some((last, members)) if *last == v => members.push(i),
+            _ => groups.push((v, vec![i])),
         }
     }
-    let target = remaining.value();
-    let size = limits.batch_window.min(limits.max_inputs).min(3);
-    let mut found: Vec<Vec<usize>> = Vec::new();
-    // Groups are descending, so each inner scan stops once the sum is too small.
-    if size >= 2 {
-        for a in 0..groups.len() {
-            for b in a..groups.len() {
-                match groups[a].0.saturating_add(groups[b].0).cmp(&target) {
-                    std::cmp::Ordering::Equal => found.push(vec![a, b]),
-                    std::cmp::Ordering::Less => break,
-                    std::cmp::Ordering::Greater => {}
-                }
-            }
-        }
-    }
-    if size >= 3 {
-        for a in 0..groups.len() {
-            for b in a..groups.len() {
-                let pair = groups[a].0.saturating_add(groups[b].0);
-                if pair >= target {
-                    continue;
-                }
-                for (c, (value, _)) in groups.iter().enumerate().skip(b) {
-                    match pair.saturating_add(*value).cmp(&target) {
-                        std::cmp::Ordering::Equal => found.push(vec![a, b, c]),
-                        std::cmp::Ordering::Less => break,
-                        std::cmp::Ordering::Greater => {}
+    let group_of: HashMap<u128, usize> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, (v, _))| (*v, g))
+        .collect();
+    let sets_of = |size: usize| -> Vec<Vec<usize>> {
+        let mut found = Vec::new();
+        match size {
+            2 => {
+                for (a, (va, _)) in groups.iter().enumerate() {
+                    // a >= b: a is at least half of R.
+                    if va.saturating_mul(2) < target {
+                        break;
+                    }
+                    if let Some(&b) = group_of.get(&(target - va))
+                        && b >= a
+                    {
+                        found.push(vec![a, b]);
                     }
                 }
             }
+            3 => {
+                let top = groups.len().min(EXACT_TRIPLE_LIMIT);
+                'outer: for a in 0..top {
+                    for b in a..top {
+                        let pair = groups[a].0.saturating_add(groups[b].0);
+                        if pair >= target {
+                            continue;
+                        }
+                        let Some(&c) = group_of.get(&(target - pair)) else {
+                            // Smaller b only leave more for c, which must be <= b.
+                            if target - pair > groups[b].0 {
+                                break;
+                            }
+                            continue;
+                        };
+                        if c >= b {
+                            found.push(vec![a, b, c]);
+                            if found.len() == EXACT_SETS_KEPT {
+                                break 'outer;
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
         }
+        // Enough candidates of each amount (a pair of one amount needs two).
+        found.retain(|set| {
+            set.iter()
+                .all(|g| groups[*g].1.len() >= set.iter().filter(|h| *h == g).count())
+        });
+        found
+    };
+    let sizes: Vec<usize> = match limits.exact {
+        Exact::MostInputs => (1..=largest).rev().collect(),
+        _ => (1..=largest).collect(),
+    };
+    for size in sizes {
+        if size == 1 {
+            let equal: Vec<usize> = cover
+                .iter()
+                .copied()
+                .take_while(|&i| candidates[i] == remaining)
+                .collect();
+            if let Some(&one) = equal.choose(rng) {
+                return Some(vec![one]);
+            }
+            continue;
+        }
+        let mut found = sets_of(size);
+        if found.is_empty() {
+            continue;
+        }
+        let set = found.swap_remove(rng.random_range(0..found.len()));
+        let mut chosen: Vec<usize> = Vec::with_capacity(set.len());
+        for &g in &set {
+            let mut members = groups[g].1.clone();
+            members.retain(|i| !chosen.contains(i));
+            chosen.push(*members.choose(rng)?);
+        }
+        return Some(chosen);
     }
-    // Enough candidates of each amount (a pair of one amount needs two of it).
-    found.retain(|set| {
-        set.iter()
-            .all(|g| groups[*g].1.len() >= set.iter().filter(|h| *h == g).count())
-    });
-    if found.is_empty() {
-        return None;
-    }
-    // Fewest inputs first, then a random set among those, random members.
-    let fewest = found.iter().map(Vec::len).min().unwrap_or(2);
-    found.retain(|set| set.len() == fewest);
-    let set = found.swap_remove(rng.random_range(0..found.len()));
-    let mut chosen: Vec<usize> = Vec::with_capacity(set.len());
-    for &g in &set {
-        let mut members = groups[g].1.clone();
-        members.retain(|i| !chosen.contains(i));
-        chosen.push(*members.choose(rng)?);
-    }
-    Some(chosen)
+    None
 }
 
 /// One of the anchor's sufficiency window, if the anchor is near-sized.
@@ -382,20 +424,22 @@ fn draw_fill(
 }
 
 /// Adds up to `consolidate_dust` of the smallest fill candidates not chosen yet,
-/// within the batch window and the headroom.
+/// within the batch window and the headroom; none to an exact choice.
 fn add_dust(
     candidates: &[Quantity],
     fill: &[usize],
+    remaining: Quantity,
     chosen: &mut Vec<usize>,
     headroom: u128,
     limits: CoverLimits,
 ) {
-    if limits.consolidate_dust == 0 {
-        return;
-    }
     let mut total = chosen
         .iter()
         .fold(0u128, |sum, &i| sum.saturating_add(candidates[i].value()));
+    // An exact choice stays exact: dust would give it change.
+    if limits.consolidate_dust == 0 || total == remaining.value() {
+        return;
+    }
     let room = limits
         .batch_window
         .min(limits.max_inputs)
@@ -439,7 +483,7 @@ mod tests {
         batch_window: 256,
         sufficiency_window: 4,
         max_sufficiency_ratio: 5,
-        prefer_exact: false,
+        exact: Exact::Off,
         consolidate_dust: 0,
         max_inputs: 100,
     };
@@ -588,7 +632,7 @@ mod tests {
     #[test]
     fn exact_prefers_a_changeless_set_when_asked() {
         let exact = CoverLimits {
-            prefer_exact: true,
+            exact: Exact::FewestInputs,
             ..LIMITS
         };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -622,6 +666,61 @@ mod tests {
                 plan(&c, q(16), u128::MAX, Fill::Exhausted, LIMITS, &mut rng)
             ),
             [40]
+        );
+    }
+
+    #[test]
+    fn a_tidying_choice_takes_the_exact_set_of_the_most_inputs() {
+        let most = CoverLimits {
+            exact: Exact::MostInputs,
+            ..LIMITS
+        };
+        let fewest = CoverLimits {
+            exact: Exact::FewestInputs,
+            ..LIMITS
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let c = qs(&[2, 3, 5, 7, 10, 40]);
+        let choose = |limits, rng: &mut ChaCha8Rng| {
+            let mut set = claimed(&c, plan(&c, q(10), u128::MAX, Fill::Exhausted, limits, rng));
+            set.sort_unstable();
+            set
+        };
+        assert_eq!(choose(fewest, &mut rng), [10]);
+        assert_eq!(choose(most, &mut rng), [2, 3, 5]);
+        // Within the cap: two inputs at most, so a pair (3 + 7).
+        let capped = CoverLimits {
+            max_inputs: 2,
+            ..most
+        };
+        assert_eq!(choose(capped, &mut rng), [3, 7]);
+        // A pair's members may be any two read, not only the largest: 1,000
+        // fill candidates, the pair is the largest and the smallest.
+        let mut many: Vec<u128> = (0..1_000).map(|i| 10_000 + 2 * i).collect();
+        many.push(1);
+        let c = qs(&many);
+        let set = claimed(
+            &c,
+            plan(&c, q(11_999), u128::MAX, Fill::Exhausted, fewest, &mut rng),
+        );
+        assert_eq!(set, [1, 11_998]);
+    }
+
+    #[test]
+    fn an_exact_choice_takes_no_dust() {
+        let both = CoverLimits {
+            exact: Exact::FewestInputs,
+            consolidate_dust: 2,
+            ..LIMITS
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let c = qs(&[1, 1, 4, 6, 50]);
+        assert_eq!(
+            claimed(
+                &c,
+                plan(&c, q(10), u128::MAX, Fill::Exhausted, both, &mut rng)
+            ),
+            [4, 6]
         );
     }
 

@@ -54,6 +54,10 @@ pub(crate) struct Scan {
     /// `cover_first`: this scan reads the fill band in any case (the previous
     /// scan left it unread, and its single cover could not be chosen).
     pub(crate) read_fill: bool,
+    /// `cover_first`: this scan tidies (`SelectionConfig::tidy_band`): it reads
+    /// the tidy band below the amount and prefers an exact choice with the most
+    /// inputs. Decided at its first read, so the read and the choice agree.
+    pub(crate) tidy: bool,
     /// A store error happened during this scan (a failed page, claim or balance
     /// read, or an unclear claim answer): running out proves nothing about locks.
     pub(crate) store_error: bool,

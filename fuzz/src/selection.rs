@@ -15,9 +15,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, FaultKind, Precision, Quantity, SelectRequest, Selection,
-    SelectionConfig, SelectionFailure, SelectionPolicy, StoreFailure, TokenId, TokenType, TxId,
-    WalletId,
+    Action, Candidate, ClaimVerdict, FaultKind, Precision, Quantity, SelectError, SelectRequest,
+    Selection, SelectionConfig, SelectionPolicy, StoreFault, TokenId, TokenType, TxId, WalletId,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -206,7 +205,7 @@ pub fn run(data: &[u8]) {
             Action::Fetch(fetch) => {
                 if input.fault(10) {
                     selection.on_candidates(
-                        Err(StoreFailure::new(FaultKind::Unavailable, "fetch failed")),
+                        Err(StoreFault::new(FaultKind::Unavailable, "fetch failed")),
                         &mut rng,
                     )
                 } else {
@@ -244,7 +243,7 @@ pub fn run(data: &[u8]) {
                         }
                     }
                     selection.on_claim(
-                        Err(StoreFailure::new(FaultKind::Busy, "claim failed")),
+                        Err(StoreFault::new(FaultKind::Busy, "claim failed")),
                         &mut rng,
                     )
                 } else {
@@ -270,7 +269,7 @@ pub fn run(data: &[u8]) {
             Action::CheckBalance => {
                 if input.fault(10) {
                     selection.on_balance(
-                        Err(StoreFailure::new(FaultKind::Timeout, "balance failed")),
+                        Err(StoreFault::new(FaultKind::Timeout, "balance failed")),
                         &mut rng,
                     )
                 } else {
@@ -291,7 +290,7 @@ pub fn run(data: &[u8]) {
                         }
                     }
                     selection.on_released(
-                        Err(StoreFailure::new(FaultKind::Backend, "release failed")),
+                        Err(StoreFault::new(FaultKind::Backend, "release failed")),
                         &mut rng,
                     )
                 } else {
@@ -356,7 +355,7 @@ pub fn run(data: &[u8]) {
 fn check_done(
     selection: &Selection,
     store: &Store,
-    outcome: &Result<holdfast_domain::Selected, SelectionFailure>,
+    outcome: &Result<holdfast_domain::Selected, SelectError>,
     release_failed: bool,
     last_balance: Option<Quantity>,
 ) {
@@ -397,7 +396,7 @@ fn check_done(
             if !release_failed {
                 assert!(mine.is_empty(), "failed with {failure} but holds {mine:?}");
             }
-            if let SelectionFailure::InsufficientFunds {
+            if let SelectError::InsufficientFunds {
                 available,
                 requested,
             } = failure

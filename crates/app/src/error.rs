@@ -5,9 +5,14 @@
 //! Every public error type has `kind() -> ErrorKind`: [`crate::SelectError`],
 //! [`crate::SettleError`], [`crate::AdmitError`], [`crate::admission::SetLimitError`],
 //! [`crate::AncestryError`], [`crate::backend::BackendError`] and
-//! [`crate::ConfigError`]. A store failure keeps the kind the adapter gave it
+//! [`crate::ConfigError`]; [`HasKind`] lets one function take any of them. A
+//! store failure keeps the kind the adapter gave it
 //! ([`holdfast_domain::FaultKind`]), so a database that is unavailable (503) is
 //! not mistaken for corrupt data (500).
+//!
+//! [`ErrorKind`] and [`RETRY_AFTER`] live in the domain
+//! ([`holdfast_domain::error_kind`]), beside [`crate::SelectError`], which is the
+//! domain's too; this module re-exports them.
 //!
 //! ```
 //! use holdfast::{ErrorKind, SelectError};
@@ -21,159 +26,8 @@
 //! assert_eq!(ErrorKind::Corrupt.http_status(), 500);
 //! ```
 
-use std::time::Duration;
-
 use holdfast_domain::FaultKind;
-
-/// The kind of an error: what a caller should do about it. `#[non_exhaustive]`:
-/// match with a wildcard arm (or use [`ErrorKind::is_transient`] and
-/// [`ErrorKind::http_status`]), since new kinds may be added.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ErrorKind {
-    /// The request can never succeed as given (an amount of zero, a limit out of
-    /// range, a configuration value that does not parse). Fix the input; do not
-    /// retry. HTTP 422 Unprocessable Content: the request was well-formed, its
-    /// values are not acceptable (a service that validates shapes itself may
-    /// prefer 400 for those).
-    InvalidInput,
-    /// The named thing does not exist (a queue before its first request). Check
-    /// the name; do not retry. HTTP 404.
-    NotFound,
-    /// The wallet's spendable balance, locks ignored, is below the amount. Do not
-    /// retry until the wallet is funded. HTTP 409 Conflict: the request is valid
-    /// but conflicts with the wallet's current state. (Not 402 Payment Required,
-    /// which HTTP reserves for future use and which clients and gateways treat
-    /// inconsistently.)
-    InsufficientFunds,
-    /// The request conflicts with what is recorded and retrying it unchanged
-    /// cannot help (a double spend, a transaction already confirmed with other
-    /// outputs). Reconcile; do not retry. HTTP 409.
-    Conflict,
-    /// Enough funds exist but other transactions hold them. Retry later. HTTP
-    /// 503 with `Retry-After`.
-    FundsLocked,
-    /// An operation ran past its bound (a select's deadline, a statement
-    /// timeout); its outcome may be unknown, so retry an idempotent call (every
-    /// call of this crate is). HTTP 503 with `Retry-After`.
-    Timeout,
-    /// The database is contended (another writer, row locks, more
-    /// compare-and-set conflicts than the bound). Retry later. HTTP 503 with
-    /// `Retry-After`.
-    Busy,
-    /// The database cannot be reached, refused the session, or the connection was
-    /// lost. Retry later. HTTP 503 with `Retry-After`.
-    Unavailable,
-    /// The handle is shutting down and takes no new work. Retry on another
-    /// replica. HTTP 503 with `Retry-After`.
-    ShuttingDown,
-    /// A stored row is not valid. Retrying reads the same row: alert an operator.
-    /// HTTP 500.
-    Corrupt,
-    /// The database schema is missing or newer than this code. Deploy the
-    /// matching version. HTTP 500.
-    Schema,
-    /// Any other failure of the backend or of this crate (a bug); the outcome is
-    /// unknown. Alert; retrying may help. HTTP 500.
-    Backend,
-}
-
-/// The `Retry-After` hint of transient kinds: short, since every call already
-/// waited or retried within its own bounds before it failed, and jittered
-/// retries by many clients spread out anyway.
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
-
-impl ErrorKind {
-    /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 12] = [
-        ErrorKind::InvalidInput,
-        ErrorKind::NotFound,
-        ErrorKind::InsufficientFunds,
-        ErrorKind::Conflict,
-        ErrorKind::FundsLocked,
-        ErrorKind::Timeout,
-        ErrorKind::Busy,
-        ErrorKind::Unavailable,
-        ErrorKind::ShuttingDown,
-        ErrorKind::Corrupt,
-        ErrorKind::Schema,
-        ErrorKind::Backend,
-    ];
-
-    /// Whether the same call may succeed later without anything being fixed:
-    /// funds locked, timeouts, busy or unavailable databases, a handle shutting
-    /// down.
-    pub fn is_transient(self) -> bool {
-        matches!(
-            self,
-            ErrorKind::FundsLocked
-                | ErrorKind::Timeout
-                | ErrorKind::Busy
-                | ErrorKind::Unavailable
-                | ErrorKind::ShuttingDown
-        )
-    }
-
-    /// The HTTP status a web service answers with (see each kind): 422, 404,
-    /// 409, 503 (transient kinds) or 500.
-    pub fn http_status(self) -> u16 {
-        match self {
-            ErrorKind::InvalidInput => 422,
-            ErrorKind::NotFound => 404,
-            ErrorKind::InsufficientFunds | ErrorKind::Conflict => 409,
-            ErrorKind::FundsLocked
-            | ErrorKind::Timeout
-            | ErrorKind::Busy
-            | ErrorKind::Unavailable
-            | ErrorKind::ShuttingDown => 503,
-            ErrorKind::Corrupt | ErrorKind::Schema | ErrorKind::Backend => 500,
-        }
-    }
-
-    /// How long to wait before retrying: [`RETRY_AFTER`] for transient kinds
-    /// (the `Retry-After` header of a 503), `None` for the rest.
-    pub fn retry_after(self) -> Option<Duration> {
-        self.is_transient().then_some(RETRY_AFTER)
-    }
-
-    /// The kind as a snake_case word (`funds_locked`), for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::InvalidInput => "invalid_input",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::InsufficientFunds => "insufficient_funds",
-            ErrorKind::Conflict => "conflict",
-            ErrorKind::FundsLocked => "funds_locked",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Busy => "busy",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::ShuttingDown => "shutting_down",
-            ErrorKind::Corrupt => "corrupt",
-            ErrorKind::Schema => "schema",
-            ErrorKind::Backend => "backend",
-        }
-    }
-}
-
-impl std::fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A store fault's kind is the error's kind.
-impl From<FaultKind> for ErrorKind {
-    fn from(kind: FaultKind) -> ErrorKind {
-        match kind {
-            FaultKind::Busy => ErrorKind::Busy,
-            FaultKind::Unavailable => ErrorKind::Unavailable,
-            FaultKind::Timeout => ErrorKind::Timeout,
-            FaultKind::Corrupt => ErrorKind::Corrupt,
-            FaultKind::Schema => ErrorKind::Schema,
-            FaultKind::Backend => ErrorKind::Backend,
-        }
-    }
-}
+pub use holdfast_domain::error_kind::{ErrorKind, RETRY_AFTER};
 
 /// The kind of a port error: its fault's kind, else (a refusal that the
 /// service did not turn into a variant of its own) `otherwise`.

@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use holdfast_domain::SelectionStats;
+use holdfast_domain::{SelectError, SelectionStats};
 
 /// Seconds one select call took, from start to its final answer (backoffs included).
 pub const SELECTION_DURATION: &str = "holdfast_selection_duration_seconds";
@@ -423,6 +423,23 @@ impl SelectOutcomeLabel {
             SelectOutcomeLabel::TooManyInputs => "too_many_inputs",
             SelectOutcomeLabel::DeadlineExceeded => "deadline_exceeded",
             SelectOutcomeLabel::Error => "error",
+        }
+    }
+}
+
+/// The `outcome` label of a failed select: its own label for insufficient funds,
+/// funds locked, too many inputs and a deadline; [`SelectOutcomeLabel::Error`]
+/// for a store fault, a refused input or a handle shutting down.
+impl From<&SelectError> for SelectOutcomeLabel {
+    fn from(error: &SelectError) -> Self {
+        match error {
+            SelectError::InsufficientFunds { .. } => SelectOutcomeLabel::InsufficientFunds,
+            SelectError::FundsLocked => SelectOutcomeLabel::FundsLocked,
+            SelectError::TooManyInputs { .. } => SelectOutcomeLabel::TooManyInputs,
+            SelectError::DeadlineExceeded { .. } => SelectOutcomeLabel::DeadlineExceeded,
+            SelectError::Store(_) | SelectError::Input(_) | SelectError::ShuttingDown => {
+                SelectOutcomeLabel::Error
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ use super::output::{Rendered, Report};
 use super::settle::settlement;
 use super::{CliError, Context, select};
 use holdfast::clock::SystemClock;
+use holdfast::metrics::SelectOutcomeLabel;
 use holdfast::selector::{SelectError, TokenSelector};
 use holdfast::settlement::{Orphan, SettleError, Settlement};
 use holdfast::sweeper::LeaseSweeper;
@@ -339,7 +340,10 @@ async fn work(shared: Arc<Shared>, mut rng: StdRng) -> Result<(), CliError> {
             Ok(selected) => selected,
             Err(e) => {
                 c.failed.fetch_add(1, Ordering::Relaxed);
-                history.line(format!("failed {tx} {}", e.outcome_label().as_str()));
+                history.line(format!(
+                    "failed {tx} {}",
+                    SelectOutcomeLabel::from(&e).as_str()
+                ));
                 if matches!(e, SelectError::Store(_)) {
                     tracing::warn!(error = %e, %tx, "select failed on the store");
                 }

@@ -325,13 +325,13 @@ pub fn needs_renewal(first_claim: Timestamp, now: Timestamp, lease: Duration) ->
 
 /// After pass `pass` (counted from 1) of a select lost locks to the lease sweep
 /// and gave its tokens back: select again from a fresh read (`Ok`), or, once
-/// more than `max_retries` passes ran, answer [`SelectionFailure::FundsLocked`]
+/// more than `max_retries` passes ran, answer [`SelectError::FundsLocked`]
 /// (other transactions keep taking what it selected).
 ///
-/// [`SelectionFailure::FundsLocked`]: crate::SelectionFailure::FundsLocked
-pub fn after_locks_lost(pass: u32, max_retries: u32) -> Result<(), crate::SelectionFailure> {
+/// [`SelectError::FundsLocked`]: crate::SelectError::FundsLocked
+pub fn after_locks_lost(pass: u32, max_retries: u32) -> Result<(), crate::SelectError> {
     if pass > max_retries {
-        Err(crate::SelectionFailure::FundsLocked)
+        Err(crate::SelectError::FundsLocked)
     } else {
         Ok(())
     }
@@ -551,13 +551,13 @@ mod tests {
                 "past max_retries: funds locked",
                 11,
                 10,
-                Err(crate::SelectionFailure::FundsLocked),
+                Err(crate::SelectError::FundsLocked),
             ),
             (
                 "one leg, second pass",
                 2,
                 1,
-                Err(crate::SelectionFailure::FundsLocked),
+                Err(crate::SelectError::FundsLocked),
             ),
         ];
         for (name, pass, max_retries, answer) in rows {

@@ -10,11 +10,15 @@
 //!   [`read_plan`](mod@read_plan): whether a select reads apart from its claim or with it.
 //! - [`request`], [`admission`]: build-slot admission.
 //! - [`lease`]: the lock lifecycle (settlement and lease expiry).
-//! - [`fault`]: the kinds of store failure every layer keeps.
+//! - [`fault`]: [`StoreFault`], a store's failure, and its [`FaultKind`], which
+//!   every layer keeps.
+//! - [`error_kind`]: [`ErrorKind`], what an error says a caller should do
+//!   (retry later, give up, fix the input), as [`SelectError::kind`] answers.
 #![warn(missing_docs)]
 
 pub mod admission;
 pub mod blacklist;
+pub mod error_kind;
 pub mod fault;
 pub mod ids;
 pub mod lease;
@@ -31,7 +35,8 @@ pub use admission::{
     BuildOutcome, Decision, Heartbeat, Need, ProcessInput, ProcessMemo, Reply, Write,
 };
 pub use blacklist::{Blacklist, BlacklistReason};
-pub use fault::FaultKind;
+pub use error_kind::ErrorKind;
+pub use fault::{FaultKind, StoreFault};
 pub use ids::{IdError, QueueName, RevisionUri, TokenId, TokenType, TxId, WalletId};
 pub use lease::{
     Imbalance, LeaseConfig, LeaseConfigError, LockAction, PersistPolicy, PersistResult,
@@ -44,9 +49,9 @@ pub use request::{
     RequestIdError, RequestState, Slot, Version,
 };
 pub use selection::{
-    Action, Bands, FetchRequest, MAX_INPUTS, SelectRequest, Selected, Selection, SelectionConfig,
-    SelectionConfigError, SelectionError, SelectionFailure, SelectionPolicy, SelectionStats,
-    StoreFailure, UnknownPolicy,
+    Action, Bands, FetchRequest, MAX_INPUTS, SelectError, SelectRequest, Selected, Selection,
+    SelectionConfig, SelectionConfigError, SelectionError, SelectionPolicy, SelectionStats,
+    UnknownPolicy,
 };
 pub use timestamp::Timestamp;
 pub use token::{Candidate, ClaimVerdict, Token};

@@ -38,7 +38,7 @@
 //!   consumer (other transactions' locks ignored; tokens the consumer selected in
 //!   earlier selects left out, this call's wins counted) is compared with the
 //!   *full* amount, at most once per leg, contention or not: below it is
-//!   [`SelectionFailure::InsufficientFunds`]. With `wakeups` on, a scan that found
+//!   [`SelectError::InsufficientFunds`]. With `wakeups` on, a scan that found
 //!   nothing free at all ends the leg (but the last) at once: a release will say
 //!   when to look again. Otherwise a new scan starts, costing one immediate retry; under `smallest_first` a scan that met only blacklisted
 //!   tokens clears the blacklist first; under `cover_first` so does a scan whose
@@ -46,7 +46,7 @@
 //! - **End of a leg.** When a leg's immediate retries are used up, its wins (and
 //!   possibly held tokens) are released, the engine backs off a random time in
 //!   `[0, retry_interval)` and starts a new leg from a fresh fetch, up to
-//!   `max_retries` legs; then [`SelectionFailure::FundsLocked`]. A wake-up
+//!   `max_retries` legs; then [`SelectError::FundsLocked`]. A wake-up
 //!   during the wait ([`Selection::on_woken`]) starts an attempt within the same
 //!   leg; a failed attempt goes back to the rest of the same wait. A wait that
 //!   ended on its timer while others ahead in line were woken
@@ -56,7 +56,7 @@
 //!   balance says enough, which costs a retry like any rescan and so leads to
 //!   backoff, never to a store failure.
 //! - **Store-bound legs.** A leg whose retry budget was spent on store errors ends
-//!   the call with [`SelectionFailure::Store`] instead of backing off, so an outage
+//!   the call with [`SelectError::Store`] instead of backing off, so an outage
 //!   is never reported as locked funds. The rule: the event that found the budget
 //!   used up was a store error, *and* store errors are a strict majority of the
 //!   retry-charging events since the leg's budget was last reset (by a win),
@@ -92,7 +92,8 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::blacklist::{Blacklist, BlacklistReason};
-use crate::fault::FaultKind;
+use crate::error_kind::ErrorKind;
+use crate::fault::{FaultKind, StoreFault};
 use crate::ids::{TokenId, TokenType, TxId, WalletId};
 use crate::quantity::{Precision, Quantity};
 use crate::token::{Candidate, ClaimVerdict};
@@ -131,28 +132,6 @@ pub enum SelectionError {
     /// The requested amount was zero.
     #[error("invalid selection amount 0: expected at least 1")]
     ZeroAmount,
-}
-
-/// A store error reported by the caller (a failed fetch, claim, balance read or
-/// release). Never a lost race or a stale token: those are verdicts.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct StoreFailure {
-    /// What kind of failure the store reported; [`SelectionFailure::Store`]
-    /// keeps it, so a service can tell an outage from corrupt data.
-    pub kind: FaultKind,
-    /// What the store reported.
-    pub message: String,
-}
-
-impl StoreFailure {
-    /// A store failure of this kind with this message.
-    pub fn new(kind: FaultKind, message: impl Into<String>) -> Self {
-        StoreFailure {
-            kind,
-            message: message.into(),
-        }
-    }
 }
 
 /// One page of candidates to read from the token store.
@@ -262,7 +241,7 @@ pub enum Action {
     /// time waited.
     Backoff(Duration),
     /// The call is over. Further calls return this again.
-    Done(Result<Selected, SelectionFailure>),
+    Done(Result<Selected, SelectError>),
 }
 
 /// A successful selection: the tokens now locked for the consumer.
@@ -276,13 +255,21 @@ pub struct Selected {
     pub change: Quantity,
 }
 
-/// Why a Select call failed. Callers can tell "retry later" ([`FundsLocked`]) from
-/// "not enough money" ([`InsufficientFunds`]).
+/// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
+/// from "not enough money" ([`SelectError::InsufficientFunds`]).
 ///
-/// [`FundsLocked`]: SelectionFailure::FundsLocked
-/// [`InsufficientFunds`]: SelectionFailure::InsufficientFunds
+/// One type for the engine and the services that drive it. The engine itself
+/// answers ([`Action::Done`], [`Selection::answer_if_stopped`]) with
+/// [`InsufficientFunds`](SelectError::InsufficientFunds),
+/// [`FundsLocked`](SelectError::FundsLocked),
+/// [`TooManyInputs`](SelectError::TooManyInputs) and
+/// [`Store`](SelectError::Store) (the last [`StoreFault`] its driver fed it); the
+/// services that drive it add [`DeadlineExceeded`](SelectError::DeadlineExceeded)
+/// (the engine reads no clock), [`Input`](SelectError::Input) (a request refused
+/// before a [`Selection`] exists) and [`ShuttingDown`](SelectError::ShuttingDown).
+/// [`SelectError::kind`] says what a caller should do about each.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectionFailure {
+pub enum SelectError {
     /// The wallet's spendable balance, locks ignored, is below the requested amount.
     #[error("insufficient funds: {available} available, {requested} requested")]
     InsufficientFunds {
@@ -291,12 +278,14 @@ pub enum SelectionFailure {
         /// The full requested amount.
         requested: Quantity,
     },
-    /// The funds exist but other transactions held the locks through every leg.
+    /// Enough funds exist but other transactions held them through every leg
+    /// (or until the call's deadline).
     #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
     FundsLocked,
-    /// The amount needs more than `max_inputs` of the tokens free now
-    /// ([`SelectionConfig::max_inputs`]): the wallet holds it in too many small
-    /// tokens. Pay less at once, or consolidate the wallet first.
+    /// The amount needs more than [`SelectionConfig::max_inputs`] of the tokens
+    /// free now: the wallet holds it in too many small tokens. Pay less at once,
+    /// or consolidate the wallet first; retrying unchanged does not help while
+    /// the wallet is as it is.
     #[error(
         "too many inputs: {requested} needs more than {max_inputs} tokens of those free now (selection.max_inputs); pay a smaller amount, or consolidate the wallet"
     )]
@@ -306,15 +295,47 @@ pub enum SelectionFailure {
         /// The cap.
         max_inputs: usize,
     },
-    /// A leg's retry budget was spent on store errors (module docs, "Store-bound
-    /// legs"): an outage, not locked funds.
-    #[error("token store error ({kind}): {message}")]
-    Store {
-        /// The kind of the last store error.
-        kind: FaultKind,
-        /// The last store error.
-        message: String,
+    /// The call's deadline ([`SelectionConfig::deadline`]) passed before it could
+    /// answer, and before it saw enough funds held by others: it was waiting on
+    /// the store (a pooled connection, the wallet's line, a row lock) or for
+    /// freed tokens. What it held is given back. Retry later, as for
+    /// [`SelectError::FundsLocked`].
+    #[error(
+        "deadline exceeded: the select did not answer within {deadline_ms} ms (selection.deadline_ms); what it held is given back; retry later"
+    )]
+    DeadlineExceeded {
+        /// The deadline, in ms.
+        deadline_ms: u64,
     },
+    /// The store failed (without contention) until the retry budget ran out
+    /// (module docs, "Store-bound legs"): the last store fault, with its kind
+    /// ([`StoreFault::kind`]: an unavailable database is not corrupt data).
+    #[error("token store error: {0}")]
+    Store(StoreFault),
+    /// The request was refused before any I/O (an amount of zero).
+    #[error(transparent)]
+    Input(SelectionError),
+    /// The handle is shutting down and takes no new work; retry on another
+    /// replica. Never returned by the engine, nor by the token selector itself.
+    #[error("shutting down: this handle takes no new selects; retry on another replica")]
+    ShuttingDown,
+}
+
+impl SelectError {
+    /// What kind of failure this is ([`ErrorKind`]): insufficient funds, funds
+    /// locked, a deadline (timeout), the store fault's kind, invalid input, or
+    /// shutting down.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SelectError::InsufficientFunds { .. } => ErrorKind::InsufficientFunds,
+            SelectError::FundsLocked => ErrorKind::FundsLocked,
+            SelectError::TooManyInputs { .. } => ErrorKind::Conflict,
+            SelectError::DeadlineExceeded { .. } => ErrorKind::Timeout,
+            SelectError::Store(fault) => fault.kind().into(),
+            SelectError::Input(_) => ErrorKind::InvalidInput,
+            SelectError::ShuttingDown => ErrorKind::ShuttingDown,
+        }
+    }
 }
 
 /// Counters of one Select call, for metrics (`docs/metrics.md`).
@@ -443,7 +464,7 @@ impl SelectionStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum AfterRelease {
     Backoff,
-    Fail(SelectionFailure),
+    Fail(SelectError),
     Succeed(Selected),
 }
 
@@ -459,7 +480,7 @@ enum Phase {
         then: AfterRelease,
     },
     BackingOff(Duration),
-    Done(Result<Selected, SelectionFailure>),
+    Done(Result<Selected, SelectError>),
 }
 
 /// One Select call across all its legs: a state machine the caller drives (see the
@@ -508,7 +529,7 @@ struct Leg {
     /// A store error happened since the last charged retry (the next charge, or
     /// the failure to charge, is for it).
     store_error_pending: bool,
-    last_store_error: Option<StoreFailure>,
+    last_store_error: Option<StoreFault>,
 }
 
 impl Selection {
@@ -555,7 +576,7 @@ impl Selection {
     }
 
     /// The outcome, once the call is done.
-    pub fn outcome(&self) -> Option<&Result<Selected, SelectionFailure>> {
+    pub fn outcome(&self) -> Option<&Result<Selected, SelectError>> {
         match &self.phase {
             Phase::Done(result) => Some(result),
             _ => None,
@@ -590,20 +611,20 @@ impl Selection {
     /// What the call answers if its driver stops it before it is done (its
     /// deadline passed, [`SelectionConfig::deadline`]): the failure it is already
     /// ending with (releasing what it holds first); else
-    /// [`SelectionFailure::FundsLocked`] once it has seen the funds held by others:
+    /// [`SelectError::FundsLocked`] once it has seen the funds held by others:
     /// a scan ran out of free tokens, without a store error, while the balance
     /// available to the transaction covered the full amount. Else `None`: it
     /// cannot tell locked funds from a slow store, and the driver says that the
     /// deadline passed. Whatever the answer, the driver gives back
     /// [`Selection::held`].
-    pub fn answer_if_stopped(&self) -> Option<SelectionFailure> {
+    pub fn answer_if_stopped(&self) -> Option<SelectError> {
         match &self.phase {
             Phase::Done(Err(failure))
             | Phase::Releasing {
                 then: AfterRelease::Fail(failure),
                 ..
             } => Some(failure.clone()),
-            _ if self.locked_out => Some(SelectionFailure::FundsLocked),
+            _ if self.locked_out => Some(SelectError::FundsLocked),
             _ => None,
         }
     }
@@ -629,7 +650,7 @@ impl Selection {
     /// Feeds the answer to [`Action::Fetch`].
     pub fn on_candidates(
         &mut self,
-        page: Result<Vec<Candidate>, StoreFailure>,
+        page: Result<Vec<Candidate>, StoreFault>,
         rng: &mut impl Rng,
     ) -> Action {
         let request = match &self.phase {
@@ -670,7 +691,7 @@ impl Selection {
     /// Feeds the answer to [`Action::Claim`]: a verdict per proposed token.
     pub fn on_claim(
         &mut self,
-        verdicts: Result<Vec<(TokenId, ClaimVerdict)>, StoreFailure>,
+        verdicts: Result<Vec<(TokenId, ClaimVerdict)>, StoreFault>,
         rng: &mut impl Rng,
     ) -> Action {
         let window = match &self.phase {
@@ -717,7 +738,7 @@ impl Selection {
         }
         if unanswered > 0 {
             self.stats.store_errors += u64::try_from(unanswered).unwrap_or(u64::MAX);
-            self.record_store_error(StoreFailure::new(
+            self.record_store_error(StoreFault::new(
                 FaultKind::Backend,
                 format!(
                     "claim answer had no clear verdict for {unanswered} of {} proposed tokens",
@@ -748,7 +769,7 @@ impl Selection {
     /// it holds, so it never fails fast then (it rescans instead).
     pub fn on_balance(
         &mut self,
-        balance: Result<Quantity, StoreFailure>,
+        balance: Result<Quantity, StoreFault>,
         rng: &mut impl Rng,
     ) -> Action {
         match &self.phase {
@@ -770,7 +791,7 @@ impl Selection {
                 let certain = self.leg.maybe_held.is_empty() && self.unreleased.is_empty();
                 match others.checked_add(self.leg.sum) {
                     Some(available) if certain && available < self.request.amount => {
-                        self.fail(SelectionFailure::InsufficientFunds {
+                        self.fail(SelectError::InsufficientFunds {
                             available,
                             requested: self.request.amount,
                         })
@@ -791,7 +812,7 @@ impl Selection {
     /// Feeds the answer to [`Action::Release`]. A failed release counts in
     /// [`SelectionStats::other_store_errors`] (it costs no retry); its tokens stay in [`Selection::held`] and are
     /// named again by the next release.
-    pub fn on_released(&mut self, result: Result<(), StoreFailure>, rng: &mut impl Rng) -> Action {
+    pub fn on_released(&mut self, result: Result<(), StoreFault>, rng: &mut impl Rng) -> Action {
         let (tokens, then) = match &self.phase {
             Phase::Releasing { tokens, then } => (tokens.clone(), then.clone()),
             Phase::NotStarted => return self.start(rng),
@@ -1185,10 +1206,10 @@ impl Selection {
 
     /// Notes a store error (the caller counts it in the stats); the retry charged
     /// next is charged to it.
-    fn record_store_error(&mut self, failure: StoreFailure) {
+    fn record_store_error(&mut self, fault: StoreFault) {
         self.leg.store_error_pending = true;
         self.scan.store_error = true;
-        self.leg.last_store_error = Some(failure);
+        self.leg.last_store_error = Some(fault);
     }
 
     /// Spends one immediate retry, for a store error if one was just recorded,
@@ -1261,15 +1282,12 @@ impl Selection {
     fn end_leg(&mut self, rng: &mut impl Rng) -> Action {
         if self.store_bound() {
             let last = self.leg.last_store_error.clone().unwrap_or_else(|| {
-                StoreFailure::new(FaultKind::Backend, "no store error was recorded")
+                StoreFault::new(FaultKind::Backend, "no store error was recorded")
             });
-            return self.fail(SelectionFailure::Store {
-                kind: last.kind,
-                message: last.message,
-            });
+            return self.fail(SelectError::Store(last));
         }
         if self.leg.number >= self.config.max_retries {
-            return self.fail(SelectionFailure::FundsLocked);
+            return self.fail(SelectError::FundsLocked);
         }
         let tokens = self.take_all_held();
         if tokens.is_empty() {
@@ -1307,13 +1325,13 @@ impl Selection {
             self.scan.over_cap = true;
             return self.check_balance();
         }
-        self.fail(SelectionFailure::TooManyInputs {
+        self.fail(SelectError::TooManyInputs {
             requested: self.request.amount,
             max_inputs: self.config.max_inputs,
         })
     }
 
-    fn fail(&mut self, failure: SelectionFailure) -> Action {
+    fn fail(&mut self, failure: SelectError) -> Action {
         let tokens = self.take_all_held();
         if tokens.is_empty() {
             return self.done(Err(failure));
@@ -1367,7 +1385,7 @@ impl Selection {
         Action::Release(tokens)
     }
 
-    fn done(&mut self, result: Result<Selected, SelectionFailure>) -> Action {
+    fn done(&mut self, result: Result<Selected, SelectError>) -> Action {
         self.phase = Phase::Done(result.clone());
         Action::Done(result)
     }
@@ -1410,7 +1428,7 @@ mod tests {
     }
 
     /// A call for 10 that has read a page with nothing free in it.
-    fn ran_out(rng: &mut ChaCha8Rng, page: Result<Vec<Candidate>, StoreFailure>) -> Selection {
+    fn ran_out(rng: &mut ChaCha8Rng, page: Result<Vec<Candidate>, StoreFault>) -> Selection {
         let request = SelectRequest {
             wallet: WalletId::new("w").expect("wallet"),
             token_type: TokenType::new("CHF").expect("type"),
@@ -1435,9 +1453,9 @@ mod tests {
         let mut s = ran_out(&mut rng, Ok(Vec::new()));
         assert_eq!(s.answer_if_stopped(), None, "the balance is not known yet");
         s.on_balance(Ok(q(10)), &mut rng);
-        assert_eq!(s.answer_if_stopped(), Some(SelectionFailure::FundsLocked));
+        assert_eq!(s.answer_if_stopped(), Some(SelectError::FundsLocked));
         // A scan that ran out after a store error may have run out because of it.
-        let failed = Err(StoreFailure::new(FaultKind::Busy, "busy"));
+        let failed = Err(StoreFault::new(FaultKind::Busy, "busy"));
         let mut s = ran_out(&mut rng, failed);
         s.on_balance(Ok(q(10)), &mut rng);
         assert_eq!(s.answer_if_stopped(), None);
@@ -1446,7 +1464,7 @@ mod tests {
         s.on_balance(Ok(q(3)), &mut rng);
         assert_eq!(
             s.answer_if_stopped(),
-            Some(SelectionFailure::InsufficientFunds {
+            Some(SelectError::InsufficientFunds {
                 available: q(3),
                 requested: q(10)
             })

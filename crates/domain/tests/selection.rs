@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, FaultKind, Selected, Selection, SelectionConfig,
-    SelectionError, SelectionFailure, SelectionPolicy, StoreFailure, TokenId,
+    Action, Candidate, ClaimVerdict, FaultKind, SelectError, Selected, Selection, SelectionConfig,
+    SelectionError, SelectionPolicy, StoreFault, TokenId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -223,7 +223,7 @@ fn stale_is_not_contention_and_asks_for_a_refresh() {
     let r = run(Wallet::of(&[5]).stale(0), 5, defaults(), 3);
     assert_eq!(
         r.outcome,
-        Err(SelectionFailure::InsufficientFunds {
+        Err(SelectError::InsufficientFunds {
             available: q(0),
             requested: q(5)
         }),
@@ -257,7 +257,7 @@ fn stale_is_not_contention_and_asks_for_a_refresh() {
 #[test]
 fn contended_is_blacklisted_counted_and_ends_in_funds_locked() {
     let r = run(Wallet::of(&[5]).hot(0, u32::MAX), 5, tight(), 3);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
     assert!(r.stats.conflicts >= 3, "{}", r.trace);
     assert_eq!((r.stats.stale, r.stats.store_errors), (0, 0));
     assert_eq!(
@@ -277,7 +277,7 @@ fn a_short_wallet_is_insufficient_funds_even_when_every_scan_met_contention() {
     let r = run(Wallet::of(&[3, 4]).hot(1, u32::MAX), 10, tight(), 3);
     assert_eq!(
         r.outcome,
-        Err(SelectionFailure::InsufficientFunds {
+        Err(SelectError::InsufficientFunds {
             available: q(7),
             requested: q(10),
         }),
@@ -325,8 +325,8 @@ fn store_errors_that_exhaust_the_budget_surface_as_a_store_failure() {
         }
         let r = run(wallet, 5, defaults(), 3);
         assert!(
-            matches!(&r.outcome, Err(SelectionFailure::Store { kind, message })
-                if message.contains(what) && *kind == fault),
+            matches!(&r.outcome, Err(SelectError::Store(store))
+                if store.message().contains(what) && store.kind() == fault),
             "{what}: {}",
             r.trace
         );
@@ -345,7 +345,7 @@ fn store_errors_with_contention_are_funds_locked() {
     let mut wallet = Wallet::of(&[5]).hot(0, u32::MAX);
     wallet.fail_fetches = 1;
     let r = run(wallet, 5, tight(), 3);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
     // A failed fetch is no lock attempt: it is not a lock store error.
     assert_eq!((r.stats.store_errors, r.stats.other_store_errors), (0, 1));
 }
@@ -378,7 +378,7 @@ fn a_transient_store_error_in_a_locked_wallet_backs_off_instead_of_failing() {
     let mut wallet = Wallet::of(&[3, 4, 5]).locked_by_other(2);
     wallet.fail_fetches = 1;
     let r = run(wallet, 10, tight(), 5);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
     assert_eq!(r.stats.legs, 3, "{}", r.trace);
     assert_eq!(r.backoffs.len(), 2, "{}", r.trace);
     assert!(r.stats.balance_checks >= 3, "{}", r.trace);
@@ -387,7 +387,7 @@ fn a_transient_store_error_in_a_locked_wallet_backs_off_instead_of_failing() {
     let mut wallet = Wallet::of(&[3, 4, 5]).locked_by_other(2);
     wallet.fail_fetches = 1;
     let r = run(wallet, 10, defaults(), 5);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
     assert_eq!(r.stats.legs, 10, "{}", r.trace);
 }
 
@@ -418,10 +418,7 @@ fn a_store_error_ending_a_leg_of_locked_funds_is_not_a_store_failure() {
     assert_eq!(s.stats().immediate_retries, 2);
     assert_eq!(s.stats().balance_checks, 1);
     let next = s.on_candidates(
-        Err(StoreFailure::new(
-            FaultKind::Unavailable,
-            "page read failed",
-        )),
+        Err(StoreFault::new(FaultKind::Unavailable, "page read failed")),
         &mut rng,
     );
     assert_eq!(next, Action::Release(vec![tid(0), tid(1)]));
@@ -449,15 +446,15 @@ fn store_errors_that_are_most_of_a_legs_budget_end_the_call_as_a_store_failure()
     // Two busy fetches, then an unavailable one: the failure is of the last kind.
     for kind in [FaultKind::Busy, FaultKind::Busy, FaultKind::Unavailable] {
         assert!(matches!(action, Action::Fetch(_)), "{action:?}");
-        action = s.on_candidates(Err(StoreFailure::new(kind, "fetch failed")), &mut rng);
+        action = s.on_candidates(Err(StoreFault::new(kind, "fetch failed")), &mut rng);
     }
     assert_eq!(action, Action::Release(vec![tid(0), tid(1)]));
     assert_eq!(
         s.on_released(Ok(()), &mut rng),
-        Action::Done(Err(SelectionFailure::Store {
-            kind: FaultKind::Unavailable,
-            message: "fetch failed".into()
-        }))
+        Action::Done(Err(SelectError::Store(StoreFault::new(
+            FaultKind::Unavailable,
+            "fetch failed"
+        ))))
     );
     assert_eq!(s.leg(), 1);
 }
@@ -466,7 +463,7 @@ fn store_errors_that_are_most_of_a_legs_budget_end_the_call_as_a_store_failure()
 fn fast_fail_compares_the_balance_with_the_full_amount() {
     // 3 + 4 = 7 < 10. Compared with the remainder (3 after winning 7) the balance
     // would look sufficient and the call would end in FundsLocked instead.
-    let expected = Err(SelectionFailure::InsufficientFunds {
+    let expected = Err(SelectError::InsufficientFunds {
         available: q(7),
         requested: q(10),
     });
@@ -488,7 +485,7 @@ fn fast_fail_compares_the_balance_with_the_full_amount() {
     assert!(r.held_after.is_empty());
     // Funds locked by others count in the balance: not insufficient.
     let r = run(Wallet::of(&[3, 4, 5]).locked_by_other(2), 10, tight(), 1);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
 }
 
 #[test]
@@ -496,7 +493,7 @@ fn an_empty_wallet_fails_fast() {
     let r = run(Wallet::of(&[]), 1, defaults(), 0);
     assert_eq!(
         r.outcome,
-        Err(SelectionFailure::InsufficientFunds {
+        Err(SelectError::InsufficientFunds {
             available: q(0),
             requested: q(1)
         })
@@ -528,7 +525,7 @@ fn dust_is_claimed_in_minimal_windows_within_the_batch_window_and_the_cap() {
     let r = run(dust.clone(), 600, defaults(), 5);
     assert_eq!(
         r.outcome,
-        Err(SelectionFailure::TooManyInputs {
+        Err(SelectError::TooManyInputs {
             requested: q(600),
             max_inputs: 100
         }),
@@ -541,7 +538,7 @@ fn dust_is_claimed_in_minimal_windows_within_the_batch_window_and_the_cap() {
     assert!(r.claims.iter().all(|c| c.len() <= 256));
     assert!(matches!(
         r.outcome,
-        Err(SelectionFailure::InsufficientFunds { .. })
+        Err(SelectError::InsufficientFunds { .. })
     ));
     assert!(r.wallet.held_by_consumer().is_empty());
 }
@@ -558,7 +555,7 @@ fn dust_then_an_anchor_covers_the_rest() {
 fn a_failed_leg_releases_its_wins_before_backing_off() {
     // 3 is won, 7 is always lost: each leg ends by releasing 3.
     let r = run(Wallet::of(&[3, 7]).hot(1, u32::MAX), 10, tight(), 2);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
     let lines: Vec<&str> = r.trace.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         if line.contains("backoff") {
@@ -602,7 +599,7 @@ fn a_failed_release_keeps_the_tokens_in_held_and_retries_them() {
     let mut wallet = Wallet::of(&[3, 7]).hot(1, u32::MAX);
     wallet.fail_releases = 1;
     let r = run(wallet, 10, tight(), 2);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked));
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked));
     assert!(
         r.trace.contains("release [t00=3] -> store error"),
         "{}",
@@ -626,7 +623,7 @@ fn new_rejects_a_zero_amount_and_a_bad_config() {
 
 #[test]
 fn failures_name_their_figures() {
-    let e = SelectionFailure::InsufficientFunds {
+    let e = SelectError::InsufficientFunds {
         available: q(7),
         requested: q(10),
     };
@@ -634,11 +631,7 @@ fn failures_name_their_figures() {
         e.to_string(),
         "insufficient funds: 7 available, 10 requested"
     );
-    assert!(
-        SelectionFailure::FundsLocked
-            .to_string()
-            .contains("retry later")
-    );
+    assert!(SelectError::FundsLocked.to_string().contains("retry later"));
 }
 
 fn cand(n: usize, v: u128) -> Candidate {
@@ -719,7 +712,7 @@ fn an_ambiguous_claim_is_released_after_success_elsewhere() {
     let claim = s.on_candidates(Ok(vec![cand(0, 5), cand(1, 6)]), &mut rng);
     assert_eq!(claim, Action::Claim(vec![tid(0)]));
     let next = s.on_claim(
-        Err(StoreFailure::new(FaultKind::Timeout, "timeout")),
+        Err(StoreFault::new(FaultKind::Timeout, "timeout")),
         &mut rng,
     );
     assert_eq!(next, Action::Claim(vec![tid(1)]));
@@ -843,11 +836,7 @@ fn locked_through_every_leg(
     max_retries: u32,
     seed: u64,
     waited: fn(&mut Selection, &mut ChaCha8Rng) -> Action,
-) -> (
-    Selection,
-    Result<Selected, SelectionFailure>,
-    BTreeMap<u32, u32>,
-) {
+) -> (Selection, Result<Selected, SelectError>, BTreeMap<u32, u32>) {
     let config = SelectionConfig {
         wakeups: true,
         max_retries,
@@ -876,7 +865,7 @@ fn locked_through_every_leg(
 fn with_wakeups_a_scan_that_finds_nothing_free_waits_instead_of_rescanning() {
     let (_, outcome, reads) =
         locked_through_every_leg(tight().max_retries, 6, |s, rng| s.on_backoff_elapsed(rng));
-    assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
+    assert_eq!(outcome, Err(SelectError::FundsLocked));
     // One read then a wait per leg; the last leg, with no wait to go to,
     // rescans as before.
     assert_eq!(reads, BTreeMap::from([(1, 1), (2, 1), (3, 3)]));
@@ -887,7 +876,7 @@ fn a_wait_passed_over_keeps_its_place_in_line_for_the_first_third_of_the_legs() 
     // Every wait ends on its timer while others ahead in line were woken.
     let (s, outcome, reads) =
         locked_through_every_leg(9, 7, |s, rng| s.on_backoff_passed_over(rng));
-    assert_eq!(outcome, Err(SelectionFailure::FundsLocked));
+    assert_eq!(outcome, Err(SelectError::FundsLocked));
     // Legs 2 and 3 start with a wait (no read that would race those ahead);
     // after the first third, a leg reads again, and the last rescans.
     let expected: BTreeMap<u32, u32> =

@@ -7,7 +7,7 @@ use crate::selection_sim;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use holdfast_domain::{SelectionConfig, SelectionFailure, SelectionPolicy};
+use holdfast_domain::{SelectError, SelectionConfig, SelectionPolicy};
 use selection_sim::{Wallet, q, run, tid};
 
 fn tight() -> SelectionConfig {
@@ -197,7 +197,7 @@ fn a_short_wallet_is_insufficient_funds_under_contention_too() {
     let r = run(Wallet::of(&[3, 4]).hot(1, u32::MAX), 10, tight(), 3);
     assert_eq!(
         r.outcome,
-        Err(SelectionFailure::InsufficientFunds {
+        Err(SelectError::InsufficientFunds {
             available: q(7),
             requested: q(10),
         }),
@@ -210,7 +210,7 @@ fn a_short_wallet_is_insufficient_funds_under_contention_too() {
 #[test]
 fn locked_funds_are_funds_locked_not_insufficient() {
     let r = run(Wallet::of(&[50]).locked_by_other(0), 10, tight(), 3);
-    assert_eq!(r.outcome, Err(SelectionFailure::FundsLocked), "{}", r.trace);
+    assert_eq!(r.outcome, Err(SelectError::FundsLocked), "{}", r.trace);
     assert_eq!(r.stats.legs, 3);
 }
 

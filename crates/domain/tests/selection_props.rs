@@ -8,8 +8,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, FaultKind, Selection, SelectionConfig, SelectionFailure,
-    SelectionPolicy, StoreFailure, TokenId,
+    Action, Candidate, ClaimVerdict, FaultKind, SelectError, Selection, SelectionConfig,
+    SelectionPolicy, StoreFault, TokenId,
 };
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -189,7 +189,7 @@ proptest! {
                     prop_assert!(locked.is_empty(), "failure left locks\n{}", trace);
                     prop_assert!(r.held_after.is_empty(), "failure left held\n{}", trace);
                 }
-                if let SelectionFailure::InsufficientFunds { available, requested } = failure {
+                if let SelectError::InsufficientFunds { available, requested } = failure {
                     prop_assert_eq!(*requested, q(s.amount));
                     prop_assert_eq!(*available, r.wallet.balance());
                     prop_assert!(*available < *requested);
@@ -197,12 +197,12 @@ proptest! {
             }
         }
         if r.wallet.balance() >= q(s.amount) {
-            let insufficient = matches!(r.outcome, Err(SelectionFailure::InsufficientFunds { .. }));
+            let insufficient = matches!(r.outcome, Err(SelectError::InsufficientFunds { .. }));
             prop_assert!(!insufficient, "{}", trace);
         }
         // A store failure is only ever reported when the store failed.
         if r.stats.store_errors == 0 && r.stats.other_store_errors == 0 {
-            let store = matches!(r.outcome, Err(SelectionFailure::Store { .. }));
+            let store = matches!(r.outcome, Err(SelectError::Store(_)));
             prop_assert!(!store, "{}", trace);
         }
     }
@@ -301,12 +301,12 @@ proptest! {
             let action = match input {
                 Input::Start => s.start(&mut rng),
                 Input::Page(page) => s.on_candidates(
-                    page.map(|p| amounts(&p)).map_err(|()| StoreFailure::new(FaultKind::Unavailable, "boom")),
+                    page.map(|p| amounts(&p)).map_err(|()| StoreFault::new(FaultKind::Unavailable, "boom")),
                     &mut rng,
                 ),
                 Input::Claim { echo, verdicts, error } => {
                     let answer = if error {
-                        Err(StoreFailure::new(FaultKind::Unavailable, "boom"))
+                        Err(StoreFault::new(FaultKind::Unavailable, "boom"))
                     } else if echo {
                         Ok(last_claim
                             .iter()
@@ -319,11 +319,11 @@ proptest! {
                     s.on_claim(answer, &mut rng)
                 }
                 Input::Balance(b) => s.on_balance(
-                    b.map(q).map_err(|()| StoreFailure::new(FaultKind::Unavailable, "boom")),
+                    b.map(q).map_err(|()| StoreFault::new(FaultKind::Unavailable, "boom")),
                     &mut rng,
                 ),
                 Input::Released(ok) => s.on_released(
-                    if ok { Ok(()) } else { Err(StoreFailure::new(FaultKind::Unavailable, "boom")) },
+                    if ok { Ok(()) } else { Err(StoreFault::new(FaultKind::Unavailable, "boom")) },
                     &mut rng,
                 ),
                 Input::Backoff => s.on_backoff_elapsed(&mut rng),

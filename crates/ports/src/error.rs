@@ -3,70 +3,9 @@
 
 use holdfast_domain::{FaultKind, TokenId, TokenType, TxId, WalletId};
 
-/// The backend failed. Messages never contain passwords or other secrets. Each
-/// variant is one [`FaultKind`] ([`StoreFault::kind`]), which every error above
-/// keeps so a service can map it (an outage is not corrupt data).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreFault {
-    /// The database stayed locked by another writer for longer than the busy timeout.
-    #[error("database busy: {0}")]
-    Busy(String),
-    /// The database could not be reached, or the connection was lost.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// A statement or lock wait ran past its bound (PostgreSQL's
-    /// `statement_timeout`); the outcome is unknown.
-    #[error("database timeout: {0}")]
-    Timeout(String),
-    /// A stored row is not valid (for example a non-canonical amount).
-    #[error("corrupt data: {0}")]
-    Corrupt(String),
-    /// The schema is missing, or newer than this code knows.
-    #[error("schema: {0}")]
-    Schema(String),
-    /// Any other backend failure; the outcome of the operation is unknown.
-    #[error("backend error: {0}")]
-    Backend(String),
-}
-
-impl StoreFault {
-    /// A fault of `kind` with `message`.
-    pub fn new(kind: FaultKind, message: impl Into<String>) -> StoreFault {
-        let message = message.into();
-        match kind {
-            FaultKind::Busy => StoreFault::Busy(message),
-            FaultKind::Unavailable => StoreFault::Unavailable(message),
-            FaultKind::Timeout => StoreFault::Timeout(message),
-            FaultKind::Corrupt => StoreFault::Corrupt(message),
-            FaultKind::Schema => StoreFault::Schema(message),
-            FaultKind::Backend => StoreFault::Backend(message),
-        }
-    }
-
-    /// The kind of this fault.
-    pub fn kind(&self) -> FaultKind {
-        match self {
-            StoreFault::Busy(_) => FaultKind::Busy,
-            StoreFault::Unavailable(_) => FaultKind::Unavailable,
-            StoreFault::Timeout(_) => FaultKind::Timeout,
-            StoreFault::Corrupt(_) => FaultKind::Corrupt,
-            StoreFault::Schema(_) => FaultKind::Schema,
-            StoreFault::Backend(_) => FaultKind::Backend,
-        }
-    }
-
-    /// The driver's message, without the kind's prefix.
-    pub fn message(&self) -> &str {
-        match self {
-            StoreFault::Busy(m)
-            | StoreFault::Unavailable(m)
-            | StoreFault::Timeout(m)
-            | StoreFault::Corrupt(m)
-            | StoreFault::Schema(m)
-            | StoreFault::Backend(m) => m,
-        }
-    }
-}
+// The backend failed: the domain's fault (`holdfast_domain::fault`), which the
+// selection engine keeps too; every port error wraps it.
+pub use holdfast_domain::StoreFault;
 
 /// Errors of [`crate::TokenStore`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -226,23 +165,6 @@ impl QueueStoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_fault_keeps_its_kind_and_message() {
-        for kind in FaultKind::ALL {
-            let fault = StoreFault::new(kind, "the driver said so");
-            assert_eq!(fault.kind(), kind);
-            assert_eq!(fault.message(), "the driver said so");
-            assert!(
-                fault.to_string().ends_with(": the driver said so"),
-                "{fault}"
-            );
-        }
-        assert_eq!(
-            StoreFault::Timeout("canceling statement due to statement timeout".into()).to_string(),
-            "database timeout: canceling statement due to statement timeout"
-        );
-    }
 
     #[test]
     fn port_errors_tell_faults_from_verdicts() {

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_domain::{ClaimVerdict, FaultKind, StoreFailure, Timestamp, TokenId, TxId};
+use holdfast_domain::{ClaimVerdict, FaultKind, Timestamp, TokenId, TxId};
 use holdfast_ports::{LockStore, LockStoreError, StoreFault, TokenStoreError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -20,7 +20,7 @@ pub(super) async fn claim(
     consumer: TxId,
     tokens: Vec<TokenId>,
     at: Timestamp,
-) -> Result<Vec<(TokenId, ClaimVerdict)>, StoreFailure> {
+) -> Result<Vec<(TokenId, ClaimVerdict)>, StoreFault> {
     match tokens.as_slice() {
         [single] => locks
             .claim(&consumer, single, at)
@@ -40,7 +40,7 @@ pub(super) async fn renew(
     consumer: TxId,
     tokens: Vec<TokenId>,
     at: Timestamp,
-) -> Result<Vec<TokenId>, StoreFailure> {
+) -> Result<Vec<TokenId>, StoreFault> {
     locks.renew(&consumer, &tokens, at).await.map_err(failure)
 }
 
@@ -49,20 +49,20 @@ pub(super) async fn release(
     locks: Arc<dyn LockStore>,
     consumer: TxId,
     tokens: Vec<TokenId>,
-) -> Result<u64, StoreFailure> {
+) -> Result<u64, StoreFault> {
     locks
         .release_tokens(&consumer, &tokens)
         .await
         .map_err(failure)
 }
 
-/// The engine's view of a port error: a fault keeps its kind and the driver's
-/// message; anything else (a refusal the selector never provokes, such as a
-/// window too large) is a [`FaultKind::Backend`] failure.
-pub(super) fn failure(e: impl PortError) -> StoreFailure {
+/// The engine's view of a port error: its fault, as the adapter reported it;
+/// anything else (a refusal the selector never provokes, such as a window too
+/// large) is a [`FaultKind::Backend`] fault.
+pub(super) fn failure(e: impl PortError) -> StoreFault {
     match e.fault() {
-        Some(fault) => StoreFailure::new(fault.kind(), fault.message()),
-        None => StoreFailure::new(FaultKind::Backend, e.to_string()),
+        Some(fault) => fault.clone(),
+        None => StoreFault::new(FaultKind::Backend, e.to_string()),
     }
 }
 
@@ -147,8 +147,8 @@ impl HeldGuard {
     /// is shutting down) is a store failure.
     pub(super) async fn perform<T: Send + 'static>(
         &mut self,
-        call: impl Future<Output = Result<T, StoreFailure>> + Send + 'static,
-    ) -> Result<T, StoreFailure> {
+        call: impl Future<Output = Result<T, StoreFault>> + Send + 'static,
+    ) -> Result<T, StoreFault> {
         self.perform_with(call, drop).await
     }
 
@@ -156,9 +156,9 @@ impl HeldGuard {
     /// to `undelivered` (in the call's task).
     pub(super) async fn perform_with<T: Send + 'static>(
         &mut self,
-        call: impl Future<Output = Result<T, StoreFailure>> + Send + 'static,
-        undelivered: impl FnOnce(Result<T, StoreFailure>) + Send + 'static,
-    ) -> Result<T, StoreFailure> {
+        call: impl Future<Output = Result<T, StoreFault>> + Send + 'static,
+        undelivered: impl FnOnce(Result<T, StoreFault>) + Send + 'static,
+    ) -> Result<T, StoreFault> {
         let (answer_tx, answer_rx) = oneshot::channel();
         let task = async move {
             // The receiver is gone only when the select was dropped; the cleanup
@@ -169,7 +169,7 @@ impl HeldGuard {
         };
         self.in_flight = Some(tokio::spawn(task.in_current_span()));
         let answer = answer_rx.await.unwrap_or_else(|_| {
-            Err(StoreFailure::new(
+            Err(StoreFault::new(
                 FaultKind::Backend,
                 "the store call ended without an answer (it panicked or was cancelled)",
             ))

@@ -59,129 +59,21 @@ use std::time::Duration;
 use holdfast_domain::lease::{DEFAULT_LEASE_EXPIRY, after_locks_lost, needs_renewal};
 use holdfast_domain::{
     Quantity, SelectRequest, Selected, Selection, SelectionConfig, SelectionConfigError,
-    SelectionError, SelectionFailure, SelectionStats, Timestamp, TokenId, TokenType, TxId,
-    WalletId,
+    SelectionStats, Timestamp, TokenId, TokenType, TxId, WalletId,
 };
 use holdfast_ports::{
-    Clock, LockStore, ReadWithClaim, StoreFault, Stores, Subscription, TokenStore, WakeKey, WakeUps,
+    Clock, LockStore, ReadWithClaim, Stores, Subscription, TokenStore, WakeKey, WakeUps,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tracing::Instrument;
 
-use crate::error::ErrorKind;
 use crate::metrics::{self as m, SelectOutcomeLabel};
 use calls::{HeldGuard, give_back, release, renew};
 
-/// Why a select call failed. Callers tell "retry later" ([`SelectError::FundsLocked`])
-/// from "not enough money" ([`SelectError::InsufficientFunds`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SelectError {
-    /// The wallet's spendable balance, locks ignored, is below the requested amount.
-    #[error("insufficient funds: {available} available, {requested} requested")]
-    InsufficientFunds {
-        /// The lock-ignoring spendable balance.
-        available: Quantity,
-        /// The full requested amount.
-        requested: Quantity,
-    },
-    /// Enough funds exist but other transactions held them through every leg
-    /// (or until the call's deadline).
-    #[error("funds locked: enough funds exist but other transactions hold them; retry later")]
-    FundsLocked,
-    /// The amount needs more than [`SelectionConfig::max_inputs`] of the tokens
-    /// free now: the wallet holds it in too many small tokens. Pay less at once,
-    /// or consolidate the wallet first; retrying unchanged does not help while
-    /// the wallet is as it is.
-    #[error(
-        "too many inputs: {requested} needs more than {max_inputs} tokens of those free now (selection.max_inputs); pay a smaller amount, or consolidate the wallet"
-    )]
-    TooManyInputs {
-        /// The full requested amount.
-        requested: Quantity,
-        /// The cap.
-        max_inputs: usize,
-    },
-    /// The call's deadline ([`SelectionConfig::deadline`]) passed before it could
-    /// answer, and before it saw enough funds held by others: it was waiting on
-    /// the store (a pooled connection, the wallet's line, a row lock) or for
-    /// freed tokens. What it held is given back. Retry later, as for
-    /// [`SelectError::FundsLocked`].
-    #[error(
-        "deadline exceeded: the select did not answer within {deadline_ms} ms (selection.deadline_ms); what it held is given back; retry later"
-    )]
-    DeadlineExceeded {
-        /// The deadline, in ms.
-        deadline_ms: u64,
-    },
-    /// The store failed (without contention) until the retry budget ran out: the
-    /// last store fault, with its kind ([`StoreFault::kind`]: an unavailable
-    /// database is not corrupt data).
-    #[error("token store error: {0}")]
-    Store(StoreFault),
-    /// The request was refused before any I/O (an amount of zero).
-    #[error(transparent)]
-    Input(SelectionError),
-    /// The handle is shutting down and takes no new work; retry on another
-    /// replica. Never returned by [`TokenSelector`] itself.
-    #[error("shutting down: this handle takes no new selects; retry on another replica")]
-    ShuttingDown,
-}
-
-impl From<SelectionFailure> for SelectError {
-    fn from(failure: SelectionFailure) -> Self {
-        match failure {
-            SelectionFailure::InsufficientFunds {
-                available,
-                requested,
-            } => SelectError::InsufficientFunds {
-                available,
-                requested,
-            },
-            SelectionFailure::FundsLocked => SelectError::FundsLocked,
-            SelectionFailure::TooManyInputs {
-                requested,
-                max_inputs,
-            } => SelectError::TooManyInputs {
-                requested,
-                max_inputs,
-            },
-            SelectionFailure::Store { kind, message } => {
-                SelectError::Store(StoreFault::new(kind, message))
-            }
-        }
-    }
-}
-
-impl SelectError {
-    /// The `outcome` metric label of this error.
-    pub fn outcome_label(&self) -> SelectOutcomeLabel {
-        match self {
-            SelectError::InsufficientFunds { .. } => SelectOutcomeLabel::InsufficientFunds,
-            SelectError::FundsLocked => SelectOutcomeLabel::FundsLocked,
-            SelectError::TooManyInputs { .. } => SelectOutcomeLabel::TooManyInputs,
-            SelectError::DeadlineExceeded { .. } => SelectOutcomeLabel::DeadlineExceeded,
-            SelectError::Store(_) | SelectError::Input(_) | SelectError::ShuttingDown => {
-                SelectOutcomeLabel::Error
-            }
-        }
-    }
-
-    /// What kind of failure this is ([`ErrorKind`]): insufficient funds, funds
-    /// locked, a deadline (timeout), the store fault's kind, invalid input, or
-    /// shutting down.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            SelectError::InsufficientFunds { .. } => ErrorKind::InsufficientFunds,
-            SelectError::FundsLocked => ErrorKind::FundsLocked,
-            SelectError::TooManyInputs { .. } => ErrorKind::Conflict,
-            SelectError::DeadlineExceeded { .. } => ErrorKind::Timeout,
-            SelectError::Store(fault) => fault.kind().into(),
-            SelectError::Input(_) => ErrorKind::InvalidInput,
-            SelectError::ShuttingDown => ErrorKind::ShuttingDown,
-        }
-    }
-}
+// Why a select call failed: the domain's error, which the engine answers and the
+// selector completes (a deadline, a refused input, a handle shutting down).
+pub use holdfast_domain::SelectError;
 
 /// One select call with everything it measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -323,13 +215,13 @@ impl TokenSelector {
                 let deadline_ms =
                     u64::try_from(self.config.deadline.as_millis()).unwrap_or(u64::MAX);
                 let result = match progress.answer.take() {
-                    Some(failure) => SelectError::from(failure),
+                    Some(answer) => answer,
                     None => SelectError::DeadlineExceeded { deadline_ms },
                 };
                 tracing::debug!(
                     parent: &span,
                     deadline_ms,
-                    outcome = result.outcome_label().as_str(),
+                    outcome = SelectOutcomeLabel::from(&result).as_str(),
                     "the select's deadline passed; giving back what it holds"
                 );
                 (Err(result), progress.stats())
@@ -338,7 +230,7 @@ impl TokenSelector {
         let elapsed = started.elapsed();
         let label = match &result {
             Ok(_) => SelectOutcomeLabel::Success,
-            Err(e) => e.outcome_label(),
+            Err(e) => SelectOutcomeLabel::from(e),
         };
         span.record("outcome", label.as_str());
         span.record("legs", stats.legs);
@@ -468,7 +360,7 @@ impl TokenSelector {
             };
             progress.end_pass(&stats);
             let Ok(selected) = outcome else {
-                break outcome.map_err(SelectError::from);
+                break outcome;
             };
             let now = self.clock.now();
             if stats.claims == 0 || !needs_renewal(started, now, self.lease) {
@@ -483,7 +375,7 @@ impl TokenSelector {
             self.give_back_pass(request, &selected, &lost, pass, &mut guard, progress)
                 .await;
             if let Err(failure) = after_locks_lost(pass, self.config.max_retries) {
-                break Err(failure.into());
+                break Err(failure);
             }
         };
         guard.held.clear();
@@ -503,7 +395,7 @@ struct Progress {
     pass: SelectionStats,
     /// What the call answers if stopped now, when the engine can tell
     /// ([`Selection::answer_if_stopped`]); kept once seen.
-    answer: Option<SelectionFailure>,
+    answer: Option<SelectError>,
 }
 
 impl Progress {

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, FetchRequest, Fullness, ReadFacts, ReadPlan, SelectRequest, Selected, Selection,
-    SelectionError, SelectionFailure, SelectionStats, StoreFailure, TokenId, read_plan,
+    Action, FetchRequest, Fullness, ReadFacts, ReadPlan, SelectError, SelectRequest, Selected,
+    Selection, SelectionError, SelectionStats, StoreFault, TokenId, read_plan,
 };
 use holdfast_ports::{CandidateRead, ReadAndClaim, Subscription, WaitEnd};
 use rand::rngs::StdRng;
@@ -46,7 +46,7 @@ impl TokenSelector {
         guard: &mut HeldGuard,
         waiter: &mut Subscription,
         progress: &mut Progress,
-    ) -> Result<(Result<Selected, SelectionFailure>, SelectionStats), SelectionError> {
+    ) -> Result<(Result<Selected, SelectError>, SelectionStats), SelectionError> {
         let mut pass = Pass {
             selection: Selection::new(request.clone(), self.config.clone())?,
             selector: self,
@@ -159,7 +159,7 @@ impl Pass<'_> {
     async fn read_and_claim(
         &mut self,
         read: &CandidateRead,
-    ) -> Option<Result<ReadAndClaim, StoreFailure>> {
+    ) -> Option<Result<ReadAndClaim, StoreFault>> {
         self.selector
             .read_and_claim(
                 &self.selection,
@@ -279,7 +279,7 @@ impl Pass<'_> {
     /// the selected tokens too until the answer is returned: dropped during this
     /// release, the call must not leave them locked for a caller that never got
     /// them. Afterwards the guard covers exactly the selected tokens.
-    async fn release_leftover(&mut self, outcome: &Result<Selected, SelectionFailure>) {
+    async fn release_leftover(&mut self, outcome: &Result<Selected, SelectError>) {
         let keep: Vec<TokenId> = match outcome {
             Ok(selected) => selected.tokens.clone(),
             Err(_) => Vec::new(),

@@ -3,7 +3,7 @@
 //! claiming in one transaction").
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFailure, TokenId,
+    Action, Candidate, ClaimVerdict, FetchRequest, SelectRequest, Selection, StoreFault, TokenId,
 };
 use holdfast_ports::{BandQuery, CandidateQuery, CandidateRead, Chooser, ReadAndClaim};
 use rand::rngs::StdRng;
@@ -15,9 +15,9 @@ use super::calls::{HeldGuard, failure, give_back, release};
 /// How a fetch of the engine was answered.
 pub(super) enum Answer {
     /// Read and claimed in one call.
-    Claimed(Result<ReadAndClaim, StoreFailure>),
+    Claimed(Result<ReadAndClaim, StoreFault>),
     /// Read alone.
-    Read(Result<Vec<Candidate>, StoreFailure>),
+    Read(Result<Vec<Candidate>, StoreFault>),
 }
 
 impl TokenSelector {
@@ -26,7 +26,7 @@ impl TokenSelector {
         &self,
         guard: &mut HeldGuard,
         read: &CandidateRead,
-    ) -> Result<Vec<Candidate>, StoreFailure> {
+    ) -> Result<Vec<Candidate>, StoreFault> {
         let (tokens, read) = (self.tokens.clone(), read.clone());
         guard
             .perform(async move {
@@ -54,7 +54,7 @@ impl TokenSelector {
         request: &SelectRequest,
         read: &CandidateRead,
         ambiguous: &mut Vec<TokenId>,
-    ) -> Option<Result<ReadAndClaim, StoreFailure>> {
+    ) -> Option<Result<ReadAndClaim, StoreFault>> {
         let (mut probe, mut probe_rng) = (selection.clone(), rng.clone());
         // What the store was asked to claim: if the call fails, the claim may
         // still have committed (a COMMIT whose answer was lost), and nothing else

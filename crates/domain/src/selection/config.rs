@@ -123,7 +123,7 @@ pub struct SelectionConfig {
     pub batch_window: usize,
     /// The most tokens one select returns, its inputs (default 100, at most
     /// 256). An amount the free tokens cannot cover within it is answered
-    /// [`crate::selection::SelectionFailure::TooManyInputs`], never with a
+    /// [`crate::selection::SelectError::TooManyInputs`], never with a
     /// transaction no ledger would take.
     pub max_inputs: usize,
     /// How many candidates one fetch asks for (default 256); under `cover_first`,

@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, FaultKind, Precision, Quantity, SelectRequest, Selected,
-    Selection, SelectionConfig, SelectionFailure, SelectionStats, StoreFailure, TokenId, TokenType,
-    TxId, WalletId,
+    Action, Candidate, ClaimVerdict, FaultKind, Precision, Quantity, SelectError, SelectRequest,
+    Selected, Selection, SelectionConfig, SelectionStats, StoreFault, TokenId, TokenType, TxId,
+    WalletId,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -195,7 +195,7 @@ fn take_fault(counter: &mut u32) -> bool {
 /// What one driven call produced.
 #[derive(Debug, Clone)]
 pub struct Run {
-    pub outcome: Result<Selected, SelectionFailure>,
+    pub outcome: Result<Selected, SelectError>,
     pub trace: String,
     pub stats: SelectionStats,
     pub wallet: Wallet,
@@ -268,7 +268,7 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 if take_fault(&mut wallet.fail_fetches) {
                     let _ = writeln!(trace, "store error");
                     selection.on_candidates(
-                        Err(StoreFailure::new(FaultKind::Unavailable, "fetch failed")),
+                        Err(StoreFault::new(FaultKind::Unavailable, "fetch failed")),
                         &mut rng,
                     )
                 } else {
@@ -293,7 +293,7 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                     verdict_log.push((Vec::new(), clears));
                     let _ = writeln!(trace, "store error");
                     selection.on_claim(
-                        Err(StoreFailure::new(FaultKind::Busy, "claim failed")),
+                        Err(StoreFault::new(FaultKind::Busy, "claim failed")),
                         &mut rng,
                     )
                 } else {
@@ -322,7 +322,7 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 if take_fault(&mut wallet.fail_balances) {
                     let _ = writeln!(trace, "store error");
                     selection.on_balance(
-                        Err(StoreFailure::new(FaultKind::Timeout, "balance failed")),
+                        Err(StoreFault::new(FaultKind::Timeout, "balance failed")),
                         &mut rng,
                     )
                 } else {
@@ -336,7 +336,7 @@ pub fn run(wallet: Wallet, amount: u128, config: SelectionConfig, seed: u64) -> 
                 if take_fault(&mut wallet.fail_releases) {
                     let _ = writeln!(trace, "store error");
                     selection.on_released(
-                        Err(StoreFailure::new(FaultKind::Backend, "release failed")),
+                        Err(StoreFault::new(FaultKind::Backend, "release failed")),
                         &mut rng,
                     )
                 } else {

@@ -52,6 +52,10 @@ const WAKE_FILES: &[&str] = &[
 /// The preset whose settlement throughput shows what wake-ups cost (NOTIFY on
 /// PostgreSQL), run with holdfast and `--ablate wakeups`.
 const WAKE_COST_PRESET: &str = "many-wallets";
+/// Presets run with holdfast and `--ablate tidy`: what tidying a wallet that
+/// one select is alone on costs where it happens most (`many-wallets`: 64
+/// wallets, few callers each) and where a crowd shares one wallet.
+const TIDY_PRESETS: &[&str] = &["many-wallets", "big-wallet"];
 /// The payment history the bench replays, relative to the workspace root: the
 /// Bitcoin Core developers' `bustabit` tiny scenario, kept in the shared data
 /// directory beside the repository (`../shared/data/README.md` describes it).
@@ -400,6 +404,24 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         }
     }
 
+    let mut tidy = Vec::new();
+    for (backend, db) in &backends {
+        for preset in TIDY_PRESETS {
+            let report = json_of(&mut simulate(
+                db,
+                &[
+                    "--workload",
+                    preset,
+                    "--strategy",
+                    "holdfast",
+                    "--ablate",
+                    "tidy",
+                ],
+            ))?;
+            tidy.push(json!({ "backend": backend, "workload": preset, "report": report }));
+        }
+    }
+
     // The payment history, replayed once on SQLite through every policy.
     let payments_arg = payments.display().to_string();
     let replay = json_of(&mut simulate(&None, &["--payments", &payments_arg]))?;
@@ -451,6 +473,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         "seconds": started.elapsed().as_secs(),
         "presets": presets,
         "wakeups": wakeups,
+        "tidy": tidy,
         "replay": replay,
         "scaling": scaling,
     });
@@ -582,25 +605,14 @@ pub fn markdown(results: &Value) -> String {
             num(&a["redeliveries"]),
         );
     }
-    out.push_str("\n**Wake-ups**: holdfast beside `holdfast-no-wakeups` in one run of each.\n\n| backend | workload | strategy | selects/s | spurious | conflicts/select | round trips/select | p50 ms | p99 ms | locks left |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    for entry in results["wakeups"].as_array().unwrap_or(&empty) {
-        for s in entry["report"]["strategies"].as_array().unwrap_or(&empty) {
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                entry["backend"].as_str().unwrap_or("?"),
-                entry["workload"].as_str().unwrap_or("?"),
-                s["strategy"].as_str().unwrap_or("?"),
-                num(&s["selects_per_second"]),
-                num(&s["spurious_failures"]),
-                num(&s["conflicts_per_select"]),
-                num(&s["round_trips_per_select"]),
-                num(&s["latency_ms"]["p50"]),
-                num(&s["latency_ms"]["p99"]),
-                num(&s["locks_left"]),
-            );
-        }
-    }
+    out.push_str(&ablation_markdown(
+        "**Wake-ups**: holdfast beside `holdfast-no-wakeups` in one run of each.",
+        &results["wakeups"],
+    ));
+    out.push_str(&ablation_markdown(
+        "**Tidying**: holdfast beside `holdfast-no-tidy` (`tidy_band = 0`) in one run of each.",
+        &results["tidy"],
+    ));
     out.push_str(&replay_markdown(&results["replay"]));
     out.push_str("\n**Wallet scaling** (holdfast only):\n\n| backend | wallet tokens | select p50 ms | select p99 ms | peak MiB | round trips/select | spurious |\n|---|---|---|---|---|---|---|\n");
     for s in results["scaling"].as_array().unwrap_or(&empty) {
@@ -615,6 +627,42 @@ pub fn markdown(results: &Value) -> String {
             num(&s["round_trips_per_select"]),
             num(&s["spurious_failures"]),
         );
+    }
+    out
+}
+
+/// The table of holdfast beside one ablation, a run per backend and workload
+/// (empty without runs: results from before the section existed).
+fn ablation_markdown(title: &str, runs: &Value) -> String {
+    let Some(runs) = runs.as_array().filter(|r| !r.is_empty()) else {
+        return String::new();
+    };
+    let mut out = format!(
+        "\n{title}\n\n| backend | workload | strategy | selects/s | spurious | conflicts/select | round trips/select | inputs/select | change share | p50 ms | p99 ms | locks left |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for entry in runs {
+        for s in entry["report"]["strategies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                entry["backend"].as_str().unwrap_or("?"),
+                entry["workload"].as_str().unwrap_or("?"),
+                s["strategy"].as_str().unwrap_or("?"),
+                num(&s["selects_per_second"]),
+                num(&s["spurious_failures"]),
+                num(&s["conflicts_per_select"]),
+                num(&s["round_trips_per_select"]),
+                num(&s["inputs_per_select"]),
+                num(&s["change_share"]),
+                num(&s["latency_ms"]["p50"]),
+                num(&s["latency_ms"]["p99"]),
+                num(&s["locks_left"]),
+            );
+        }
     }
     out
 }

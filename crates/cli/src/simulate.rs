@@ -92,6 +92,9 @@ pub enum AblationArg {
     /// Settlement does not release locks: unlocked requests keep theirs until the
     /// lease (spending still removes a spent token's lock).
     SettleRelease,
+    /// No tidying: a select alone on its wallet chooses as one beside other
+    /// callers (`tidy_band = 0`).
+    Tidy,
 }
 
 impl From<AblationArg> for Ablation {
@@ -105,6 +108,7 @@ impl From<AblationArg> for Ablation {
             AblationArg::Batch => Ablation::Batch,
             AblationArg::Wakeups => Ablation::Wakeups,
             AblationArg::SettleRelease => Ablation::SettleRelease,
+            AblationArg::Tidy => Ablation::Tidy,
         }
     }
 }

@@ -75,6 +75,9 @@ pub enum Ablation {
     /// Settlement does not release locks: unlocked requests keep theirs until the
     /// lease (spending still removes a spent token's lock).
     SettleRelease,
+    /// No tidying: a select alone on its wallet chooses as one beside other
+    /// callers (`tidy_band = 0`).
+    Tidy,
 }
 
 impl Ablation {
@@ -89,6 +92,7 @@ impl Ablation {
             Ablation::Batch => "batch",
             Ablation::Wakeups => "wakeups",
             Ablation::SettleRelease => "settle-release",
+            Ablation::Tidy => "tidy",
         }
     }
 }

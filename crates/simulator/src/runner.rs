@@ -433,6 +433,7 @@ pub fn selection_for(strategy: Strategy, base: &SelectionConfig) -> SelectionCon
             Ablation::Window => config.sufficiency_window = 1,
             Ablation::Batch => config.batch_window = 1,
             Ablation::Wakeups => config.wakeups = false,
+            Ablation::Tidy => config.tidy_band = 0,
             Ablation::AntiJoin | Ablation::SettleRelease => {}
         }
     }

@@ -27,6 +27,10 @@
 //!   transaction under the advisory lock `(`[`CLAIM_LINE_SPACE`]`, hash of wallet
 //!   and type)`: four statements (`BEGIN` with the lock, read, claim, `COMMIT`),
 //!   and no race lost to another read-and-claim of the same wallet and type.
+//! - Adding tokens (`add_tokens`, a confirm's outputs) takes the balance locks
+//!   `(`[`BALANCE_SPACE`]`, hash of wallet and type)`: shared when every amount
+//!   and every unspent token of the pair is below 2^63 (no total can overflow),
+//!   exclusive with a check of the totals otherwise.
 //! - The lease sweep takes `pg_try_advisory_xact_lock(`[`SWEEP_LOCK_KEY`]`)`; only
 //!   the replica that gets it deletes.
 //! - Every operation holds at most one pooled connection, never two.
@@ -66,5 +70,6 @@ pub use options::{LockStrategy, MAX_SERVER_TIMEOUT, OptionsError, PgOptions, Unk
 pub use route::{HOST_TIMEOUT, HostOutcome, HostTried, ROLE, ServerRole};
 pub use schema::{MIGRATIONS, migrator_up_to};
 pub use session::{KEEPALIVE_COUNT, KEEPALIVE_INTERVAL, PING_IDLE_AFTER, session_settings};
+pub use tokens::BALANCE_SPACE;
 pub use url::{redact_url, scrub_password, with_database};
 pub use wake::{CHANNEL, COALESCE};

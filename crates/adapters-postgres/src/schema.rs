@@ -27,6 +27,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "slot_builds",
         include_str!("../migrations/0006_slot_builds.sql"),
     ),
+    (
+        7,
+        "shared_balance_locks",
+        include_str!("../migrations/0007_shared_balance_locks.sql"),
+    ),
 ];
 
 /// When this database was migrated to its current schema, in milliseconds since

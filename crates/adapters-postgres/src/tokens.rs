@@ -150,33 +150,40 @@ macro_rules! band_sql {
     };
 }
 
-/// The first key of the two-key advisory locks that serialize the writes adding
-/// to one wallet and type's unspent total: `add_tokens` and the outputs of
-/// `holdfast_confirm` (migration 0004), which takes the same keys. The bytes of
-/// `"wbal"`; the second key is `hashtext(wallet || TAB || type)`, computed by the
-/// server in both places. Without it two concurrent adds could each see the
-/// other's tokens missing (READ COMMITTED) and together overflow the total.
-pub(crate) const BALANCE_SPACE: i32 = 0x7762_616c;
+/// The first key of the two-key advisory locks (the *balance locks*) that keep
+/// the writes adding to one wallet and type's unspent total from overflowing it:
+/// `add_tokens` and the outputs of `holdfast_confirm` take them through the one
+/// SQL function `holdfast_lock_balances` (migration 0007). The bytes of `"wbal"`;
+/// the second key is `hashtext(wallet || TAB || type)`, computed by the server;
+/// `pg_locks` shows them as `classid` and `objid`.
+///
+/// A *small* add (every amount below 2^63, and no unspent token of 2^63 or more,
+/// spendable or not, in its pairs) takes them shared and checks no total, so
+/// small adds to one wallet run at once; any other add takes them exclusive and
+/// checks the totals. Tokens of 2^63 or more are only added under the exclusive
+/// lock, so a pair that only small adds write holds amounts below 2^63 only: fewer
+/// than 2^64 rows of those sum below 2^127, no overflow. Without an exclusive
+/// lock, two big adds could each see the other's tokens missing (READ COMMITTED)
+/// and together overflow the total.
+pub const BALANCE_SPACE: i32 = 0x7762_616c;
 
-/// Locks the wallet and type pairs of `$1`, `$2` in key order (no wait cycle
-/// between two writers of overlapping pairs). A statement of its own: the next
+/// Locks the wallet and type pairs of `$1`, `$2` that amounts `$3` are added to,
+/// in key order: shared for a small add (answers false: no total to check),
+/// exclusive otherwise (answers true). A statement of its own: the next
 /// statement's snapshot then shows every write committed under these locks.
-const LOCK_BALANCES: &str = "
-    SELECT pg_advisory_xact_lock($3::int, p.k)
-    FROM (SELECT DISTINCT hashtext(w || E'\\t' || t) AS k
-          FROM UNNEST($1::text[], $2::text[]) AS i(w, t)) AS p
-    ORDER BY p.k";
+const LOCK_BALANCES: &str = "SELECT holdfast_lock_balances($1::text[], $2::text[], $3::text[])";
 
 /// Inserts the batch in key order (an existing id is left alone) and answers a
-/// row `new` per inserted id and a row `overflow` (wallet TAB type) per wallet
-/// and type whose unspent total, spendable or not, would exceed 2^128 - 1 with
-/// the inserted tokens (the sums read the statement's snapshot: the total
-/// before it). Per pair, `base` is what the batch adds plus the unspendable
-/// tokens, summed exactly (no index holds them: a scan of `tokens`); the
-/// spendable ones are summed (through `tokens_candidates`) only if their
-/// largest (one index search) is 2^63 or more or `base` exceeds 2^127: a table
-/// holds fewer than 2^64 rows, so amounts below 2^63 sum below 2^127, and
-/// adding at most 2^127 to that cannot pass 2^128 - 1.
+/// row `new` per inserted id and, when `$7` (the balance locks are exclusive), a
+/// row `overflow` (wallet TAB type) per wallet and type whose unspent total,
+/// spendable or not, would exceed 2^128 - 1 with the inserted tokens (the sums
+/// read the statement's snapshot: the total before it). A small add (`$7`
+/// false) checks nothing: see [`BALANCE_SPACE`]. Per pair, `base` is what the
+/// batch adds plus the unspendable tokens, summed exactly (through
+/// `tokens_unspendable`); the spendable ones are summed (through
+/// `tokens_candidates`) only if their largest (one index search) is 2^63 or more
+/// or `base` exceeds 2^127: a table holds fewer than 2^64 rows, so amounts below
+/// 2^63 sum below 2^127, and adding at most 2^127 to that cannot pass 2^128 - 1.
 const INSERT_TOKENS: &str = concat!(
     "
     WITH ins AS (
@@ -189,7 +196,9 @@ const INSERT_TOKENS: &str = concat!(
         RETURNING tx_id, idx, wallet, token_type, amount
     ),
     added AS (
-        SELECT wallet, token_type, SUM(amount) AS total FROM ins GROUP BY wallet, token_type
+        SELECT wallet, token_type, SUM(amount) AS total FROM ins
+        WHERE $7::bool
+        GROUP BY wallet, token_type
     ),
     bounds AS MATERIALIZED (
         SELECT a.wallet, a.token_type,
@@ -532,18 +541,20 @@ impl TokenStore for PgBackend {
         let types: Vec<&str> = distinct.values().map(|t| t.token_type.as_str()).collect();
         let amounts: Vec<String> = distinct.values().map(|t| t.quantity.to_string()).collect();
         let spendable: Vec<bool> = distinct.values().map(|t| t.spendable).collect();
-        // Under the pairs' locks, the insert and the check of the totals it
-        // joins are one statement: nothing is written unless every total fits.
+        // Under the pairs' balance locks, the insert and (when they are
+        // exclusive) the check of the totals it joins are one statement: nothing
+        // is written unless every total fits.
         let mut tx = Tx::begin(self.sessions()).await.map_err(|e| fault(&e))?;
-        self.note(
-            sqlx::query(LOCK_BALANCES)
-                .bind(&wallets)
-                .bind(&types)
-                .bind(BALANCE_SPACE)
-                .execute(tx.conn())
-                .await,
-        )
-        .map_err(|e| fault(&e))?;
+        let exclusive: bool = self
+            .note(
+                sqlx::query_scalar(LOCK_BALANCES)
+                    .bind(&wallets)
+                    .bind(&types)
+                    .bind(&amounts)
+                    .fetch_one(tx.conn())
+                    .await,
+            )
+            .map_err(|e| fault(&e))?;
         let answered = self
             .note(
                 sqlx::query(INSERT_TOKENS)
@@ -553,6 +564,7 @@ impl TokenStore for PgBackend {
                     .bind(&types)
                     .bind(&amounts)
                     .bind(&spendable)
+                    .bind(exclusive)
                     .fetch_all(tx.conn())
                     .await,
             )
@@ -709,15 +721,29 @@ impl TokenStore for PgBackend {
 mod tests {
     use super::*;
 
-    /// `holdfast_confirm` takes the same locks as `add_tokens`, with the key
-    /// computed by the same text, so adds and confirms to one wallet serialize.
+    /// `holdfast_confirm` and `add_tokens` take the balance locks through the one
+    /// function `holdfast_lock_balances`, shared and exclusive on the same keys
+    /// in the same order, in [`BALANCE_SPACE`].
     #[test]
     fn confirm_takes_the_balance_locks_of_add_tokens() {
-        let function = include_str!("../migrations/0004_confirm.sql");
-        let key = "SELECT DISTINCT hashtext(w || E'\\t' || t) AS k";
-        assert!(LOCK_BALANCES.contains(key), "{LOCK_BALANCES}");
-        assert!(function.contains(key), "the function computes another key");
-        let lock = format!("pg_advisory_xact_lock({BALANCE_SPACE}, p.k)");
-        assert!(function.contains(&lock), "the function locks another space");
+        let migration = include_str!("../migrations/0007_shared_balance_locks.sql");
+        assert!(LOCK_BALANCES.contains("holdfast_lock_balances("));
+        let call = "IF holdfast_lock_balances(p_wallets, p_types, p_amounts) THEN";
+        assert!(migration.contains(call), "the confirm locks otherwise");
+        let keys = "FROM (SELECT DISTINCT hashtext(w || E'\\t' || t) AS k
+                      FROM unnest(p_wallets, p_types) AS i(w, t)) AS p
+                ORDER BY p.k;";
+        for lock in ["pg_advisory_xact_lock_shared", "pg_advisory_xact_lock"] {
+            let taken = format!("PERFORM {lock}({BALANCE_SPACE}, p.k)");
+            let at = migration
+                .find(&taken)
+                .unwrap_or_else(|| panic!("no {taken}"));
+            let tail = migration[at + taken.len()..].trim_start();
+            let normal = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(
+                normal(tail).starts_with(&normal(keys)),
+                "{lock}: other keys or order"
+            );
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod balances;
 mod conformance;
 mod faults;
 mod hosts;

@@ -31,10 +31,23 @@ async fn exec(conn: &mut PgConnection, sql: &'static str) {
 
 /// When the newest migration was installed, in milliseconds.
 async fn upgrade_time(conn: &mut PgConnection) -> Timestamp {
+    installed_on(conn, None).await
+}
+
+/// When version 6 was installed: the publication time it gave the owners it
+/// found (later versions are installed after it, in transactions of their own).
+async fn version_6_installed_on(conn: &mut PgConnection) -> Timestamp {
+    installed_on(conn, Some(6)).await
+}
+
+/// When `version` (the newest if none) was installed, in milliseconds.
+async fn installed_on(conn: &mut PgConnection, version: Option<i64>) -> Timestamp {
     let ms: i64 = sqlx::query_scalar(
         "SELECT (extract(epoch FROM installed_on) * 1000)::BIGINT FROM _sqlx_migrations
+         WHERE $1::BIGINT IS NULL OR version = $1
          ORDER BY version DESC LIMIT 1",
     )
+    .bind(version)
     .fetch_one(&mut *conn)
     .await
     .expect("the upgrade time");
@@ -110,7 +123,7 @@ async fn upgrading_from_version_5_reads_owners_as_published_at_the_upgrade() {
     )
     .await;
     let backend = db.backend(LockStrategy::OnConflict, 2).await;
-    let upgraded = upgrade_time(&mut conn).await;
+    let upgraded = version_6_installed_on(&mut conn).await;
     let warnings = Warnings::default();
     let _logs = tracing::subscriber::set_default(warnings.clone());
     let name = QueueName::new("main").expect("queue");

@@ -1,0 +1,461 @@
+//! The balance locks (migration 0007), against a real server: small adds into one
+//! wallet take them shared and do not wait for each other; an add of a big token,
+//! or a small add into a wallet holding one, takes them exclusive, having let go
+//! of the shared ones first; and no interleaving of big and small adds and
+//! confirms lifts a wallet's unspent total past 2^128 - 1 or deadlocks.
+//!
+//! A lock another session holds is taken on a plain connection, in an open
+//! transaction; a call that must wait for it is shown waiting by polling
+//! `pg_locks` (not timed) before the lock is let go.
+
+use crate::support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast_adapters_postgres::{BALANCE_SPACE, LockStrategy, PgBackend, PgOptions};
+use holdfast_domain::ClaimVerdict;
+use holdfast_ports::conformance::support::{
+    T0, add, amount, at, chf, token_id, token_type, tx, wallet,
+};
+use holdfast_ports::{LockStoreError, NewToken, Output, Stores, TokenStoreError};
+use sqlx::PgConnection;
+use support::TestDb;
+use tokio::sync::Barrier;
+use tokio::task::JoinHandle;
+
+/// 2^63: the smallest amount that makes an add, or a wallet holding it, big.
+const BIG: u128 = 1 << 63;
+
+/// Longest a call that must not wait may take: far beyond its time on a loaded
+/// machine; it only turns a call stuck behind a lock into a failure.
+const NO_WAIT: Duration = Duration::from_secs(30);
+
+/// A backend on `db` whose lock waits last a minute, not the default second: a
+/// call these tests hold up must still be waiting when they look, and let go,
+/// on a loaded machine.
+async fn patient_backend(db: &TestDb, strategy: LockStrategy, max_connections: u32) -> PgBackend {
+    PgBackend::connect(
+        &db.url,
+        PgOptions {
+            strategy,
+            max_connections,
+            lock_timeout: Duration::from_secs(60),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("connect to {}: {e}", db.name))
+}
+
+/// An output of `value` CHF to `wallet_id`.
+fn pay(wallet_id: &str, value: u128) -> Output {
+    Output {
+        wallet: wallet(wallet_id),
+        token_type: token_type("CHF"),
+        quantity: amount(value),
+    }
+}
+
+/// Funds `wallet_id` with one token `(consumer's id + "-in", 0)` of `value` and
+/// claims it for `consumer`: what a confirm paying `value` spends.
+async fn funded(s: &Stores, consumer: &str, wallet_id: &str, value: u128) {
+    let input = format!("{consumer}-in");
+    add(s, &[chf(wallet_id, &input, 0, value)]).await;
+    let won = s.locks.claim(&tx(consumer), &token_id(&input, 0), T0).await;
+    assert_eq!(won, Ok(ClaimVerdict::Won), "claim of {input}");
+}
+
+/// The unspent CHF balance of `wallet_id`.
+async fn balance(s: &Stores, wallet_id: &str) -> u128 {
+    s.tokens
+        .balance(&wallet(wallet_id), &token_type("CHF"))
+        .await
+        .expect("balance")
+        .value()
+}
+
+/// Opens a transaction on `conn` holding the balance lock of `wallet_id`/CHF,
+/// shared or exclusive.
+async fn hold(conn: &mut PgConnection, wallet_id: &str, shared: bool) {
+    sqlx::query("BEGIN")
+        .execute(&mut *conn)
+        .await
+        .expect("BEGIN");
+    let lock = if shared {
+        "SELECT pg_advisory_xact_lock_shared($1, hashtext($2 || E'\\t' || 'CHF'))"
+    } else {
+        "SELECT pg_advisory_xact_lock($1, hashtext($2 || E'\\t' || 'CHF'))"
+    };
+    sqlx::query(lock)
+        .bind(BALANCE_SPACE)
+        .bind(wallet_id)
+        .execute(&mut *conn)
+        .await
+        .expect("take the balance lock");
+}
+
+/// Ends the transaction `hold` opened, letting go of its lock.
+async fn let_go(conn: &mut PgConnection) {
+    sqlx::query("COMMIT")
+        .execute(&mut *conn)
+        .await
+        .expect("COMMIT");
+}
+
+/// Waits until a session other than `observer`'s waits for a balance lock, and
+/// answers its pid and the balance locks it holds meanwhile, as their modes.
+/// Fails if `call` finishes first: it did not wait.
+async fn wait_until_waiting<T>(
+    observer: &mut PgConnection,
+    call: &JoinHandle<T>,
+    what: &str,
+) -> (i32, Vec<String>) {
+    loop {
+        let waiter: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_locks
+             WHERE locktype = 'advisory' AND classid::int = $1 AND objsubid = 2
+               AND NOT granted AND pid <> pg_backend_pid()
+             LIMIT 1",
+        )
+        .bind(BALANCE_SPACE)
+        .fetch_optional(&mut *observer)
+        .await
+        .expect("pg_locks");
+        if let Some(pid) = waiter {
+            let held: Vec<String> = sqlx::query_scalar(
+                "SELECT mode FROM pg_locks
+                 WHERE locktype = 'advisory' AND classid::int = $1 AND objsubid = 2
+                   AND granted AND pid = $2
+                 ORDER BY objid",
+            )
+            .bind(BALANCE_SPACE)
+            .bind(pid)
+            .fetch_all(&mut *observer)
+            .await
+            .expect("pg_locks of the waiter");
+            return (pid, held);
+        }
+        assert!(
+            !call.is_finished(),
+            "{what}: finished without waiting for the balance lock"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The mode a waiting session asks for the balance lock in.
+async fn wanted_mode(observer: &mut PgConnection, pid: i32) -> String {
+    sqlx::query_scalar(
+        "SELECT mode FROM pg_locks
+         WHERE locktype = 'advisory' AND classid::int = $1 AND objsubid = 2
+           AND NOT granted AND pid = $2",
+    )
+    .bind(BALANCE_SPACE)
+    .bind(pid)
+    .fetch_one(&mut *observer)
+    .await
+    .expect("the waiting lock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_adds_share_the_balance_lock_and_big_ones_wait_for_it() {
+    let Some(db) = TestDb::create("small_adds_share_the_balance_lock").await else {
+        return;
+    };
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
+    let s = backend.stores();
+    let mut holder = db.connection().await;
+    let mut observer = db.connection().await;
+    funded(&s, "t1", "src", 7).await;
+    funded(&s, "t2", "src", 9).await;
+
+    // Another small writer holds the lock of w shared: a small add and a small
+    // confirm into w go through at once.
+    hold(&mut holder, "w", true).await;
+    let added = tokio::time::timeout(NO_WAIT, s.tokens.add_tokens(&[chf("w", "a", 0, BIG - 1)]))
+        .await
+        .expect("a small add waited for a shared holder");
+    assert_eq!(added, Ok(1));
+    let confirmed = tokio::time::timeout(
+        NO_WAIT,
+        s.locks
+            .confirm(&tx("t1"), &[pay("w", 5), pay("src", 2)], at(1)),
+    )
+    .await
+    .expect("a small confirm waited for a shared holder");
+    assert!(confirmed.is_ok(), "{confirmed:?}");
+
+    // An add of 2^63 must exclude the small writers: it waits, asking exclusive.
+    let big = {
+        let s = s.clone();
+        tokio::spawn(async move { s.tokens.add_tokens(&[chf("w", "big", 0, BIG)]).await })
+    };
+    let (pid, _) = wait_until_waiting(&mut observer, &big, "an add of 2^63").await;
+    assert_eq!(wanted_mode(&mut observer, pid).await, "ExclusiveLock");
+    let_go(&mut holder).await;
+    assert_eq!(big.await.expect("add task"), Ok(1));
+
+    // Held exclusive (a big writer), a small add and a small confirm wait.
+    hold(&mut holder, "v", false).await;
+    let small = {
+        let s = s.clone();
+        tokio::spawn(async move { s.tokens.add_tokens(&[chf("v", "b", 0, 1)]).await })
+    };
+    let (pid, _) = wait_until_waiting(&mut observer, &small, "a small add").await;
+    assert_eq!(wanted_mode(&mut observer, pid).await, "ShareLock");
+    let_go(&mut holder).await;
+    assert_eq!(small.await.expect("add task"), Ok(1));
+    hold(&mut holder, "v", false).await;
+    let confirm = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.locks
+                .confirm(&tx("t2"), &[pay("v", 4), pay("src", 5)], at(2))
+                .await
+        })
+    };
+    wait_until_waiting(&mut observer, &confirm, "a small confirm").await;
+    let_go(&mut holder).await;
+    assert!(confirm.await.expect("confirm task").is_ok());
+    assert_eq!(balance(&s, "w").await, BIG - 1 + 5 + BIG);
+    assert_eq!(balance(&s, "v").await, 1 + 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_add_into_a_big_wallet_lets_go_of_the_shared_lock_before_waiting() {
+    let Some(db) = TestDb::create("a_small_add_into_a_big_wallet_lets_go").await else {
+        return;
+    };
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
+    let s = backend.stores();
+    let mut holder = db.connection().await;
+    let mut observer = db.connection().await;
+    let off = NewToken {
+        spendable: false,
+        ..chf("off", "off", 0, BIG)
+    };
+    add(&s, &[chf("big", "big", 0, BIG), off]).await;
+    funded(&s, "t1", "src", 3).await;
+
+    // A small writer holds the lock of each big wallet shared. A small add or
+    // confirm into it (and into a small wallet, whose key may come first) must
+    // check the total, so it waits for the exclusive lock: holding no shared
+    // balance lock meanwhile, only exclusive ones taken in key order.
+    for (n, full) in ["big", "off"].into_iter().enumerate() {
+        hold(&mut holder, full, true).await;
+        let call = {
+            let s = s.clone();
+            let batch = [
+                chf(full, &format!("add-{full}"), 0, 1),
+                chf("small", &format!("add-{full}"), 1, 1),
+            ];
+            tokio::spawn(async move { s.tokens.add_tokens(&batch).await })
+        };
+        let (pid, held) = wait_until_waiting(&mut observer, &call, full).await;
+        assert_eq!(
+            wanted_mode(&mut observer, pid).await,
+            "ExclusiveLock",
+            "{full}"
+        );
+        assert!(
+            held.iter().all(|mode| mode == "ExclusiveLock"),
+            "{full}: the waiting add holds {held:?}"
+        );
+        let_go(&mut holder).await;
+        assert_eq!(call.await.expect("add task"), Ok(2), "{full}");
+        assert_eq!(
+            balance(&s, "small").await,
+            1 + u128::try_from(n).unwrap_or(0)
+        );
+    }
+    hold(&mut holder, "big", true).await;
+    let confirm = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.locks
+                .confirm(&tx("t1"), &[pay("big", 2), pay("small", 1)], at(1))
+                .await
+        })
+    };
+    let (pid, held) = wait_until_waiting(&mut observer, &confirm, "a confirm").await;
+    assert_eq!(wanted_mode(&mut observer, pid).await, "ExclusiveLock");
+    assert!(
+        held.iter().all(|mode| mode == "ExclusiveLock"),
+        "the waiting confirm holds {held:?}"
+    );
+    let_go(&mut holder).await;
+    assert!(confirm.await.expect("confirm task").is_ok());
+    assert_eq!(balance(&s, "big").await, BIG + 1 + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_add_into_a_nearly_full_wallet_is_refused_when_it_would_overflow() {
+    let Some(db) = TestDb::create("a_small_add_into_a_nearly_full_wallet").await else {
+        return;
+    };
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 2).await;
+    let s = backend.stores();
+    let off = NewToken {
+        spendable: false,
+        ..chf("off", "off", 0, u128::MAX - 5)
+    };
+    add(&s, &[chf("full", "full", 0, u128::MAX - 5), off]).await;
+    for full in ["full", "off"] {
+        // Every amount is small; the wallet's token is not.
+        let refused = s.tokens.add_tokens(&[chf(full, "six", 0, 6)]).await;
+        assert!(
+            matches!(
+                &refused,
+                Err(TokenStoreError::BalanceOverflow { wallet: w, .. }) if w.as_str() == full
+            ),
+            "{full}: {refused:?}"
+        );
+        funded(&s, &format!("pay-{full}"), "src", 6).await;
+        let refused = s
+            .locks
+            .confirm(&tx(&format!("pay-{full}")), &[pay(full, 6)], at(1))
+            .await;
+        assert!(
+            matches!(&refused, Err(LockStoreError::BadOutputs { detail })
+                if detail.contains(&format!("wallet {full} type CHF"))),
+            "{full}: {refused:?}"
+        );
+        let filled = s
+            .locks
+            .confirm(
+                &tx(&format!("pay-{full}")),
+                &[pay(full, 5), pay("src", 1)],
+                at(2),
+            )
+            .await;
+        assert!(filled.is_ok(), "{full}: filling to 2^128 - 1: {filled:?}");
+    }
+    assert_eq!(balance(&s, "full").await, u128::MAX);
+    let spendable = s.tokens.token(&token_id("pay-off", 0)).await;
+    assert!(
+        matches!(spendable, Ok(Some(ref t)) if t.quantity == amount(5)),
+        "{spendable:?}"
+    );
+}
+
+/// What one racing call did: its amount, and whether it was added.
+type Outcome = (u128, bool);
+
+/// Runs `adds` (wallet `dst`, amounts) and `confirms` (each paying its amount
+/// into `dst` from a wallet of its own) all at once from two backends, and
+/// answers what each did. Any answer but done or refused as an overflow of
+/// `dst` (a deadlock, say) fails the test.
+async fn race(db: &TestDb, adds: &[u128], confirms: &[u128]) -> (Stores, Vec<Outcome>) {
+    let backends: Vec<PgBackend> = vec![
+        patient_backend(db, LockStrategy::OnConflict, 8).await,
+        patient_backend(db, LockStrategy::SkipLocked, 8).await,
+    ];
+    let instances: Vec<Stores> = backends.iter().map(PgBackend::stores).collect();
+    let s = instances[0].clone();
+    for (i, value) in confirms.iter().enumerate() {
+        funded(&s, &format!("c{i}"), &format!("src{i}"), *value).await;
+    }
+    let barrier = Arc::new(Barrier::new(adds.len() + confirms.len()));
+    let mut tasks: Vec<JoinHandle<Outcome>> = Vec::new();
+    for (i, value) in adds.iter().copied().enumerate() {
+        let s = instances[i % 2].clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            match s.tokens.add_tokens(&[chf("dst", "a", index, value)]).await {
+                Ok(1) => (value, true),
+                Err(TokenStoreError::BalanceOverflow { wallet: w, .. }) if w.as_str() == "dst" => {
+                    (value, false)
+                }
+                other => panic!("add {i} of {value}: {other:?}"),
+            }
+        }));
+    }
+    for (i, value) in confirms.iter().copied().enumerate() {
+        let s = instances[(i + 1) % 2].clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            match s
+                .locks
+                .confirm(&tx(&format!("c{i}")), &[pay("dst", value)], at(1))
+                .await
+            {
+                Ok(_) => (value, true),
+                Err(LockStoreError::BadOutputs { detail })
+                    if detail.contains("wallet dst type CHF") =>
+                {
+                    (value, false)
+                }
+                other => panic!("confirm {i} of {value}: {other:?}"),
+            }
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("racing task panicked"));
+    }
+    (s, outcomes)
+}
+
+/// The total `dst` ends with is `start` plus what was added, at most 2^128 - 1,
+/// and every refused call would have lifted it past 2^128 - 1 (totals only grew).
+async fn check_race(s: &Stores, start: u128, outcomes: &[Outcome]) -> u128 {
+    let mut total = start;
+    for (value, added) in outcomes {
+        if *added {
+            total = total
+                .checked_add(*value)
+                .expect("the added amounts overflow");
+        }
+    }
+    assert_eq!(balance(s, "dst").await, total, "{outcomes:?}");
+    for (value, added) in outcomes {
+        assert!(
+            *added || total.checked_add(*value).is_none(),
+            "{value} was refused though it fit: {outcomes:?}"
+        );
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_and_small_adds_and_confirms_at_once_never_overflow_a_wallet() {
+    let Some(db) = TestDb::create("big_and_small_adds_and_confirms_at_once").await else {
+        return;
+    };
+    // Near 2^127: two fit, a third never. Small ones interleaved: whether they
+    // come before the big ones (and keep the second out) or after (and meet a
+    // full wallet) is the scheduler's choice; the checks hold either way.
+    let near = (1u128 << 127) - 1;
+    let adds = [near, 7, near, BIG - 1, near, 3, near];
+    let confirms = [near, 5, near, BIG - 1];
+    let (s, outcomes) = race(&db, &adds, &confirms).await;
+    let total = check_race(&s, 0, &outcomes).await;
+    let big_ones = outcomes.iter().filter(|(v, a)| *a && *v == near).count();
+    assert!(
+        (1..=2).contains(&big_ones),
+        "{big_ones} of near 2^127 added, total {total}: {outcomes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_adds_and_confirms_into_a_full_big_wallet_fall_back_without_deadlock() {
+    let Some(db) = TestDb::create("small_adds_into_a_full_big_wallet").await else {
+        return;
+    };
+    // Room for five of 20 beside a big token: exactly five of twelve small calls
+    // fit, whatever their order, all having fallen back to the exclusive lock.
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 2).await;
+    add(&backend.stores(), &[chf("dst", "full", 0, u128::MAX - 100)]).await;
+    let (s, outcomes) = race(&db, &[20; 8], &[20; 4]).await;
+    let total = check_race(&s, u128::MAX - 100, &outcomes).await;
+    assert_eq!(total, u128::MAX, "{outcomes:?}");
+    assert_eq!(
+        outcomes.iter().filter(|(_, a)| *a).count(),
+        5,
+        "{outcomes:?}"
+    );
+}

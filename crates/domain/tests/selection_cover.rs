@@ -303,9 +303,9 @@ fn a_read_asks_for_a_cover_band_that_widens_with_the_callers_the_instance_sees()
         }
     };
     // Alone: the configured 16. With 10 callers of the wallet in this instance:
-    // 8 per caller, so that they can land on different tokens.
+    // 24 per caller, so that they can land on different tokens.
     assert_eq!(cover_band(None), 16);
     assert_eq!(cover_band(Some(1)), 16);
-    assert_eq!(cover_band(Some(10)), 80);
+    assert_eq!(cover_band(Some(10)), 240);
     assert_eq!(cover_band(Some(100)), 256);
 }

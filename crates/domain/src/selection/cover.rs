@@ -39,26 +39,40 @@ use crate::window::{self, WindowLimits};
 
 /// Cover candidates a read asks for per caller of the wallet and type that the
 /// instance sees (this one included), beyond the configured `cover_band`.
-pub(crate) const COVER_PER_CALLER: usize = 8;
+pub(crate) const COVER_PER_CALLER: usize = 24;
 
 /// Sufficiency-window members per caller the instance sees, beyond the
 /// configured `sufficiency_window`.
-pub(crate) const WINDOW_PER_CALLER: usize = 4;
+pub(crate) const WINDOW_PER_CALLER: usize = 24;
 
 /// The cover band of a read with `callers` concurrent callers of the wallet and
-/// type in this instance: wide enough that they can land on different tokens.
+/// type in this instance: wide enough that they can land on different tokens;
+/// as configured for a caller alone.
 pub(crate) fn spread_band(configured: usize, callers: usize) -> usize {
-    configured
-        .max(callers.saturating_mul(COVER_PER_CALLER))
-        .min(crate::selection::MAX_COVER_BAND)
+    spread(
+        configured,
+        callers,
+        COVER_PER_CALLER,
+        crate::selection::MAX_COVER_BAND,
+    )
 }
 
 /// The sufficiency window with `callers` concurrent callers (as
 /// [`spread_band`]).
 pub(crate) fn spread_window(configured: usize, callers: usize) -> usize {
-    configured
-        .max(callers.saturating_mul(WINDOW_PER_CALLER))
-        .min(crate::selection::MAX_SUFFICIENCY_WINDOW)
+    spread(
+        configured,
+        callers,
+        WINDOW_PER_CALLER,
+        crate::selection::MAX_SUFFICIENCY_WINDOW,
+    )
+}
+
+fn spread(configured: usize, callers: usize, per_caller: usize, max: usize) -> usize {
+    if callers <= 1 {
+        return configured;
+    }
+    configured.max(callers.saturating_mul(per_caller)).min(max)
 }
 
 /// How many distinct fill amounts (largest first) the exact search takes the
@@ -743,9 +757,12 @@ mod tests {
 
     #[test]
     fn the_band_and_the_window_widen_with_the_callers_up_to_their_limits() {
-        // Alone, or a few: as configured.
+        // Alone: as configured.
         assert_eq!(spread_band(16, 1), 16);
         assert_eq!(spread_window(4, 1), 4);
+        // Two: 24 each.
+        assert_eq!(spread_band(16, 2), 48);
+        assert_eq!(spread_window(4, 2), 48);
         // Ten callers of the wallet in this instance.
         assert_eq!(spread_band(16, 10), 10 * COVER_PER_CALLER);
         assert_eq!(spread_window(4, 10), 10 * WINDOW_PER_CALLER);

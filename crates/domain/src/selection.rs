@@ -496,6 +496,9 @@ pub struct Selection {
     /// Callers of the wallet and type the instance sees, this one included
     /// ([`Selection::note_callers`]).
     callers: usize,
+    /// Whether a read can go stale before its claim lands, so that callers
+    /// should spread ([`Selection::note_reads_race_claims`]).
+    reads_race_claims: bool,
     /// Stale was seen: the next fetch asks for a refresh.
     refresh_pending: bool,
     /// Tokens that may be held after a failed release; retried on every release.
@@ -547,6 +550,7 @@ impl Selection {
             attempted: HashSet::new(),
             blacklist: Blacklist::new(),
             callers: 1,
+            reads_race_claims: true,
             refresh_pending: false,
             unreleased: BTreeSet::new(),
             locked_out: false,
@@ -636,6 +640,25 @@ impl Selection {
     /// instead of all on the few smallest covers.
     pub fn note_callers(&mut self, callers: usize) {
         self.callers = callers.max(1);
+    }
+
+    /// Notes whether this call's reads can race other callers' claims (true
+    /// unless told otherwise). A store that reads and claims every time in one
+    /// serialized transaction (SQLite) loses no race, so the cover band and the
+    /// sufficiency window stay as configured however many callers there are:
+    /// widening them would only make each read longer.
+    pub fn note_reads_race_claims(&mut self, race: bool) {
+        self.reads_race_claims = race;
+    }
+
+    /// The callers the reads and the window widen for
+    /// ([`Selection::note_reads_race_claims`]).
+    fn spread_callers(&self) -> usize {
+        if self.reads_race_claims {
+            self.callers
+        } else {
+            1
+        }
     }
 
     /// Starts the call: the first action is always a fetch. Calling it again
@@ -968,7 +991,7 @@ impl Selection {
                         .saturating_mul(u128::from(self.config.max_sufficiency_ratio));
                     Bands {
                         threshold,
-                        cover: cover::spread_band(self.config.cover_band, self.callers),
+                        cover: cover::spread_band(self.config.cover_band, self.spread_callers()),
                         fill_unless_cover_at_most: single_cover_only
                             .then(|| Quantity::new(bound, Precision::MAX).ok())
                             .flatten(),
@@ -1047,7 +1070,7 @@ impl Selection {
                 batch_window: self.config.batch_window.min(MAX_BATCH_WINDOW),
                 sufficiency_window: cover::spread_window(
                     self.config.sufficiency_window,
-                    self.callers,
+                    self.spread_callers(),
                 ),
                 max_sufficiency_ratio: self.config.max_sufficiency_ratio,
                 exact: if self.scan.tidy {

@@ -291,12 +291,13 @@ fn a_read_asks_for_a_cover_band_that_widens_with_the_callers_the_instance_sees()
     use holdfast_domain::{Action, Selection};
     use rand::SeedableRng;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let mut cover_band = |callers: Option<usize>| {
+    let mut read = |callers: Option<usize>, race: bool| {
         let mut s =
             Selection::new(selection_sim::request(5), SelectionConfig::default()).expect("valid");
         if let Some(n) = callers {
             s.note_callers(n);
         }
+        s.note_reads_race_claims(race);
         match s.start(&mut rng) {
             Action::Fetch(fetch) => fetch.bands.expect("cover_first reads bands").cover,
             other => panic!("expected a fetch, got {other:?}"),
@@ -304,8 +305,12 @@ fn a_read_asks_for_a_cover_band_that_widens_with_the_callers_the_instance_sees()
     };
     // Alone: the configured 16. With 10 callers of the wallet in this instance:
     // 24 per caller, so that they can land on different tokens.
+    let mut cover_band = |callers| read(callers, true);
     assert_eq!(cover_band(None), 16);
     assert_eq!(cover_band(Some(1)), 16);
     assert_eq!(cover_band(Some(10)), 240);
     assert_eq!(cover_band(Some(100)), 256);
+    // A store whose reads cannot race claims (SQLite: read and claim in one
+    // serialized transaction): as configured, however many callers.
+    assert_eq!(read(Some(10), false), 16);
 }

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, FetchRequest, Fullness, ReadFacts, ReadPlan, SelectError, SelectRequest, Selected,
-    Selection, SelectionError, SelectionStats, StoreFault, TokenId, read_plan,
+    Action, FetchRequest, Fullness, ReadFacts, ReadPlan, ReadWithClaim, SelectError, SelectRequest,
+    Selected, Selection, SelectionError, SelectionStats, StoreFault, TokenId, read_plan,
 };
 use holdfast_ports::{CandidateRead, ReadAndClaim, Subscription, WaitEnd};
 use rand::rngs::StdRng;
@@ -59,6 +59,9 @@ impl TokenSelector {
             ambiguous: Vec::new(),
             call_started: progress.started,
         };
+        // A store that always reads with the claim loses no race: no spread.
+        pass.selection
+            .note_reads_race_claims(self.read_with_claim != ReadWithClaim::Always);
         // The first read is widened for the callers as every later one is.
         pass.note_callers();
         let mut action = pass.selection.start(pass.rng);

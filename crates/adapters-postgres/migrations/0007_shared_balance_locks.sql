@@ -26,23 +26,92 @@
 -- rolls the subtransaction back and with it releases the shared locks taken in
 -- it, and the exclusive locks are taken after, in key order. No call waits for a
 -- lock while it holds a balance lock out of key order, and none asks for the
--- exclusive lock while it holds the shared one (two such upgraders would wait
--- for each other). The read costs two index probes per pair (tokens_candidates
--- for the spendable tokens, tokens_unspendable for the others), less than the
--- check it replaces (a sum of the unspendable tokens and a probe).
+-- exclusive lock while it holds the shared one: two transactions upgrading a
+-- shared lock in place would each wait for the other's shared lock, and one
+-- would fail with a deadlock (40P01) after deadlock_timeout. The read costs two
+-- index probes per pair (tokens_candidates for the spendable tokens,
+-- tokens_unspendable for the others), less than the check it replaces (a sum of
+-- the unspendable tokens and a probe).
 --
--- holdfast_confirm is replaced with the same signature and results; only its
--- step 5 changes: the locks through holdfast_lock_balances, the check only when
--- it answers exclusive.
+-- What the argument needs of a caller, and what the functions enforce:
+--   - READ COMMITTED. The read "after the locks" sees their writers' commits only
+--     if the statement takes a new snapshot; under REPEATABLE READ or
+--     SERIALIZABLE it reads the transaction's snapshot, possibly taken before the
+--     lock wait. holdfast_lock_balances raises SQLSTATE 25000 at any other level
+--     (holdfast's sessions set default_transaction_isolation to read committed,
+--     whatever the database or role defaults to).
+--   - VOLATILE (declared; also CREATE FUNCTION's default): each statement of a
+--     volatile function takes a new snapshot; a STABLE or IMMUTABLE one reads
+--     with its caller's snapshot, from before the locks.
+--   - One call per transaction. A second call into a pair the first locked
+--     shared could ask for it exclusive while holding it shared: an upgrade in
+--     place, which the paragraph above rules out. add_tokens and holdfast_confirm
+--     call it once.
+--   - Amounts are integers of 1 to 39 digits and the three arrays are of one
+--     length without NULLs; anything else raises SQLSTATE 22023 (in
+--     holdfast_confirm too, on entry). Else '9223372036854775807.5' would count
+--     as small and be stored rounded to 2^63, and a NULL wallet or type (an array
+--     shorter than the others reads as NULLs) would give a NULL key, which takes
+--     no lock.
+--
+-- holdfast_confirm is replaced with the same signature and results. Step 5: the
+-- locks through holdfast_lock_balances, the check only when it answers
+-- exclusive. Step 6 inserts the outputs (in index order) before it releases,
+-- forgets and spends the inputs. An insert, and add_tokens' ON CONFLICT DO
+-- NOTHING on an existing id, waits for a transaction that inserted, updated or
+-- deleted that row and has not committed (not for a mere row lock such as FOR
+-- UPDATE). With the spend first, a confirm that has spent an input x and waits
+-- to insert its output (c, 0) behind an add that holds (c, 0) uncommitted and
+-- whose batch also names x closed a cycle: the add reaches x after (c, 0) in key
+-- order and waits for the confirm's update of x (40P01). Inserting first, a
+-- confirm waiting for an add holds only its confirm lock, lock-only row locks,
+-- balance locks and its own lower-numbered outputs, which the add meets first in
+-- key order (locks.rs states the whole argument).
+
+-- Refuses (SQLSTATE 22023) outputs or adds that are not three arrays of one
+-- length, without NULLs, whose amounts are integers of 1 to 39 digits.
+CREATE FUNCTION holdfast_check_amounts(p_wallets TEXT[], p_types TEXT[], p_amounts TEXT[])
+RETURNS VOID
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF COALESCE(cardinality(p_wallets), 0) <> COALESCE(cardinality(p_types), 0)
+       OR COALESCE(cardinality(p_wallets), 0) <> COALESCE(cardinality(p_amounts), 0) THEN
+        RAISE EXCEPTION 'holdfast: % wallet(s), % type(s) and % amount(s) given: one of each per token',
+            COALESCE(cardinality(p_wallets), 0), COALESCE(cardinality(p_types), 0),
+            COALESCE(cardinality(p_amounts), 0)
+            USING ERRCODE = '22023';
+    END IF;
+    IF array_position(p_wallets, NULL) IS NOT NULL
+       OR array_position(p_types, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'holdfast: a wallet or type is NULL' USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_amounts) AS a(a)
+               WHERE a.a IS NULL OR a.a !~ '^[0-9]{1,39}$') THEN
+        RAISE EXCEPTION 'holdfast: amount % is not an integer of 1 to 39 digits',
+            (SELECT quote_nullable(a.a) FROM unnest(p_amounts) AS a(a)
+             WHERE a.a IS NULL OR a.a !~ '^[0-9]{1,39}$' LIMIT 1)
+            USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
 
 -- Takes the balance locks of the pairs (p_wallets[i], p_types[i]) that
 -- p_amounts[i] are added to, in key order: shared, answering FALSE, when the add
 -- is small (the caller checks no total); exclusive, answering TRUE, otherwise
--- (the caller checks the totals in a statement after this call).
+-- (the caller checks the totals in a statement after this call). Once per
+-- transaction, at READ COMMITTED (see the header).
 CREATE FUNCTION holdfast_lock_balances(p_wallets TEXT[], p_types TEXT[], p_amounts TEXT[])
 RETURNS BOOLEAN
+VOLATILE
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'holdfast_lock_balances needs READ COMMITTED, this transaction is %',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = '25000',
+                  HINT = 'set default_transaction_isolation to ''read committed'' for holdfast''s sessions';
+    END IF;
+    PERFORM holdfast_check_amounts(p_wallets, p_types, p_amounts);
     IF NOT EXISTS (SELECT 1 FROM unnest(p_amounts) AS a(a)
                    WHERE a.a::NUMERIC >= 9223372036854775808) THEN
         BEGIN
@@ -80,9 +149,10 @@ BEGIN
 END;
 $$;
 
--- Version 4's holdfast_confirm (its header describes steps 1 to 6), step 5
--- taking the balance locks through holdfast_lock_balances and checking the
--- totals only when they are exclusive.
+-- Version 4's holdfast_confirm (its header describes steps 1 to 6): the
+-- outputs checked on entry (holdfast_check_amounts), step 5 taking the balance
+-- locks through holdfast_lock_balances and checking the totals only when they
+-- are exclusive, step 6 inserting the outputs before spending the inputs.
 CREATE OR REPLACE FUNCTION holdfast_confirm(
     p_consumer TEXT, p_at_ms BIGINT, p_wallets TEXT[], p_types TEXT[], p_amounts TEXT[]
 )
@@ -97,6 +167,7 @@ DECLARE
     in_tx TEXT[];
     in_idx BIGINT[];
 BEGIN
+    PERFORM holdfast_check_amounts(p_wallets, p_types, p_amounts);
     PERFORM pg_advisory_xact_lock(1668247142, hashtext(p_consumer));
     SELECT EXISTS (SELECT 1 FROM tx_statuses s
                    WHERE s.tx_id = p_consumer AND s.status = 'confirmed')
@@ -218,6 +289,19 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    -- Step 6. The outputs first, in index order: waiting here for an add that
+    -- holds an output id uncommitted, this call has written no row an add
+    -- could wait for (see the header).
+    RETURN QUERY
+        WITH added AS (
+            INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+            SELECT p_consumer, o.n - 1, o.w, o.t, o.a::NUMERIC, TRUE
+            FROM unnest(p_wallets, p_types, p_amounts) WITH ORDINALITY AS o(w, t, a, n)
+            ORDER BY o.n
+            RETURNING wallet, token_type
+        )
+        SELECT DISTINCT 'key'::TEXT, NULL::TEXT, NULL::BIGINT, a.wallet || E'\t' || a.token_type
+        FROM added a;
     INSERT INTO tx_statuses (tx_id, status, recorded_at)
     VALUES (p_consumer, 'confirmed', at_ts)
     ON CONFLICT (tx_id) DO UPDATE
@@ -243,14 +327,5 @@ BEGIN
         FROM forgotten f
         WHERE t.tx_id = f.tx_id AND t.idx = f.idx AND t.spent_by IS NULL
         RETURNING 'spent'::TEXT, t.tx_id::TEXT, t.idx, NULL::TEXT;
-    RETURN QUERY
-        WITH added AS (
-            INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
-            SELECT p_consumer, o.n - 1, o.w, o.t, o.a::NUMERIC, TRUE
-            FROM unnest(p_wallets, p_types, p_amounts) WITH ORDINALITY AS o(w, t, a, n)
-            RETURNING wallet, token_type
-        )
-        SELECT DISTINCT 'key'::TEXT, NULL::TEXT, NULL::BIGINT, a.wallet || E'\t' || a.token_type
-        FROM added a;
 END;
 $$;

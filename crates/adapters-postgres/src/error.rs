@@ -107,6 +107,10 @@ pub fn fault(err: &sqlx::Error) -> StoreFault {
                 Some("42") if matches!(code.as_str(), "42P01" | "42703" | "42883") => {
                     StoreFault::Schema(message)
                 }
+                // everything else, including the refusals of migration 0007's
+                // functions (25000: a transaction not at READ COMMITTED, which the
+                // session settings rule out; 22023: malformed arrays or amounts):
+                // a retry would fail the same way
                 _ => StoreFault::Backend(message),
             }
         }

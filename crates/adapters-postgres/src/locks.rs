@@ -54,13 +54,35 @@
 //!   (it is their transaction's first lock; their in-process turn is taken before
 //!   a pooled connection), so it closes no wait cycle.
 //! - `set_spendable` updates one token row and holds nothing else while waiting.
-//!   `add_tokens` inserts new token rows in key order; claimers cannot see them
-//!   until committed and `ON CONFLICT DO NOTHING` on an existing row takes no
-//!   lock.
+//! - `add_tokens` inserts its token rows in key order, in one statement, after
+//!   its balance locks (`holdfast_lock_balances`, migration 0007). Its
+//!   `ON CONFLICT DO NOTHING` on an id that exists takes no lock and does not
+//!   wait for a row lock (`FOR SHARE`, `FOR UPDATE`: lock-only), but it does
+//!   wait for a transaction that inserted that row, or updated or deleted it,
+//!   and has not committed; so does a plain insert of that id. Claimers cannot
+//!   see the new rows until committed.
+//! - A confirm with outputs (`holdfast_confirm`) takes its rows `FOR UPDATE` as
+//!   settlement does, then its balance locks (shared for a small add, so it may
+//!   run beside a small `add_tokens` into the same wallet), then inserts its
+//!   outputs `(consumer, 0..n)` in index order, and only then deletes its L rows
+//!   and marks its inputs spent, which waits for nothing (it holds those rows).
+//!   While it waits to insert an output id that an add holds uncommitted, it
+//!   holds its confirm lock, lock-only row locks, balance locks and its own
+//!   lower-numbered outputs: an add waits for none but those outputs, and it
+//!   meets them in key order before the id it holds. (Spending first deadlocked:
+//!   the add, holding the output id, reached an input of its batch that the
+//!   confirm had updated, and waited for it.)
+//! - Balance locks: an add asks for them first in its transaction, a confirm
+//!   while it holds only its confirm lock and lock-only row locks; the
+//!   exclusive ones are asked for holding no shared one (0007's header).
 //!
-//! Every T wait is in key order and every L wait is either in key order or by a
-//! claimer that holds the same key's T, which the L holder cannot be waiting for;
-//! so no wait cycle forms and PostgreSQL never has to abort one (40P01).
+//! So every T wait is in key order; every L wait is in key order or by a
+//! claimer that holds the same key's T, which the L holder cannot be waiting
+//! for; every wait on a token row an add or a confirm inserts or updates is for
+//! a key above every such row the waiter holds; and a balance lock is waited for,
+//! in key order, by a transaction that holds besides lower balance keys only
+//! locks no holder of a balance lock waits for (its confirm lock, lock-only row
+//! locks). No wait cycle forms: PostgreSQL never has to abort one (40P01).
 
 use std::collections::BTreeMap;
 

@@ -25,10 +25,11 @@
 //!
 //! - An owner time that is NULL, missing (a time array shorter than `owners`),
 //!   negative or after [`MAX_OWNER_MS`](crate::codec::MAX_OWNER_MS) reads as the
-//!   **upgrade time** (when the newest migration was installed, from
-//!   `_sqlx_migrations`), with a warning naming the queue and the owner: the lease
-//!   of such an owner runs from the upgrade, so no running build expires because of
-//!   it. Extra times beyond `owners` are ignored.
+//!   **upgrade time** (when migration 6, which brought the build data, was
+//!   installed, from `_sqlx_migrations`; see [`crate::schema::UPGRADED_AT`]),
+//!   with a warning naming the queue and the owner: the lease of such an owner
+//!   runs from the upgrade, so no running build expires because of it. Extra
+//!   times beyond `owners` are ignored.
 //! - An owner without an entry (added by an older writer), with an entry of an
 //!   earlier claim, or with an entry that is not an object reads as
 //!   [`Generation::NONE`], published at the **upgrade time**, not expiring, with
@@ -494,14 +495,14 @@ impl PgBackend {
     /// See [`crate::schema::UPGRADED_AT`].
     async fn upgraded_at(&self) -> Result<Timestamp, QueueStoreError> {
         let ms: Option<i64> = self
-            .retried(|| sqlx::query_scalar(schema::UPGRADED_AT).fetch_one(self.pool()))
+            .retried(|| sqlx::query_scalar(schema::UPGRADED_AT).fetch_optional(self.pool()))
             .await
             .map_err(|e| fault(&e))?;
         ms.and_then(|ms| u64::try_from(ms).ok())
             .map(Timestamp)
             .ok_or_else(|| {
                 QueueStoreError::Fault(StoreFault::Corrupt(
-                    "_sqlx_migrations: no successful migration is recorded".to_owned(),
+                    "_sqlx_migrations: no successful migration 6 is recorded".to_owned(),
                 ))
             })
     }

@@ -34,13 +34,16 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
-/// When this database was migrated to its current schema, in milliseconds since
-/// the epoch: when its newest migration was installed. Owner times (claim,
-/// heartbeat, publication) an older holdfast left unrecorded or unreadable read
-/// as this time (see the queue store).
+/// The *upgrade time*, in milliseconds since the epoch: when version 6 (the
+/// owners' build publications, `0006_slot_builds.sql`) was installed. Owner
+/// times (claim, heartbeat, publication) an older holdfast left unrecorded or
+/// unreadable read as this time (see the queue store), and version 6 stamped
+/// the owners it found as published at it. It is version 6's own time, not the
+/// newest migration's (which 0006's header, written when it was the newest,
+/// calls it): a later migration must not move the time such owners read as.
 pub(crate) const UPGRADED_AT: &str = "
-    SELECT (extract(epoch FROM max(installed_on)) * 1000)::BIGINT
-    FROM _sqlx_migrations WHERE success";
+    SELECT (extract(epoch FROM installed_on) * 1000)::BIGINT
+    FROM _sqlx_migrations WHERE version = 6 AND success";
 
 /// A migrator over [`MIGRATIONS`]. It takes PostgreSQL's advisory migration lock,
 /// so replicas starting at once apply each version exactly once.

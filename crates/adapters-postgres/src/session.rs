@@ -13,7 +13,8 @@
 //! - **Every session bounds its waits** ([`session_settings`]): `lock_timeout`,
 //!   `statement_timeout`, `idle_in_transaction_session_timeout` and server-side
 //!   TCP keepalives, so a frozen or vanished replica's session is ended by the
-//!   server and releases what it held.
+//!   server and releases what it held. It also runs its transactions at READ
+//!   COMMITTED, whatever the database or role sets (the balance locks need it).
 //! - **A broken connection is noticed before a statement is sent on it.** The
 //!   pool pings a connection before handing it out when it has been idle since
 //!   the last broken connection this instance saw (a statement failing on a
@@ -70,11 +71,16 @@ pub const KEEPALIVE_COUNT: u32 = 3;
 /// The `SET` parameters every session holdfast opens starts with (sent in the
 /// startup packet, so they hold from the first statement, also on the wake-up
 /// listener's connection). Durations are whole milliseconds (seconds for the
-/// keepalive settings, as PostgreSQL takes them).
+/// keepalive settings, as PostgreSQL takes them). Transactions run at READ
+/// COMMITTED whatever the database or role defaults to: the balance locks'
+/// argument needs each statement's own snapshot (a read after a lock wait sees
+/// what the lock's holder committed), and `holdfast_lock_balances` refuses any
+/// other level (migration 0007).
 pub fn session_settings(options: &PgOptions) -> Vec<(&'static str, String)> {
     let ms = |d: Duration| d.as_millis().to_string();
     let secs = |d: Duration| d.as_secs().max(1).to_string();
     vec![
+        ("default_transaction_isolation", "read committed".to_owned()),
         ("lock_timeout", ms(options.lock_timeout)),
         ("statement_timeout", ms(options.statement_timeout)),
         (
@@ -536,8 +542,12 @@ mod tests {
     }
 
     #[test]
-    fn every_session_setting_is_a_positive_number() {
+    fn every_session_setting_is_read_committed_or_a_positive_number() {
         for (name, value) in session_settings(&PgOptions::default()) {
+            if name == "default_transaction_isolation" {
+                assert_eq!(value, "read committed");
+                continue;
+            }
             let n: u64 = value.parse().unwrap_or(0);
             assert!(n > 0, "{name} = {value}");
         }

@@ -170,7 +170,8 @@ pub const BALANCE_SPACE: i32 = 0x7762_616c;
 /// Locks the wallet and type pairs of `$1`, `$2` that amounts `$3` are added to,
 /// in key order: shared for a small add (answers false: no total to check),
 /// exclusive otherwise (answers true). A statement of its own: the next
-/// statement's snapshot then shows every write committed under these locks.
+/// statement's snapshot (READ COMMITTED, which the session settings pin and the
+/// function requires) then shows every write committed under these locks.
 const LOCK_BALANCES: &str = "SELECT holdfast_lock_balances($1::text[], $2::text[], $3::text[])";
 
 /// Inserts the batch in key order (an existing id is left alone) and answers a

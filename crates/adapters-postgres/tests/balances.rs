@@ -2,7 +2,10 @@
 //! wallet take them shared and do not wait for each other; an add of a big token,
 //! or a small add into a wallet holding one, takes them exclusive, having let go
 //! of the shared ones first; and no interleaving of big and small adds and
-//! confirms lifts a wallet's unspent total past 2^128 - 1 or deadlocks.
+//! confirms lifts a wallet's unspent total past 2^128 - 1 or deadlocks; an add
+//! and a confirm writing the same ids under the shared lock do not deadlock; a
+//! call that waited for the lock reads what its holder committed; sessions run
+//! at READ COMMITTED; direct SQL callers' bad arguments are refused.
 //!
 //! A lock another session holds is taken on a plain connection, in an open
 //! transaction; a call that must wait for it is shown waiting by polling
@@ -19,7 +22,7 @@ use holdfast_ports::conformance::support::{
     T0, add, amount, at, chf, token_id, token_type, tx, wallet,
 };
 use holdfast_ports::{LockStoreError, NewToken, Output, Stores, TokenStoreError};
-use sqlx::PgConnection;
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
 use support::TestDb;
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
@@ -116,6 +119,7 @@ async fn wait_until_waiting<T>(
             "SELECT pid FROM pg_locks
              WHERE locktype = 'advisory' AND classid::int = $1 AND objsubid = 2
                AND NOT granted AND pid <> pg_backend_pid()
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
              LIMIT 1",
         )
         .bind(BALANCE_SPACE)
@@ -337,6 +341,289 @@ async fn a_small_add_into_a_nearly_full_wallet_is_refused_when_it_would_overflow
         matches!(spendable, Ok(Some(ref t)) if t.quantity == amount(5)),
         "{spendable:?}"
     );
+}
+
+/// Waits until `n` sessions of this test's database other than `observer`'s
+/// wait for a lock of `what` kind: `advisory` (a balance lock) or
+/// `transactionid` (a row another transaction inserted, updated or deleted and
+/// has not committed). Fails if a call finishes first (`finished`): it did not
+/// wait.
+async fn wait_until_n_wait(
+    observer: &mut PgConnection,
+    n: i64,
+    what: &str,
+    finished: impl Fn() -> bool,
+) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND wait_event_type = 'Lock' AND wait_event = $1",
+        )
+        .bind(what)
+        .fetch_one(&mut *observer)
+        .await
+        .expect("pg_stat_activity");
+        if waiting >= n {
+            return;
+        }
+        assert!(!finished(), "a call finished before {n} waited for {what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The SQLSTATE of a failed statement.
+fn sqlstate<T: std::fmt::Debug>(result: Result<T, sqlx::Error>) -> String {
+    match result {
+        Err(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()).unwrap_or_default(),
+        other => panic!("expected a database error, got {other:?}"),
+    }
+}
+
+/// The scenario of a deadlock the review of migration 0007 found: a small add
+/// whose batch holds a confirm's output id `(d, 0)` and, after it in key order,
+/// the confirm's input `(zz-x, 0)`, beside the confirm, both under the shared
+/// balance lock. A plain transaction's uncommitted `(m, 0)` between them holds
+/// the add after it has inserted `(d, 0)`; the confirm then waits to insert
+/// `(d, 0)`. When `(m, 0)` commits, the add reaches `(zz-x, 0)`: had the confirm
+/// already marked it spent (its update uncommitted), the add would wait for the
+/// confirm and the confirm for the add (40P01). The confirm inserts its outputs
+/// first, so the add passes its input (only row-locked), finds `(m, 0)` another
+/// token (a conflict: nothing written), and the confirm goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_of_a_confirms_output_id_and_input_does_not_deadlock_with_it() {
+    let Some(db) = TestDb::create("an_add_of_a_confirms_output_id_and_input").await else {
+        return;
+    };
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
+    let s = backend.stores();
+    let mut holder = db.connection().await;
+    let mut observer = db.connection().await;
+    add(&s, &[chf("w", "zz-x", 0, 5)]).await;
+    let won = s.locks.claim(&tx("d"), &token_id("zz-x", 0), T0).await;
+    assert_eq!(won, Ok(ClaimVerdict::Won));
+    sqlx::raw_sql(
+        "BEGIN;
+         INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+         VALUES ('m', 0, 'w', 'CHF', 2, TRUE)",
+    )
+    .execute(&mut holder)
+    .await
+    .expect("the uncommitted (m, 0)");
+
+    let adding = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.tokens
+                .add_tokens(&[
+                    chf("w", "d", 0, 5),
+                    chf("w", "m", 0, 1),
+                    chf("w", "zz-x", 0, 5),
+                ])
+                .await
+        })
+    };
+    wait_until_n_wait(&mut observer, 1, "transactionid", || adding.is_finished()).await;
+    let confirming = {
+        let s = s.clone();
+        tokio::spawn(async move { s.locks.confirm(&tx("d"), &[pay("w", 5)], at(1)).await })
+    };
+    wait_until_n_wait(&mut observer, 2, "transactionid", || {
+        adding.is_finished() || confirming.is_finished()
+    })
+    .await;
+    let_go(&mut holder).await;
+
+    let added = adding.await.expect("add task");
+    assert!(
+        matches!(&added, Err(TokenStoreError::Conflict { token, .. }) if token.starts_with("m")),
+        "{added:?}"
+    );
+    let confirmed = confirming.await.expect("confirm task");
+    assert!(
+        matches!(&confirmed, Ok(c) if c.spent == vec![token_id("zz-x", 0)]),
+        "{confirmed:?}"
+    );
+    assert_eq!(balance(&s, "w").await, 5 + 2);
+}
+
+/// The read of big tokens follows the lock wait: a writer holding the pair's
+/// lock exclusive stores a token of 2^128 - 2 while a small add and a small
+/// confirm into the pair wait for it. Once it commits, both must see the token
+/// (so fall back to the exclusive lock and the check) and are refused: a read
+/// with a snapshot from before the wait would let them add 2 each. The function
+/// is VOLATILE, so its statements take snapshots of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_calls_waiting_for_the_lock_see_the_big_token_its_holder_stored() {
+    let Some(db) = TestDb::create("small_calls_waiting_see_the_big_token").await else {
+        return;
+    };
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
+    let s = backend.stores();
+    let mut holder = db.connection().await;
+    let mut observer = db.connection().await;
+    let volatility: String = sqlx::query_scalar(
+        "SELECT provolatile::TEXT FROM pg_proc WHERE proname = 'holdfast_lock_balances'",
+    )
+    .fetch_one(&mut observer)
+    .await
+    .expect("pg_proc");
+    assert_eq!(volatility, "v");
+    funded(&s, "t", "src", 2).await;
+
+    hold(&mut holder, "w", false).await;
+    sqlx::query(
+        "INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+         VALUES ('huge', 0, 'w', 'CHF', $1::NUMERIC, TRUE)",
+    )
+    .bind((u128::MAX - 1).to_string())
+    .execute(&mut holder)
+    .await
+    .expect("the big token, uncommitted");
+    let adding = {
+        let s = s.clone();
+        tokio::spawn(async move { s.tokens.add_tokens(&[chf("w", "small", 0, 2)]).await })
+    };
+    let confirming = {
+        let s = s.clone();
+        tokio::spawn(async move { s.locks.confirm(&tx("t"), &[pay("w", 2)], at(1)).await })
+    };
+    wait_until_n_wait(&mut observer, 2, "advisory", || {
+        adding.is_finished() || confirming.is_finished()
+    })
+    .await;
+    let_go(&mut holder).await;
+
+    let added = adding.await.expect("add task");
+    assert!(
+        matches!(&added, Err(TokenStoreError::BalanceOverflow { wallet: w, .. }) if w.as_str() == "w"),
+        "{added:?}"
+    );
+    let confirmed = confirming.await.expect("confirm task");
+    assert!(
+        matches!(&confirmed, Err(LockStoreError::BadOutputs { detail })
+            if detail.contains("wallet w type CHF")),
+        "{confirmed:?}"
+    );
+    assert_eq!(balance(&s, "w").await, u128::MAX - 1);
+}
+
+/// On a database whose transactions default to REPEATABLE READ (where a read
+/// after a lock wait would use the snapshot from before it), holdfast's sessions
+/// still run at READ COMMITTED: adds and confirms go through, and a connection
+/// with the adapter's session settings shows the level. A direct call of
+/// `holdfast_lock_balances` at REPEATABLE READ is refused (SQLSTATE 25000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_run_at_read_committed_whatever_the_database_defaults_to() {
+    let Some(db) = TestDb::create("sessions_run_at_read_committed").await else {
+        return;
+    };
+    let mut admin = PgConnection::connect(&db.admin_url)
+        .await
+        .expect("admin connection");
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER DATABASE \"{}\" SET default_transaction_isolation = 'repeatable read'",
+        db.name
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("ALTER DATABASE");
+    let _ = admin.close().await;
+
+    let mut plain = db.connection().await;
+    let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut plain)
+        .await
+        .expect("SHOW");
+    assert_eq!(level, "repeatable read", "the database default");
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("the URL");
+    let mut adapted = options
+        .options(holdfast_adapters_postgres::session_settings(
+            &PgOptions::default(),
+        ))
+        .connect()
+        .await
+        .expect("a connection with the adapter's settings");
+    let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&mut adapted)
+        .await
+        .expect("SHOW");
+    assert_eq!(level, "read committed", "with the session settings");
+
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 2).await;
+    let s = backend.stores();
+    funded(&s, "t", "src", 3).await;
+    let confirmed = s.locks.confirm(&tx("t"), &[pay("w", 3)], at(1)).await;
+    assert!(confirmed.is_ok(), "{confirmed:?}");
+    assert_eq!(balance(&s, "w").await, 3);
+
+    let refused =
+        sqlx::query_scalar::<_, bool>("SELECT holdfast_lock_balances('{w}', '{CHF}', '{1}')")
+            .fetch_one(&mut plain)
+            .await;
+    assert_eq!(sqlstate(refused), "25000");
+}
+
+/// Direct SQL callers: amounts that are not integers of 1 to 39 digits, arrays
+/// of different lengths and NULL wallets or types are refused (SQLSTATE 22023)
+/// by `holdfast_lock_balances` and `holdfast_confirm` alike, before any lock.
+/// `9223372036854775807.5` would otherwise count as small and be stored as 2^63.
+#[tokio::test]
+async fn direct_calls_with_bad_amounts_or_arrays_are_refused() {
+    let Some(db) = TestDb::create("direct_calls_with_bad_amounts").await else {
+        return;
+    };
+    let _backend = patient_backend(&db, LockStrategy::OnConflict, 1).await;
+    let mut conn = db.connection().await;
+    for (wallets, types, amounts) in [
+        (vec!["w"], vec!["CHF"], vec!["9223372036854775807.5"]),
+        (vec!["w"], vec!["CHF"], vec!["-1"]),
+        (vec!["w"], vec!["CHF"], vec!["1e3"]),
+        (vec!["w"], vec!["CHF"], vec![""]),
+        (
+            vec!["w"],
+            vec!["CHF"],
+            vec!["1234567890123456789012345678901234567890"],
+        ),
+        (vec!["w", "v"], vec!["CHF"], vec!["1", "2"]),
+        (vec!["w"], vec!["CHF"], vec!["1", "2"]),
+    ] {
+        let locked = sqlx::query_scalar::<_, bool>("SELECT holdfast_lock_balances($1, $2, $3)")
+            .bind(&wallets)
+            .bind(&types)
+            .bind(&amounts)
+            .fetch_one(&mut conn)
+            .await;
+        assert_eq!(
+            sqlstate(locked),
+            "22023",
+            "lock {wallets:?} {types:?} {amounts:?}"
+        );
+        let confirmed = sqlx::query("SELECT * FROM holdfast_confirm('c', 1, $1, $2, $3)")
+            .bind(&wallets)
+            .bind(&types)
+            .bind(&amounts)
+            .fetch_all(&mut conn)
+            .await;
+        assert_eq!(
+            sqlstate(confirmed),
+            "22023",
+            "confirm {wallets:?} {types:?} {amounts:?}"
+        );
+    }
+    let null_type = sqlx::query_scalar::<_, bool>(
+        "SELECT holdfast_lock_balances('{w}', ARRAY[NULL::TEXT], '{1}')",
+    )
+    .fetch_one(&mut conn)
+    .await;
+    assert_eq!(sqlstate(null_type), "22023");
+    let fine = sqlx::query_scalar::<_, bool>(
+        "SELECT holdfast_lock_balances('{w}', '{CHF}', '{340282366920938463463374607431768211455}')",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("39 digits");
+    assert!(fine, "2^128 - 1 is big: exclusive");
 }
 
 /// What one racing call did: its amount, and whether it was added.

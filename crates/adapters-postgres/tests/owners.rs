@@ -29,29 +29,31 @@ async fn exec(conn: &mut PgConnection, sql: &'static str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
-/// When the newest migration was installed, in milliseconds.
+/// The upgrade time: when version 6 (the build data) was installed, in
+/// milliseconds. The publication time version 6 gave the owners it found, and
+/// what unrecorded owner times read as; later versions do not move it.
 async fn upgrade_time(conn: &mut PgConnection) -> Timestamp {
-    installed_on(conn, None).await
-}
-
-/// When version 6 was installed: the publication time it gave the owners it
-/// found (later versions are installed after it, in transactions of their own).
-async fn version_6_installed_on(conn: &mut PgConnection) -> Timestamp {
-    installed_on(conn, Some(6)).await
-}
-
-/// When `version` (the newest if none) was installed, in milliseconds.
-async fn installed_on(conn: &mut PgConnection, version: Option<i64>) -> Timestamp {
     let ms: i64 = sqlx::query_scalar(
         "SELECT (extract(epoch FROM installed_on) * 1000)::BIGINT FROM _sqlx_migrations
-         WHERE $1::BIGINT IS NULL OR version = $1
-         ORDER BY version DESC LIMIT 1",
+         WHERE version = 6",
     )
-    .bind(version)
     .fetch_one(&mut *conn)
     .await
     .expect("the upgrade time");
     Timestamp(u64::try_from(ms).expect("after the epoch"))
+}
+
+/// Moves the `installed_on` of every version after 6 an hour later, as if they
+/// had been installed by a later upgrade; the upgrade time must stay.
+async fn install_later_versions_an_hour_later(conn: &mut PgConnection) {
+    let moved = sqlx::query(
+        "UPDATE _sqlx_migrations SET installed_on = installed_on + INTERVAL '1 hour'
+         WHERE version > 6",
+    )
+    .execute(&mut *conn)
+    .await
+    .expect("move the later versions");
+    assert!(moved.rows_affected() > 0, "no version after 6 to move");
 }
 
 /// The owner columns of queue `name` as stored: owners, claim and heartbeat
@@ -123,7 +125,7 @@ async fn upgrading_from_version_5_reads_owners_as_published_at_the_upgrade() {
     )
     .await;
     let backend = db.backend(LockStrategy::OnConflict, 2).await;
-    let upgraded = version_6_installed_on(&mut conn).await;
+    let upgraded = upgrade_time(&mut conn).await;
     let warnings = Warnings::default();
     let _logs = tracing::subscriber::set_default(warnings.clone());
     let name = QueueName::new("main").expect("queue");
@@ -183,7 +185,9 @@ async fn upgrading_from_version_5_reads_owners_as_published_at_the_upgrade() {
 /// 0 published at the upgrade time, and each field that does not read as the
 /// module docs say, warning about every one; a publication withdrawn by this code
 /// (JSON null) reads as none, without a warning. The next compare-and-set stores
-/// a whole, consistent row (so the constraint holds again).
+/// a whole, consistent row (so the constraint holds again). The upgrade time is
+/// when version 6 was installed, also after later versions were installed an
+/// hour later.
 #[tokio::test]
 async fn queue_rows_of_an_older_writer_read_as_the_upgrade_time_and_are_repaired() {
     let Some(db) = TestDb::create("queue_rows_of_an_older_writer").await else {
@@ -221,6 +225,9 @@ async fn queue_rows_of_an_older_writer_read_as_the_upgrade_time_and_are_repaired
     )
     .await;
     let upgraded = upgrade_time(&mut conn).await;
+    // A later migration installed after version 6 does not move the time the
+    // owners below read as.
+    install_later_versions_an_hour_later(&mut conn).await;
 
     let warnings = Warnings::default();
     let _logs = tracing::subscriber::set_default(warnings.clone());

@@ -216,6 +216,11 @@ fn exact(
         .enumerate()
         .map(|(g, (v, _))| (*v, g))
         .collect();
+    // Enough candidates of each amount (a pair of one amount needs two of it).
+    let enough = |set: &[usize]| {
+        set.iter()
+            .all(|g| groups[*g].1.len() >= set.iter().filter(|h| *h == g).count())
+    };
     let sets_of = |size: usize| -> Vec<Vec<usize>> {
         let mut found = Vec::new();
         match size {
@@ -227,6 +232,7 @@ fn exact(
                     }
                     if let Some(&b) = group_of.get(&(target - va))
                         && b >= a
+                        && enough(&[a, b])
                     {
                         found.push(vec![a, b]);
                     }
@@ -247,7 +253,7 @@ fn exact(
                             }
                             continue;
                         };
-                        if c >= b {
+                        if c >= b && enough(&[a, b, c]) {
                             found.push(vec![a, b, c]);
                             if found.len() == EXACT_SETS_KEPT {
                                 break 'outer;
@@ -258,11 +264,6 @@ fn exact(
             }
             _ => {}
         }
-        // Enough candidates of each amount (a pair of one amount needs two).
-        found.retain(|set| {
-            set.iter()
-                .all(|g| groups[*g].1.len() >= set.iter().filter(|h| *h == g).count())
-        });
         found
     };
     let sizes: Vec<usize> = match limits.exact {

@@ -88,7 +88,13 @@ impl SqliteBackend {
     }
 }
 
+/// Prepared statements kept per connection: more than the adapter's distinct
+/// statements, so none is parsed again (rusqlite keeps 16 by default, and a
+/// select's round trip alone uses more than that between settlements).
+const STATEMENT_CACHE: usize = 128;
+
 fn configure(conn: &Connection, options: &SqliteOptions) -> Result<(), StoreFault> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.busy_timeout(options.busy_timeout).db()?;
     conn.pragma_update(None, "synchronous", "FULL").db()?;
     conn.pragma_update(None, "foreign_keys", "ON").db()?;

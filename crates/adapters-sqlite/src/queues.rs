@@ -475,7 +475,7 @@ impl QueueStore for SqliteBackend {
                 let sql = format!(
                     "SELECT {REQUEST_COLUMNS} FROM (
                          SELECT {REQUEST_COLUMNS} FROM requests
-                         WHERE queue = ?1 ORDER BY seq DESC LIMIT ?2
+                         WHERE queue = ?1 ORDER BY seq DESC LIMIT +?2
                      ) ORDER BY seq"
                 );
                 let mut stmt = tx.prepare_cached(&sql).db()?;

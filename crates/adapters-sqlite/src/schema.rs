@@ -54,8 +54,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// The schema version this code creates and understands.
-pub const SCHEMA_VERSION: i64 = 5;
+/// The schema version this code creates and understands: its newest migration's.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS holdfast_schema (
     version    INTEGER NOT NULL PRIMARY KEY,

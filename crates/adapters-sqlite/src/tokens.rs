@@ -42,32 +42,32 @@ macro_rules! candidates {
 
 /// The first page of candidates, smallest first.
 pub(crate) const CANDIDATES_FIRST: &str =
-    candidates!(; "ORDER BY t.amount, t.tx, t.output\nLIMIT ?3");
+    candidates!(; "ORDER BY t.amount, t.tx, t.output\nLIMIT +?3");
 
 /// A later page: strictly after the keyset cursor (amount, tx, output).
 pub(crate) const CANDIDATES_AFTER: &str = candidates!(
     "(t.amount, t.tx, t.output) > (?4, ?5, ?6)";
-    "ORDER BY t.amount, t.tx, t.output\nLIMIT ?3"
+    "ORDER BY t.amount, t.tx, t.output\nLIMIT +?3"
 );
 
 /// The cover band of a band read: candidates >= the threshold, ascending (the
 /// same index scan as a candidate page, started at the threshold).
 pub(crate) const COVER_BAND: &str = candidates!(
     "t.amount >= ?3";
-    "ORDER BY t.amount, t.tx, t.output\nLIMIT ?4"
+    "ORDER BY t.amount, t.tx, t.output\nLIMIT +?4"
 );
 
 /// The fill band: candidates below the threshold, largest first (the candidate
 /// index scanned backwards).
 pub(crate) const FILL_BAND: &str = candidates!(
     "t.amount < ?3";
-    "ORDER BY t.amount DESC, t.tx DESC, t.output DESC\nLIMIT ?4"
+    "ORDER BY t.amount DESC, t.tx DESC, t.output DESC\nLIMIT +?4"
 );
 
 /// A further fill page: strictly before the keyset cursor (amount, tx, output).
 pub(crate) const FILL_BAND_BEFORE: &str = candidates!(
     "t.amount < ?3 AND (t.amount, t.tx, t.output) < (?5, ?6, ?7)";
-    "ORDER BY t.amount DESC, t.tx DESC, t.output DESC\nLIMIT ?4"
+    "ORDER BY t.amount DESC, t.tx DESC, t.output DESC\nLIMIT +?4"
 );
 
 /// Amounts below 2^63 are small: a table holds at most 2^64 rows (one per 64-bit
@@ -530,7 +530,7 @@ impl TokenStore for SqliteBackend {
                 let sql = format!(
                     "SELECT {TOKEN_COLUMNS} FROM tokens
                      WHERE wallet = ?1 AND (?2 IS NULL OR token_type = ?2) AND spent_by IS NULL
-                     ORDER BY amount, tx, output LIMIT ?3"
+                     ORDER BY amount, tx, output LIMIT +?3"
                 );
                 let mut stmt = tx.prepare_cached(&sql).db()?;
                 let mut rows = stmt
@@ -671,6 +671,40 @@ mod tests {
                 "{sql}\n--\n{text}"
             );
             assert!(!text.contains("TEMP B-TREE"), "sorts:\n{text}");
+        }
+    }
+
+    /// A cached candidate read is prepared once: executed again with other
+    /// bindings (as every select does), SQLite does not prepare it anew.
+    #[test]
+    fn candidate_queries_are_not_prepared_again_for_new_bindings() {
+        let conn = rusqlite::Connection::open_in_memory().expect("in-memory database");
+        for m in crate::MIGRATIONS {
+            conn.execute_batch(m.sql).expect("migration");
+        }
+        let cursor = |i: i64| format!("{i:032x}");
+        for sql in [
+            COVER_BAND,
+            FILL_BAND,
+            CANDIDATES_FIRST,
+            CANDIDATES_AFTER,
+            FILL_BAND_BEFORE,
+        ] {
+            for i in 1..=20 {
+                let mut stmt = conn.prepare_cached(sql).expect("prepare");
+                let (wallet, at) = (format!("w{i}"), cursor(i));
+                let mut rows = match stmt.parameter_count() {
+                    3 => stmt.query(params![wallet, "CHF", i]),
+                    4 => stmt.query(params![wallet, "CHF", at, i]),
+                    6 => stmt.query(params![wallet, "CHF", i, at, "tx", 0]),
+                    _ => stmt.query(params![wallet, "CHF", at, i, at, "tx", 0]),
+                }
+                .expect("query");
+                assert!(rows.next().expect("step").is_none());
+            }
+            let stmt = conn.prepare_cached(sql).expect("prepare");
+            let again = stmt.get_status(rusqlite::StatementStatus::RePrepare);
+            assert_eq!(again, 0, "prepared again {again} times:\n{sql}");
         }
     }
 

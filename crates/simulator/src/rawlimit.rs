@@ -244,7 +244,7 @@ SELECT t.tx, t.output, t.amount FROM tokens AS t
 WHERE t.wallet = ?1 AND t.token_type = ?2 AND t.spendable = 1 AND t.spent_by IS NULL
   AND NOT EXISTS (SELECT 1 FROM locks AS l WHERE l.tx = t.tx AND l.output = t.output)
 ORDER BY t.amount, t.tx, t.output
-LIMIT ?3";
+LIMIT +?3";
 
     const CLAIM: &str = "\
 INSERT INTO locks (tx, output, consumer, created_at)

@@ -50,6 +50,11 @@ pub struct StrategyFigures {
     pub top_1pct_conflict_share: f64,
     /// Distinct tokens named in at least one claim.
     pub distinct_tokens_attempted: u64,
+    /// How far concurrent claims spread: per burst of as many claims as selects
+    /// run at once (in the order they were answered), the distinct tokens named
+    /// over the tokens named, averaged; 1 when concurrent selects never named
+    /// one token twice.
+    pub distinct_share_per_burst: f64,
     /// Store round trips of the select calls (fetches, claims, balance reads,
     /// releases), per select.
     pub round_trips_per_select: f64,
@@ -175,6 +180,7 @@ impl StrategyFigures {
                 run.claims.iter().filter(|(_, c)| c.attempts > 0).count(),
             )
             .unwrap_or(u64::MAX),
+            distinct_share_per_burst: round3(run.distinct_share_per_burst),
             round_trips_per_select: ratio(round_trips, selects),
             inputs_per_select: ratio(inputs, succeeded),
             change_share: ratio(with_change, succeeded),
@@ -242,6 +248,7 @@ mod tests {
                 sample(false, 0, false),
             ],
             claims: Vec::new(),
+            distinct_share_per_burst: 1.0,
             population: 10,
             wall: Duration::from_secs(1),
             peak_memory_bytes: None,

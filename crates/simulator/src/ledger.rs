@@ -25,26 +25,67 @@ pub struct TokenClaims {
 /// Claims per token, shared by every replica of one strategy run.
 #[derive(Debug, Default)]
 pub struct ClaimLedger {
-    tokens: Mutex<HashMap<TokenId, TokenClaims>>,
+    claims: Mutex<Claims>,
+}
+
+#[derive(Debug, Default)]
+struct Claims {
+    tokens: HashMap<TokenId, TokenClaims>,
+    /// Every token named in a claim, in the order the verdicts came back.
+    order: Vec<TokenId>,
 }
 
 impl ClaimLedger {
     fn record(&self, verdicts: &[(TokenId, ClaimVerdict)]) {
-        let mut tokens = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
         for (token, verdict) in verdicts {
-            let entry = tokens.entry(token.clone()).or_default();
+            let entry = claims.tokens.entry(token.clone()).or_default();
             entry.attempts += 1;
             if *verdict == ClaimVerdict::Contended {
                 entry.conflicts += 1;
             }
+            claims.order.push(token.clone());
         }
     }
 
     /// Every token claimed at least once, with its counts.
     pub fn snapshot(&self) -> Vec<(TokenId, TokenClaims)> {
-        let tokens = self.tokens.lock().unwrap_or_else(PoisonError::into_inner);
-        tokens.iter().map(|(t, c)| (t.clone(), *c)).collect()
+        let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        claims.tokens.iter().map(|(t, c)| (t.clone(), *c)).collect()
     }
+
+    /// How far concurrent claims spread: the claims, in the order they were
+    /// answered, cut into bursts of `burst` (the selects in flight at once), and
+    /// per burst the distinct tokens named over the tokens named; the mean over
+    /// the bursts. 1 when no two claims of a burst named one token; `1 / burst`
+    /// when all of them named the same. A run of fewer claims is one burst; no
+    /// claim at all is 1.
+    pub fn distinct_share_per_burst(&self, burst: usize) -> f64 {
+        let claims = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
+        distinct_share_per_burst(&claims.order, burst)
+    }
+}
+
+fn distinct_share_per_burst(order: &[TokenId], burst: usize) -> f64 {
+    let burst = burst.max(1);
+    let full = order.len() / burst;
+    let bursts: Vec<&[TokenId]> = if full == 0 {
+        vec![order]
+    } else {
+        order.chunks_exact(burst).collect()
+    };
+    let shares: Vec<f64> = bursts
+        .iter()
+        .filter(|b| !b.is_empty())
+        .map(|b| {
+            let distinct: std::collections::HashSet<&TokenId> = b.iter().collect();
+            distinct.len() as f64 / b.len() as f64
+        })
+        .collect();
+    if shares.is_empty() {
+        return 1.0;
+    }
+    shares.iter().sum::<f64>() / shares.len() as f64
 }
 
 /// A [`LockStore`] that forwards everything and records claim verdicts per token

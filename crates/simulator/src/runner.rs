@@ -112,6 +112,9 @@ pub struct StrategyRun {
     pub samples: Vec<Sample>,
     /// Claims per token.
     pub claims: Vec<(TokenId, TokenClaims)>,
+    /// How far concurrent claims spread ([`ClaimLedger::distinct_share_per_burst`],
+    /// bursts of the workload's concurrency).
+    pub distinct_share_per_burst: f64,
     /// Tokens that existed during the run: the seeded ones plus minted change.
     pub population: u64,
     /// Wall time of the request phase.
@@ -816,6 +819,8 @@ async fn drive(
         strategy,
         samples,
         claims: ledger.snapshot(),
+        distinct_share_per_burst: ledger
+            .distinct_share_per_burst(usize::try_from(workload.concurrency).unwrap_or(usize::MAX)),
         population: population.saturating_add(checker.minted.load(Ordering::Relaxed)),
         wall,
         peak_memory_bytes,

@@ -46,6 +46,9 @@ fn figure_rows() -> Vec<(&'static str, Getter)> {
         ("distinct tokens attempted", |f| {
             Some(to_f64(f.distinct_tokens_attempted))
         }),
+        ("distinct tokens per burst", |f| {
+            Some(f.distinct_share_per_burst)
+        }),
         ("round trips/select", |f| Some(f.round_trips_per_select)),
         ("inputs/select", |f| Some(f.inputs_per_select)),
         ("change share", |f| Some(f.change_share)),

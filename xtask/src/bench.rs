@@ -547,8 +547,8 @@ pub fn markdown(results: &Value) -> String {
         results["seconds"],
     );
     out.push_str("**Token workloads**: the naive selector, holdfast and holdfast with the upstream order in one run of each.\n\n");
-    out.push_str("| backend | workload | strategy | selects/s | spurious | insufficient | lock attempts/select | conflicts/select | hottest share | top 1% share | round trips/select | inputs/select | change share | p50 ms | p99 ms | peak MiB | locks left | % of raw limit |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| backend | workload | strategy | selects/s | spurious | insufficient | lock attempts/select | conflicts/select | hottest share | top 1% share | distinct per burst | round trips/select | inputs/select | change share | p50 ms | p99 ms | peak MiB | locks left | % of raw limit |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let empty = Vec::new();
     for entry in results["presets"].as_array().unwrap_or(&empty) {
         let report = &entry["report"];
@@ -565,7 +565,7 @@ pub fn markdown(results: &Value) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 entry["backend"].as_str().unwrap_or("?"),
                 entry["preset"].as_str().unwrap_or("?"),
                 s["strategy"].as_str().unwrap_or("?"),
@@ -576,6 +576,7 @@ pub fn markdown(results: &Value) -> String {
                 num(&s["conflicts_per_select"]),
                 num(&s["hottest_token_conflict_share"]),
                 num(&s["top_1pct_conflict_share"]),
+                num(&s["distinct_share_per_burst"]),
                 num(&s["round_trips_per_select"]),
                 num(&s["inputs_per_select"]),
                 num(&s["change_share"]),

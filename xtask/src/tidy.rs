@@ -954,6 +954,7 @@ const PG_ROUTE: &str = "crates/adapters-postgres/src/route.rs";
 const PG_SESSION: &str = "crates/adapters-postgres/src/session.rs";
 const PG_TOKENS: &str = "crates/adapters-postgres/src/tokens.rs";
 const PG_WAKE: &str = "crates/adapters-postgres/src/wake.rs";
+const SQLITE_BACKEND: &str = "crates/adapters-sqlite/src/backend.rs";
 const SQLITE_CODEC: &str = "crates/adapters-sqlite/src/codec.rs";
 const SQLITE_LOCKOUT: &str = "crates/adapters-sqlite/src/lockout.rs";
 const SQLITE_OPTIONS: &str = "crates/adapters-sqlite/src/options.rs";
@@ -1110,6 +1111,12 @@ pub const ADAPTER_CONSTANTS: &[AdapterConstant] = &[
         "MAX_READERS",
         Basis::Bound,
         "most reader connections accepted",
+    ),
+    constant(
+        SQLITE_BACKEND,
+        "STATEMENT_CACHE",
+        Basis::Tuned("docs/measurements.md"),
+        "prepared statements kept per connection, more than the adapter uses",
     ),
     constant(
         SQLITE_POOL,

@@ -69,7 +69,9 @@
 //!   While it waits to insert an output id that an add holds uncommitted, it
 //!   holds its confirm lock, lock-only row locks, balance locks and its own
 //!   lower-numbered outputs: an add waits for none but those outputs, and it
-//!   meets them in key order before the id it holds. (Spending first deadlocked:
+//!   meets them in key order before the id it holds. If that add commits, the
+//!   insert fails on the key and the confirm writes nothing; it is made once
+//!   more and answers that its outputs differ. (Spending first deadlocked:
 //!   the add, holding the output id, reached an input of its batch that the
 //!   confirm had updated, and waited for it.)
 //! - Balance locks: an add asks for them first in its transaction, a confirm
@@ -809,8 +811,8 @@ impl LockStore for PgBackend {
         let types: Vec<&str> = outputs.iter().map(|o| o.token_type.as_str()).collect();
         let amounts: Vec<String> = outputs.iter().map(|o| o.quantity.to_string()).collect();
         // Safe to repeat: a retry of a committed confirm answers `replayed`.
-        let rows = self
-            .retried(|| {
+        let call = || {
+            self.retried(|| {
                 sqlx::query_as::<_, (String, Option<String>, Option<i64>, Option<String>)>(CONFIRM)
                     .bind(consumer.as_str())
                     .bind(at_ms)
@@ -819,8 +821,21 @@ impl LockStore for PgBackend {
                     .bind(&amounts)
                     .fetch_all(self.pool())
             })
-            .await
-            .map_err(|e| fault(&e))?;
+        };
+        let rows = match call().await {
+            // An add committed a token of one of the output ids while the call
+            // waited to insert it: the call wrote nothing (it is one
+            // transaction), and made again it finds that token and answers as
+            // for any existing id (`differ`, or `replayed`).
+            Err(e)
+                if e.as_database_error()
+                    .is_some_and(|db| db.is_unique_violation()) =>
+            {
+                call().await
+            }
+            answer => answer,
+        }
+        .map_err(|e| fault(&e))?;
         let ids: Vec<TokenId> = (0u32..)
             .zip(outputs)
             .map(|(i, _)| TokenId::new(consumer.clone(), i))

@@ -3,7 +3,8 @@
 //! or a small add into a wallet holding one, takes them exclusive, having let go
 //! of the shared ones first; and no interleaving of big and small adds and
 //! confirms lifts a wallet's unspent total past 2^128 - 1 or deadlocks; an add
-//! and a confirm writing the same ids under the shared lock do not deadlock; a
+//! and a confirm writing the same ids under the shared lock do not deadlock, and
+//! a confirm whose output id an add commits meanwhile is refused as differing; a
 //! call that waited for the lock reads what its holder committed; sessions run
 //! at READ COMMITTED; direct SQL callers' bad arguments are refused.
 //!
@@ -445,6 +446,52 @@ async fn an_add_of_a_confirms_output_id_and_input_does_not_deadlock_with_it() {
         "{confirmed:?}"
     );
     assert_eq!(balance(&s, "w").await, 5 + 2);
+}
+
+/// An add that commits a token of a confirm's output id while the confirm waits
+/// to insert it: the confirm writes nothing and answers that its outputs differ
+/// from what is stored, a typed refusal (not a unique-violation fault); its
+/// input stays unspent and claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_whose_output_id_an_add_commits_meanwhile_is_told_its_outputs_differ() {
+    let Some(db) = TestDb::create("a_confirm_whose_output_id_an_add_commits").await else {
+        return;
+    };
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
+    let s = backend.stores();
+    let mut holder = db.connection().await;
+    let mut observer = db.connection().await;
+    funded(&s, "d", "w", 5).await;
+    sqlx::raw_sql(
+        "BEGIN;
+         INSERT INTO tokens (tx_id, idx, wallet, token_type, amount, spendable)
+         VALUES ('d', 0, 'w', 'CHF', 7, TRUE)",
+    )
+    .execute(&mut holder)
+    .await
+    .expect("the uncommitted (d, 0)");
+    let confirming = {
+        let s = s.clone();
+        tokio::spawn(async move { s.locks.confirm(&tx("d"), &[pay("w", 5)], at(1)).await })
+    };
+    wait_until_n_wait(&mut observer, 1, "transactionid", || {
+        confirming.is_finished()
+    })
+    .await;
+    let_go(&mut holder).await;
+
+    let confirmed = confirming.await.expect("confirm task");
+    assert!(
+        matches!(&confirmed, Err(LockStoreError::OutputsDiffer { tx: t, .. }) if *t == tx("d")),
+        "{confirmed:?}"
+    );
+    assert_eq!(balance(&s, "w").await, 5 + 7, "the input is not spent");
+    let again = s.locks.claim(&tx("e"), &token_id("d-in", 0), T0).await;
+    assert_eq!(
+        again,
+        Ok(ClaimVerdict::Contended),
+        "the input is still claimed"
+    );
 }
 
 /// The read of big tokens follows the lock wait: a writer holding the pair's

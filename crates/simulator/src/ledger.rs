@@ -79,13 +79,17 @@ fn distinct_share_per_burst(order: &[TokenId], burst: usize) -> f64 {
         .filter(|b| !b.is_empty())
         .map(|b| {
             let distinct: std::collections::HashSet<&TokenId> = b.iter().collect();
-            distinct.len() as f64 / b.len() as f64
+            count(distinct.len()) / count(b.len())
         })
         .collect();
     if shares.is_empty() {
         return 1.0;
     }
-    shares.iter().sum::<f64>() / shares.len() as f64
+    shares.iter().sum::<f64>() / count(shares.len())
+}
+
+fn count(n: usize) -> f64 {
+    crate::figures::to_f64(u64::try_from(n).unwrap_or(u64::MAX))
 }
 
 /// A [`LockStore`] that forwards everything and records claim verdicts per token

@@ -819,8 +819,7 @@ async fn drive(
         strategy,
         samples,
         claims: ledger.snapshot(),
-        distinct_share_per_burst: ledger
-            .distinct_share_per_burst(usize::try_from(workload.concurrency).unwrap_or(usize::MAX)),
+        distinct_share_per_burst: ledger.distinct_share_per_burst(workload.concurrency),
         population: population.saturating_add(checker.minted.load(Ordering::Relaxed)),
         wall,
         peak_memory_bytes,

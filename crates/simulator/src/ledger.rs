@@ -238,6 +238,25 @@ mod tests {
         TokenId::new(TxId::new(tx).expect("tx"), 0)
     }
 
+    fn ids(names: &[u32]) -> Vec<TokenId> {
+        names.iter().map(|n| id(&format!("tx-{n}"))).collect()
+    }
+
+    #[test]
+    fn a_burst_of_claims_on_distinct_tokens_spreads_fully() {
+        assert_eq!(distinct_share_per_burst(&ids(&[1, 2, 3, 4]), 2), 1.0);
+        assert_eq!(distinct_share_per_burst(&[], 4), 1.0);
+    }
+
+    #[test]
+    fn claims_that_meet_on_one_token_count_once_per_burst() {
+        // Bursts [1, 1] and [2, 3]: a half, then all distinct; the partial
+        // burst [3] at the end is left out.
+        assert_eq!(distinct_share_per_burst(&ids(&[1, 1, 2, 3, 3]), 2), 0.75);
+        // Fewer claims than a burst: one burst of what there is.
+        assert_eq!(distinct_share_per_burst(&ids(&[5, 5, 5]), 8), 1.0 / 3.0);
+    }
+
     #[tokio::test]
     async fn records_attempts_and_conflicts_per_token() {
         let mut inner = MockLockStore::new();

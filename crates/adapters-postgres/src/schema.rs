@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "shared_balance_locks",
         include_str!("../migrations/0007_shared_balance_locks.sql"),
     ),
+    (
+        8,
+        "balance_probe",
+        include_str!("../migrations/0008_balance_probe.sql"),
+    ),
 ];
 
 /// The *upgrade time*, in milliseconds since the epoch: when version 6 (the

@@ -55,7 +55,7 @@
 //!   a pooled connection), so it closes no wait cycle.
 //! - `set_spendable` updates one token row and holds nothing else while waiting.
 //! - `add_tokens` inserts its token rows in key order, in one statement, after
-//!   its balance locks (`holdfast_lock_balances`, migration 0007). Its
+//!   its balance locks (`holdfast_lock_balances`, migrations 0007, 0008). Its
 //!   `ON CONFLICT DO NOTHING` on an id that exists takes no lock and does not
 //!   wait for a row lock (`FOR SHARE`, `FOR UPDATE`: lock-only), but it does
 //!   wait for a transaction that inserted that row, or updated or deleted it,

@@ -568,27 +568,49 @@ impl TokenStore for SqliteBackend {
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::types::Value;
+
     use super::*;
 
-    fn plan(sql: &str) -> Vec<String> {
+    /// An in-memory database with every migration applied.
+    fn migrated() -> rusqlite::Connection {
         let conn = rusqlite::Connection::open_in_memory().expect("in-memory database");
         for m in crate::MIGRATIONS {
             conn.execute_batch(m.sql).expect("migration");
         }
+        conn
+    }
+
+    /// Values for a candidate read of `count` parameters: wallet `wallet` of
+    /// CHF, `limit` candidates, keyset cursors of amount `cursor` (and the
+    /// threshold of a band read too).
+    fn bindings(count: usize, wallet: &str, cursor: i64, limit: i64) -> Vec<Value> {
+        let (wallet, chf) = (
+            Value::Text(wallet.to_owned()),
+            Value::Text("CHF".to_owned()),
+        );
+        let (at, limit) = (Value::Text(format!("{cursor:032x}")), Value::Integer(limit));
+        let key = [at.clone(), Value::Text("tx".to_owned()), Value::Integer(0)];
+        match count {
+            3 => vec![wallet, chf, limit],
+            4 => vec![wallet, chf, at, limit],
+            6 => [vec![wallet, chf, limit], key.to_vec()].concat(),
+            _ => [vec![wallet, chf, at, limit], key.to_vec()].concat(),
+        }
+    }
+
+    fn plan(sql: &str) -> Vec<String> {
+        let conn = migrated();
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");
-        let cursor = "00000000000000000000000000000001";
-        let detail = |r: &rusqlite::Row<'_>| r.get::<_, String>(3);
-        let rows = match stmt.parameter_count() {
-            3 => stmt.query_map(params!["w", "CHF", 10], detail),
-            4 => stmt.query_map(params!["w", "CHF", cursor, 10], detail),
-            6 => stmt.query_map(params!["w", "CHF", 10, cursor, "tx", 0], detail),
-            _ => stmt.query_map(params!["w", "CHF", cursor, 10, cursor, "tx", 0], detail),
-        };
-        rows.expect("query")
-            .collect::<Result<Vec<_>, _>>()
-            .expect("rows")
+        let values = bindings(stmt.parameter_count(), "w", 1, 10);
+        stmt.query_map(rusqlite::params_from_iter(values), |r| {
+            r.get::<_, String>(3)
+        })
+        .expect("query")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("rows")
     }
 
     /// Rows an older version wrote past 2^128 - 1 in one wallet: its balance is a
@@ -652,10 +674,7 @@ mod tests {
     /// index, cost a scan of the table).
     #[test]
     fn the_overflow_check_reads_spendable_rows_through_the_candidate_index() {
-        let conn = rusqlite::Connection::open_in_memory().expect("in-memory database");
-        for m in crate::MIGRATIONS {
-            conn.execute_batch(m.sql).expect("migration");
-        }
+        let conn = migrated();
         for sql in [TOP_SPENDABLE, SPENDABLE_AMOUNTS] {
             let mut stmt = conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
@@ -678,11 +697,7 @@ mod tests {
     /// bindings (as every select does), SQLite does not prepare it anew.
     #[test]
     fn candidate_queries_are_not_prepared_again_for_new_bindings() {
-        let conn = rusqlite::Connection::open_in_memory().expect("in-memory database");
-        for m in crate::MIGRATIONS {
-            conn.execute_batch(m.sql).expect("migration");
-        }
-        let cursor = |i: i64| format!("{i:032x}");
+        let conn = migrated();
         for sql in [
             COVER_BAND,
             FILL_BAND,
@@ -692,14 +707,10 @@ mod tests {
         ] {
             for i in 1..=20 {
                 let mut stmt = conn.prepare_cached(sql).expect("prepare");
-                let (wallet, at) = (format!("w{i}"), cursor(i));
-                let mut rows = match stmt.parameter_count() {
-                    3 => stmt.query(params![wallet, "CHF", i]),
-                    4 => stmt.query(params![wallet, "CHF", at, i]),
-                    6 => stmt.query(params![wallet, "CHF", i, at, "tx", 0]),
-                    _ => stmt.query(params![wallet, "CHF", at, i, at, "tx", 0]),
-                }
-                .expect("query");
+                let values = bindings(stmt.parameter_count(), &format!("w{i}"), i, i);
+                let mut rows = stmt
+                    .query(rusqlite::params_from_iter(values))
+                    .expect("query");
                 assert!(rows.next().expect("step").is_none());
             }
             let stmt = conn.prepare_cached(sql).expect("prepare");

@@ -67,25 +67,20 @@ impl ClaimLedger {
 }
 
 fn distinct_share_per_burst(order: &[TokenId], burst: usize) -> f64 {
-    let burst = burst.max(1);
-    let full = order.len() / burst;
-    let bursts: Vec<&[TokenId]> = if full == 0 {
-        vec![order]
-    } else {
-        order.chunks_exact(burst).collect()
-    };
-    let shares: Vec<f64> = bursts
-        .iter()
-        .filter(|b| !b.is_empty())
+    if order.is_empty() {
+        return 1.0;
+    }
+    // A run of fewer claims than a burst is one burst of what there is.
+    let burst = burst.clamp(1, order.len());
+    let bursts = order.chunks_exact(burst);
+    let runs = count(bursts.len());
+    let shares: f64 = bursts
         .map(|b| {
             let distinct: std::collections::HashSet<&TokenId> = b.iter().collect();
             count(distinct.len()) / count(b.len())
         })
-        .collect();
-    if shares.is_empty() {
-        return 1.0;
-    }
-    shares.iter().sum::<f64>() / count(shares.len())
+        .sum();
+    shares / runs
 }
 
 fn count(n: usize) -> f64 {

@@ -55,7 +55,7 @@
 //!   a pooled connection), so it closes no wait cycle.
 //! - `set_spendable` updates one token row and holds nothing else while waiting.
 //! - `add_tokens` inserts its token rows in key order, in one statement, after
-//!   its balance locks (`holdfast_lock_balances`, migrations 0007, 0008). Its
+//!   its balance locks (`holdfast_lock_balances`, migrations 0007 to 0009). Its
 //!   `ON CONFLICT DO NOTHING` on an id that exists takes no lock and does not
 //!   wait for a row lock (`FOR SHARE`, `FOR UPDATE`: lock-only), but it does
 //!   wait for a transaction that inserted that row, or updated or deleted it,
@@ -64,8 +64,17 @@
 //! - A confirm with outputs (`holdfast_confirm`) takes its rows `FOR UPDATE` as
 //!   settlement does, then its balance locks (shared for a small add, so it may
 //!   run beside a small `add_tokens` into the same wallet), then inserts its
-//!   outputs `(consumer, 0..n)` in index order, and only then deletes its L rows
-//!   and marks its inputs spent, which waits for nothing (it holds those rows).
+//!   outputs `(consumer, 0..n)` in index order, and only then (one statement,
+//!   migration 0009) records its status, deletes its L and selection rows and
+//!   marks its inputs spent. It holds those T and L rows; it may wait for
+//!   another writer of its status row or of one of its selection rows (a
+//!   status recorded alone, a release, the sweep or a settlement of the same
+//!   consumer), none of which waits for a row a confirm has locked, except a
+//!   settlement of the same consumer (`holdfast_spend`) that recorded its
+//!   status first and then waits for this confirm's L rows: a confirmed spend
+//!   and a confirm of one consumer at once can deadlock (40P01, a busy fault
+//!   `Settlement` retries), which needs a caller settling one transaction two
+//!   ways at once.
 //!   While it waits to insert an output id that an add holds uncommitted, it
 //!   holds its confirm lock, lock-only row locks, balance locks and its own
 //!   lower-numbered outputs: an add waits for none but those outputs, and it
@@ -84,7 +93,8 @@
 //! a key above every such row the waiter holds; and a balance lock is waited for,
 //! in key order, by a transaction that holds besides lower balance keys only
 //! locks no holder of a balance lock waits for (its confirm lock, lock-only row
-//! locks). No wait cycle forms: PostgreSQL never has to abort one (40P01).
+//! locks). No other wait cycle forms: PostgreSQL never has to abort one (40P01)
+//! unless one transaction is settled and confirmed at once (above).
 
 use std::collections::BTreeMap;
 

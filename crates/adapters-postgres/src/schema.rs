@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "balance_probe",
         include_str!("../migrations/0008_balance_probe.sql"),
     ),
+    (
+        9,
+        "lean_confirm",
+        include_str!("../migrations/0009_lean_confirm.sql"),
+    ),
 ];
 
 /// The *upgrade time*, in milliseconds since the epoch: when version 6 (the

@@ -153,7 +153,7 @@ macro_rules! band_sql {
 /// The first key of the two-key advisory locks (the *balance locks*) that keep
 /// the writes adding to one wallet and type's unspent total from overflowing it:
 /// `add_tokens` and the outputs of `holdfast_confirm` take them through the one
-/// SQL function `holdfast_lock_balances` (migrations 0007 and 0008). The bytes of `"wbal"`;
+/// SQL function `holdfast_lock_balances` (migrations 0007 to 0009). The bytes of `"wbal"`;
 /// the second key is `hashtext(wallet || TAB || type)`, computed by the server;
 /// `pg_locks` shows them as `classid` and `objid`.
 ///
@@ -724,25 +724,31 @@ mod tests {
 
     /// `holdfast_confirm` and `add_tokens` take the balance locks through the one
     /// function `holdfast_lock_balances`, shared and exclusive on the same keys
-    /// in the same order, in [`BALANCE_SPACE`] (the confirm as migration 0007
-    /// defines it, the function as its newest definition, 0008, does).
+    /// in the same order, in [`BALANCE_SPACE`] (as their newest definitions,
+    /// 0009, do).
     #[test]
     fn confirm_takes_the_balance_locks_of_add_tokens() {
-        let confirm = include_str!("../migrations/0007_shared_balance_locks.sql");
-        let migration = include_str!("../migrations/0008_balance_probe.sql");
+        let migration = include_str!("../migrations/0009_lean_confirm.sql");
         assert!(LOCK_BALANCES.contains("holdfast_lock_balances("));
-        assert!(migration.contains("CREATE OR REPLACE FUNCTION holdfast_lock_balances("));
+        let body = |name: &str| {
+            let head = format!("CREATE OR REPLACE FUNCTION {name}(");
+            let at = migration.find(&head).unwrap_or_else(|| panic!("no {head}"));
+            let end = at + migration[at..].find("\n$$;").expect("the body ends");
+            &migration[at..end]
+        };
         let call = "IF holdfast_lock_balances(p_wallets, p_types, p_amounts) THEN";
-        assert!(confirm.contains(call), "the confirm locks otherwise");
+        assert!(
+            body("holdfast_confirm").contains(call),
+            "the confirm locks otherwise"
+        );
+        let locking = body("holdfast_lock_balances");
         let keys = "FROM (SELECT DISTINCT hashtext(w || E'\\t' || t) AS k
                       FROM unnest(p_wallets, p_types) AS i(w, t)) AS p
                 ORDER BY p.k;";
         for lock in ["pg_advisory_xact_lock_shared", "pg_advisory_xact_lock"] {
             let taken = format!("PERFORM {lock}({BALANCE_SPACE}, p.k)");
-            let at = migration
-                .find(&taken)
-                .unwrap_or_else(|| panic!("no {taken}"));
-            let tail = migration[at + taken.len()..].trim_start();
+            let at = locking.find(&taken).unwrap_or_else(|| panic!("no {taken}"));
+            let tail = locking[at + taken.len()..].trim_start();
             let normal = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
             assert!(
                 normal(tail).starts_with(&normal(keys)),

@@ -6,7 +6,9 @@
 //! and a confirm writing the same ids under the shared lock do not deadlock, and
 //! a confirm whose output id an add commits meanwhile is refused as differing; a
 //! call that waited for the lock reads what its holder committed; sessions run
-//! at READ COMMITTED; direct SQL callers' bad arguments are refused.
+//! at READ COMMITTED; direct SQL callers' bad arguments are refused. A confirm
+//! counts as inputs only the selected rows it holds, and spends exactly what it
+//! counted, whatever give-back commits while it waits.
 //!
 //! A lock another session holds is taken on a plain connection, in an open
 //! transaction; a call that must wait for it is shown waiting by polling
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_adapters_postgres::{BALANCE_SPACE, LockStrategy, PgBackend, PgOptions};
-use holdfast_domain::ClaimVerdict;
+use holdfast_domain::{ClaimVerdict, TokenId};
 use holdfast_ports::conformance::support::{
     T0, add, amount, at, chf, token_id, token_type, tx, wallet,
 };
@@ -627,6 +629,11 @@ async fn direct_calls_with_bad_amounts_or_arrays_are_refused() {
         (vec!["w"], vec!["CHF"], vec!["-1"]),
         (vec!["w"], vec!["CHF"], vec!["1e3"]),
         (vec!["w"], vec!["CHF"], vec![""]),
+        // One amount with a comma reads like two when the amounts are joined.
+        (vec!["w"], vec!["CHF"], vec!["1,2"]),
+        (vec!["w", "v"], vec!["CHF", "CHF"], vec!["1,2", ""]),
+        (vec!["w", "v"], vec!["CHF", "CHF"], vec!["1", ",2"]),
+        (vec!["w"], vec!["CHF"], vec!["x"]),
         (
             vec!["w"],
             vec!["CHF"],
@@ -664,6 +671,15 @@ async fn direct_calls_with_bad_amounts_or_arrays_are_refused() {
     .fetch_one(&mut conn)
     .await;
     assert_eq!(sqlstate(null_type), "22023");
+    for call in [
+        "SELECT holdfast_lock_balances('{w,v}', '{CHF,CHF}', ARRAY['1', NULL])",
+        "SELECT count(*) > 0 FROM holdfast_confirm('c', 1, '{w}', '{CHF}', ARRAY[NULL::TEXT])",
+    ] {
+        let null_amount = sqlx::query_scalar::<_, bool>(call)
+            .fetch_one(&mut conn)
+            .await;
+        assert_eq!(sqlstate(null_amount), "22023", "{call}");
+    }
     let fine = sqlx::query_scalar::<_, bool>(
         "SELECT holdfast_lock_balances('{w}', '{CHF}', '{340282366920938463463374607431768211455}')",
     )
@@ -792,4 +808,128 @@ async fn small_adds_and_confirms_into_a_full_big_wallet_fall_back_without_deadlo
         5,
         "{outcomes:?}"
     );
+}
+
+/// Tokens `a` (5 CHF) and `b` (7 CHF) of wallet `src`, both claimed by `c`: a
+/// confirm of `c` paying 12 spends them.
+async fn two_inputs_of_c(s: &Stores) -> (TokenId, TokenId) {
+    add(s, &[chf("src", "a", 0, 5), chf("src", "b", 0, 7)]).await;
+    let (a, b) = (token_id("a", 0), token_id("b", 0));
+    for input in [&a, &b] {
+        let won = s.locks.claim(&tx("c"), input, T0).await;
+        assert_eq!(won, Ok(ClaimVerdict::Won), "claim of {input:?}");
+    }
+    (a, b)
+}
+
+/// Waits until a `holdfast` session of this database waits for a row lock
+/// (polled on `pg_stat_activity`, not timed). Fails if `call` finishes first.
+async fn wait_for_row_lock<T>(observer: &mut PgConnection, call: &JoinHandle<T>, what: &str) {
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'holdfast'
+               AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple')",
+        )
+        .fetch_one(&mut *observer)
+        .await
+        .expect("pg_stat_activity");
+        if waiting > 0 {
+            return;
+        }
+        assert!(!call.is_finished(), "{what}: finished without waiting");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A select of `c` still running gives `b` back while `c`'s confirm waits to lock
+/// its inputs (a claimer holds `a` share-locked): the confirm counts only what
+/// is still selected once it holds the rows, so outputs of 12 are refused as
+/// not conserved and nothing is written, where counting `b` and spending only
+/// `a` would have minted 7 CHF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_while_a_confirm_waits_takes_the_token_out_of_its_inputs() {
+    let Some(db) = TestDb::create("a_give_back_while_a_confirm_waits").await else {
+        return;
+    };
+    let backend = Arc::new(patient_backend(&db, LockStrategy::OnConflict, 4).await);
+    let s = backend.stores();
+    let (_, b) = two_inputs_of_c(&s).await;
+    let mut claimer = db.connection().await;
+    let mut observer = db.connection().await;
+    run_sql(&mut claimer, "BEGIN").await;
+    run_sql(
+        &mut claimer,
+        "SELECT 1 FROM tokens WHERE tx_id = 'a' FOR SHARE",
+    )
+    .await;
+
+    let confirm = {
+        let s = backend.stores();
+        tokio::spawn(async move { s.locks.confirm(&tx("c"), &[pay("dst", 12)], at(1)).await })
+    };
+    wait_for_row_lock(&mut observer, &confirm, "the confirm").await;
+    let given_back = tokio::time::timeout(NO_WAIT, s.locks.release_tokens(&tx("c"), &[b]))
+        .await
+        .expect("a give-back does not wait for the confirm");
+    assert_eq!(given_back, Ok(1));
+    run_sql(&mut claimer, "COMMIT").await;
+
+    let confirmed = confirm.await.expect("confirm task");
+    assert!(
+        matches!(&confirmed, Err(LockStoreError::NotConserved(u)) if u.inputs == "5" && u.outputs == "12"),
+        "{confirmed:?}"
+    );
+    assert_eq!(balance(&s, "src").await, 12, "nothing spent");
+    assert_eq!(balance(&s, "dst").await, 0, "nothing minted");
+}
+
+/// `c`'s lock rows are gone (the sweep), and its confirm waits for the payee's
+/// balance lock after counting `a` and `b`; a give-back of `b` commits
+/// meanwhile, waiting for nothing. The confirm still spends both inputs it
+/// counted (rows it holds): the 12 CHF it pays come out of `src`, never out of
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirm_spends_every_input_it_counted_though_its_selection_goes_meanwhile() {
+    let Some(db) = TestDb::create("a_confirm_spends_every_input_it_counted").await else {
+        return;
+    };
+    let backend = Arc::new(patient_backend(&db, LockStrategy::OnConflict, 4).await);
+    let s = backend.stores();
+    let (a, b) = two_inputs_of_c(&s).await;
+    let mut holder = db.connection().await;
+    let mut observer = db.connection().await;
+    run_sql(
+        &mut observer,
+        "DELETE FROM token_locks WHERE consumer = 'c'",
+    )
+    .await;
+    hold(&mut holder, "dst", false).await;
+
+    let confirm = {
+        let s = backend.stores();
+        tokio::spawn(async move { s.locks.confirm(&tx("c"), &[pay("dst", 12)], at(1)).await })
+    };
+    wait_until_waiting(&mut observer, &confirm, "the confirm").await;
+    let given_back = tokio::time::timeout(
+        NO_WAIT,
+        s.locks.release_tokens(&tx("c"), std::slice::from_ref(&b)),
+    )
+    .await
+    .expect("a give-back does not wait for the confirm");
+    assert!(given_back.is_ok(), "{given_back:?}");
+    let_go(&mut holder).await;
+
+    let confirmed = confirm.await.expect("confirm task").expect("confirmed");
+    assert_eq!(confirmed.spent, vec![a, b]);
+    assert_eq!(balance(&s, "src").await, 0, "both inputs spent");
+    assert_eq!(balance(&s, "dst").await, 12);
+}
+
+/// Runs one statement on a plain connection.
+async fn run_sql(conn: &mut PgConnection, sql: &'static str) {
+    sqlx::query(sql)
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -8,7 +8,8 @@
 -- statements (those that join the input arrays) were planned again at every
 -- call, since a plan for the arrays at hand looks cheaper than the generic one;
 -- planning alone was a fifth of the server's CPU. Version 9 keeps every step,
--- lock, order and answer of versions 7 and 8, and:
+-- lock and order of versions 7 and 8, and their answers but where a call of the
+-- same consumer commits while the confirm runs (below), and:
 --   - sets plan_cache_mode = force_generic_plan for the confirm's statements
 --     (and the balance locks it calls): each is planned once per session. The
 --     plans are the same index probes (joins on the primary keys, the lock
@@ -31,7 +32,11 @@
 -- whose selection its last statement still found: once the sweep had taken a
 -- consumer's lock rows, a give-back committing between the read of the inputs
 -- and the spend (nothing the confirm held made it wait) left an input counted
--- by the conservation check unspent, and so value was created.
+-- by the conservation check unspent, and so value was created. Two answers
+-- move with this: a claim of the consumer (a select still running) committing
+-- between the two lock statements is no longer counted and spent with the
+-- rest (its lock and selection stay for its own give-back or the lease), and
+-- an input given back after the inputs are read is spent all the same.
 
 -- What is wrong with outputs or adds given as three arrays, or NULL if nothing
 -- is: they must be of one length, without NULLs, and the amounts integers of 1

@@ -69,12 +69,13 @@
 //!   marks its inputs spent. It holds those T and L rows; it may wait for
 //!   another writer of its status row or of one of its selection rows (a
 //!   status recorded alone, a release, the sweep or a settlement of the same
-//!   consumer), none of which waits for a row a confirm has locked, except a
-//!   settlement of the same consumer (`holdfast_spend`) that recorded its
-//!   status first and then waits for this confirm's L rows: a confirmed spend
-//!   and a confirm of one consumer at once can deadlock (40P01, a busy fault
-//!   `Settlement` retries), which needs a caller settling one transaction two
-//!   ways at once.
+//!   consumer). Two cycles remain, both between two calls settling the *same*
+//!   consumer at once, each ending in a deadlock error (40P01, a busy fault
+//!   `Settlement` and the release retry; nothing written by the aborted one):
+//!   a confirmed spend (`holdfast_spend`) that recorded its status first and
+//!   then waits for this confirm's L rows; and, once the sweep has taken the
+//!   consumer's L rows (so nothing orders them), a give-back deleting two of
+//!   its selection rows in the other order than the confirm does.
 //!   While it waits to insert an output id that an add holds uncommitted, it
 //!   holds its confirm lock, lock-only row locks, balance locks and its own
 //!   lower-numbered outputs: an add waits for none but those outputs, and it
@@ -94,7 +95,7 @@
 //! in key order, by a transaction that holds besides lower balance keys only
 //! locks no holder of a balance lock waits for (its confirm lock, lock-only row
 //! locks). No other wait cycle forms: PostgreSQL never has to abort one (40P01)
-//! unless one transaction is settled and confirmed at once (above).
+//! unless one consumer is settled two ways at once (the two cases above).
 
 use std::collections::BTreeMap;
 

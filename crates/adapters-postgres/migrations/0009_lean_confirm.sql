@@ -11,9 +11,16 @@
 -- lock and order of versions 7 and 8, and their answers but where a call of the
 -- same consumer commits while the confirm runs (below), and:
 --   - sets plan_cache_mode = force_generic_plan for the confirm's statements
---     (and the balance locks it calls): each is planned once per session. The
---     plans are the same index probes (joins on the primary keys, the lock
---     rows through token_locks_consumer);
+--     (and the balance locks it calls): each is planned once per session. A
+--     generic plan counts ten elements in an array and knows nothing of the
+--     table's size when it is planned, so on a small tokens table (a few
+--     thousand rows: auto_explain on the hot-wallets preset) it joined the
+--     inputs by a hash over a scan of the whole table, at every call. The
+--     function therefore also turns sequential scans, hash and merge joins off
+--     for its statements (each touches a few rows, by key: the inputs and
+--     outputs, the consumer's lock and selection rows) and JIT with them (the
+--     cost of a path turned off would otherwise make PostgreSQL compile the
+--     plan: 0.9 s); the plans are index probes on any table size;
 --   - checks amounts with plain expressions (holdfast_bad_amounts: no query
 --     unless an amount is bad), where version 7 ran a query, twice a confirm;
 --   - reads "confirmed" and "outputs stored" in one statement; locks the
@@ -140,6 +147,10 @@ CREATE OR REPLACE FUNCTION holdfast_confirm(
 RETURNS TABLE (kind TEXT, tx TEXT, idx BIGINT, detail TEXT)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     bad TEXT := holdfast_bad_amounts(p_wallets, p_types, p_amounts);

@@ -26,7 +26,7 @@ use holdfast_ports::conformance::support::{
 };
 use holdfast_ports::{LockStoreError, NewToken, Output, Stores, TokenStoreError};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection};
-use support::TestDb;
+use support::{TestDb, exec};
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
 
@@ -857,8 +857,8 @@ async fn a_give_back_while_a_confirm_waits_takes_the_token_out_of_its_inputs() {
     let (_, b) = two_inputs_of_c(&s).await;
     let mut claimer = db.connection().await;
     let mut observer = db.connection().await;
-    run_sql(&mut claimer, "BEGIN").await;
-    run_sql(
+    exec(&mut claimer, "BEGIN").await;
+    exec(
         &mut claimer,
         "SELECT 1 FROM tokens WHERE tx_id = 'a' FOR SHARE",
     )
@@ -873,7 +873,7 @@ async fn a_give_back_while_a_confirm_waits_takes_the_token_out_of_its_inputs() {
         .await
         .expect("a give-back does not wait for the confirm");
     assert_eq!(given_back, Ok(1));
-    run_sql(&mut claimer, "COMMIT").await;
+    exec(&mut claimer, "COMMIT").await;
 
     let confirmed = confirm.await.expect("confirm task");
     assert!(
@@ -899,7 +899,7 @@ async fn a_confirm_spends_every_input_it_counted_though_its_selection_goes_meanw
     let (a, b) = two_inputs_of_c(&s).await;
     let mut holder = db.connection().await;
     let mut observer = db.connection().await;
-    run_sql(
+    exec(
         &mut observer,
         "DELETE FROM token_locks WHERE consumer = 'c'",
     )
@@ -924,12 +924,4 @@ async fn a_confirm_spends_every_input_it_counted_though_its_selection_goes_meanw
     assert_eq!(confirmed.spent, vec![a, b]);
     assert_eq!(balance(&s, "src").await, 0, "both inputs spent");
     assert_eq!(balance(&s, "dst").await, 12);
-}
-
-/// Runs one statement on a plain connection.
-async fn run_sql(conn: &mut PgConnection, sql: &'static str) {
-    sqlx::query(sql)
-        .execute(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -16,16 +16,8 @@ use holdfast_domain::{ClaimVerdict, TokenId, TxId};
 use holdfast_ports::conformance::support::{T0, add, at, chf, token_id, token_type, tx, wallet};
 use holdfast_ports::{BandQuery, CandidateQuery, LockStoreError, StoreFault};
 use sqlx::{Connection, PgConnection, Row};
-use support::TestDb;
+use support::{TestDb, exec};
 use tokio::sync::Barrier;
-
-/// Runs `sql` on a plain connection, failing the test on error.
-async fn exec(conn: &mut PgConnection, sql: &'static str) {
-    sqlx::query(sql)
-        .execute(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
 
 /// Lock rows as (token, consumer).
 async fn lock_rows(conn: &mut PgConnection) -> BTreeMap<TokenId, TxId> {

@@ -17,7 +17,7 @@ use holdfast_domain::{ClaimVerdict, TokenId, TxId};
 use holdfast_ports::conformance::support::{T0, add, at, chf, token_id, tx};
 use holdfast_ports::{LockStoreError, Stores};
 use sqlx::{PgConnection, Row};
-use support::TestDb;
+use support::{TestDb, exec};
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
 
@@ -56,14 +56,6 @@ fn start_claim(s: &Stores, path: Path, consumer: TxId, x: TokenId, free: TokenId
             Path::Window => s.locks.claim_window(&consumer, &[x, free], at(1)).await,
         }
     })
-}
-
-/// Runs `sql` on `conn`, failing the test on error.
-async fn run(conn: &mut PgConnection, sql: &'static str) {
-    sqlx::query(sql)
-        .execute(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// The first step of the settlement function: the token rows `consumer` selected,
@@ -170,7 +162,7 @@ async fn a_claim_racing_a_settlement_never_wins_the_spent_token() {
 
                 // A settles in a transaction left open.
                 let mut settler = db.connection().await;
-                run(&mut settler, "BEGIN").await;
+                exec(&mut settler, "BEGIN").await;
                 let locked = spend_lock(&mut settler, &a).await;
                 assert_eq!(locked, vec![(x.clone(), 0)], "{case}");
                 if phase == Phase::Spent {
@@ -192,7 +184,7 @@ async fn a_claim_racing_a_settlement_never_wins_the_spent_token() {
                     if phase == Phase::Locked {
                         spend_locked(&mut settler, &a, &locked).await;
                     }
-                    run(&mut settler, "COMMIT").await;
+                    exec(&mut settler, "COMMIT").await;
                     (ClaimVerdict::Contended, got)
                 } else {
                     // The share lock waits for the settlement, then re-checks the
@@ -201,7 +193,7 @@ async fn a_claim_racing_a_settlement_never_wins_the_spent_token() {
                     if phase == Phase::Locked {
                         spend_locked(&mut settler, &a, &locked).await;
                     }
-                    run(&mut settler, "COMMIT").await;
+                    exec(&mut settler, "COMMIT").await;
                     (ClaimVerdict::Stale, claim.await.expect("claim task"))
                 };
                 let want = match path {
@@ -246,7 +238,7 @@ async fn a_claim_racing_a_release_wins_once_it_commits() {
             let case = format!("{strategy}-{path:?}").to_lowercase();
             let (x, free, a) = x_claimed_by_a(&s, &case).await;
             let mut releaser = db.connection().await;
-            run(&mut releaser, "BEGIN").await;
+            exec(&mut releaser, "BEGIN").await;
             let released: i64 = sqlx::query_scalar(RELEASE_CONSUMER)
                 .bind(&a)
                 .bind(1_i64)
@@ -261,7 +253,7 @@ async fn a_claim_racing_a_release_wins_once_it_commits() {
             let claim = start_claim(&s, path, tx(&b), token_id(&x, 0), token_id(&free, 0));
             // Every strategy inserts x's lock row and waits for the deleted one.
             wait_until_blocked(&mut observer, &claim, &case).await;
-            run(&mut releaser, "COMMIT").await;
+            exec(&mut releaser, "COMMIT").await;
 
             let got = claim.await.expect("claim task");
             let want = match path {

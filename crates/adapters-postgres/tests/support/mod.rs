@@ -177,3 +177,11 @@ impl Drop for TestDb {
         }
     }
 }
+
+/// Runs one statement on a plain connection; a failure fails the test, naming it.
+pub async fn exec(conn: &mut PgConnection, sql: &'static str) {
+    sqlx::query(sql)
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}

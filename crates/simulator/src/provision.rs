@@ -165,6 +165,18 @@ impl Provisioner {
         }
     }
 
+    /// Gathers the planner's statistics of a freshly seeded database, as a
+    /// running server's autovacuum has them (PostgreSQL; SQLite plans by its
+    /// indexes alone). Without them the planner takes the seeded tables for
+    /// empty: it read a consumer's selections by sorting a sequential scan of
+    /// every token (`docs/simulate.md`, "Fresh databases").
+    pub async fn analyze(&self, db: &FreshDb) -> Result<(), ProvisionError> {
+        match self {
+            Provisioner::Sqlite { .. } => Ok(()),
+            Provisioner::Postgres { .. } => self.admin(&db.url, "ANALYZE").await,
+        }
+    }
+
     /// Removes what the run left (the SQLite directory, if empty).
     pub fn finish(&self) {
         if let Provisioner::Sqlite { dir } = self {

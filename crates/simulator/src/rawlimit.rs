@@ -48,7 +48,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::SimulateError;
 use super::figures::{round3, to_f64};
-use super::provision::Provisioner;
+use super::provision::{FreshDb, Provisioner};
 use super::runner::{self, Progress, RunSettings};
 use super::workload::{RequestMode, Workload};
 use holdfast::backend::{Backend, BackendKind};
@@ -142,7 +142,7 @@ pub async fn run(
         .create("raw")
         .await
         .map_err(SimulateError::Provision)?;
-    let result = run_on(workload, settings, provisioner.kind(), &db.url, duration).await;
+    let result = run_on(workload, settings, provisioner, &db, duration).await;
     let removed = provisioner.remove(&db).await;
     let limit = result?;
     removed.map_err(SimulateError::Provision)?;
@@ -152,10 +152,11 @@ pub async fn run(
 async fn run_on(
     workload: &Workload,
     settings: &RunSettings,
-    kind: BackendKind,
-    url: &str,
+    provisioner: &Provisioner,
+    db: &FreshDb,
     duration: Duration,
 ) -> Result<RawLimit, SimulateError> {
+    let (kind, url) = (provisioner.kind(), db.url.as_str());
     let options = settings.config.backend_options();
     let backend = Backend::open(url, &options)
         .await
@@ -180,6 +181,10 @@ async fn run_on(
             "the raw limit needs at least one token",
         ));
     }
+    provisioner
+        .analyze(db)
+        .await
+        .map_err(SimulateError::Provision)?;
     let jobs: Vec<Job> = runner::plan(workload, settings.seed)
         .into_iter()
         .map(|r| Job {

@@ -667,7 +667,7 @@ pub async fn run_strategy(
         .create(&strategy.name())
         .await
         .map_err(SimulateError::Provision)?;
-    let result = run_on(strategy, workload, settings, &db).await;
+    let result = run_on(strategy, workload, settings, provisioner, &db).await;
     let removed = provisioner.remove(&db).await;
     let run = result?;
     removed.map_err(SimulateError::Provision)?;
@@ -678,6 +678,7 @@ async fn run_on(
     strategy: Strategy,
     workload: &Workload,
     settings: &RunSettings,
+    provisioner: &Provisioner,
     db: &FreshDb,
 ) -> Result<StrategyRun, SimulateError> {
     let clock = Arc::new(SimClock::new(
@@ -687,7 +688,11 @@ async fn run_on(
     let ledger = Arc::new(ClaimLedger::default());
     let (backends, replicas) =
         open_replicas(strategy, db, workload, settings, &clock, &ledger).await?;
-    let outcome = drive(strategy, workload, settings, clock, ledger, &replicas).await;
+    let fresh = (provisioner, db);
+    let outcome = drive(
+        strategy, workload, settings, fresh, clock, ledger, &replicas,
+    )
+    .await;
     for backend in &backends {
         backend.close().await;
     }
@@ -722,6 +727,7 @@ async fn drive(
     strategy: Strategy,
     workload: &Workload,
     settings: &RunSettings,
+    (provisioner, db): (&Provisioner, &FreshDb),
     clock: Arc<SimClock>,
     ledger: Arc<ClaimLedger>,
     replicas: &[Arc<Replica>],
@@ -743,6 +749,10 @@ async fn drive(
     )
     .await?;
     seeding.finish();
+    provisioner
+        .analyze(db)
+        .await
+        .map_err(SimulateError::Provision)?;
 
     let lease = settings.lease;
     let sweep_config = LeaseConfig {

@@ -150,6 +150,8 @@ fn config(input: &mut Input<'_>) -> SelectionConfig {
         retry_interval: Duration::from_millis(input.range(1, 5_000)),
         deadline: Duration::from_secs(30),
         wakeups: true,
+        // The driver's, not the engine's: nothing here reads a snapshot.
+        snapshot_ttl: Duration::ZERO,
         blacklist: input.byte() % 4 != 1,
         ascending: input.byte() % 4 != 1,
         tidy_band: n(input, 0, 8),

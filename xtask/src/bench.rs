@@ -56,6 +56,10 @@ const WAKE_COST_PRESET: &str = "many-wallets";
 /// one select is alone on costs where it happens most (`many-wallets`: 64
 /// wallets, few callers each) and where a crowd shares one wallet.
 const TIDY_PRESETS: &[&str] = &["many-wallets", "big-wallet"];
+/// Presets run with holdfast and `--ablate snapshot`: what answering the first
+/// read of a hot wallet's selects from the instance's snapshot saves, where a
+/// crowd shares a few wallets.
+const SNAPSHOT_PRESETS: &[&str] = &["hot-wallets"];
 /// The payment history the bench replays, relative to the workspace root: the
 /// Bitcoin Core developers' `bustabit` tiny scenario, kept in the shared data
 /// directory beside the repository (`../shared/data/README.md` describes it).
@@ -404,23 +408,29 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         }
     }
 
-    let mut tidy = Vec::new();
-    for (backend, db) in &backends {
-        for preset in TIDY_PRESETS {
-            let report = json_of(&mut simulate(
-                db,
-                &[
-                    "--workload",
-                    preset,
-                    "--strategy",
-                    "holdfast",
-                    "--ablate",
-                    "tidy",
-                ],
-            ))?;
-            tidy.push(json!({ "backend": backend, "workload": preset, "report": report }));
+    // Holdfast beside one mechanism off, on the presets where it matters.
+    let ablated = |ablation: &str, presets: &[&str]| -> Result<Vec<Value>, Error> {
+        let mut runs = Vec::new();
+        for (backend, db) in &backends {
+            for preset in presets {
+                let report = json_of(&mut simulate(
+                    db,
+                    &[
+                        "--workload",
+                        preset,
+                        "--strategy",
+                        "holdfast",
+                        "--ablate",
+                        ablation,
+                    ],
+                ))?;
+                runs.push(json!({ "backend": backend, "workload": preset, "report": report }));
+            }
         }
-    }
+        Ok(runs)
+    };
+    let tidy = ablated("tidy", TIDY_PRESETS)?;
+    let snapshot = ablated("snapshot", SNAPSHOT_PRESETS)?;
 
     // The payment history, replayed once on SQLite through every policy.
     let payments_arg = payments.display().to_string();
@@ -474,6 +484,7 @@ pub fn run(args: &[String]) -> Result<(), Error> {
         "presets": presets,
         "wakeups": wakeups,
         "tidy": tidy,
+        "snapshot": snapshot,
         "replay": replay,
         "scaling": scaling,
     });
@@ -613,6 +624,10 @@ pub fn markdown(results: &Value) -> String {
     out.push_str(&ablation_markdown(
         "**Tidying**: holdfast beside `holdfast-no-tidy` (`tidy_band = 0`) in one run of each.",
         &results["tidy"],
+    ));
+    out.push_str(&ablation_markdown(
+        "**Snapshots**: holdfast beside `holdfast-no-snapshot` (`snapshot_ttl_ms = 0`) in one run of each.",
+        &results["snapshot"],
     ));
     out.push_str(&replay_markdown(&results["replay"]));
     out.push_str("\n**Wallet scaling** (holdfast only):\n\n| backend | wallet tokens | select p50 ms | select p99 ms | peak MiB | round trips/select | spurious |\n|---|---|---|---|---|---|---|\n");

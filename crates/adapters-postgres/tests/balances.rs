@@ -852,7 +852,7 @@ async fn a_give_back_while_a_confirm_waits_takes_the_token_out_of_its_inputs() {
     let Some(db) = TestDb::create("a_give_back_while_a_confirm_waits").await else {
         return;
     };
-    let backend = Arc::new(patient_backend(&db, LockStrategy::OnConflict, 4).await);
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
     let s = backend.stores();
     let (_, b) = two_inputs_of_c(&s).await;
     let mut claimer = db.connection().await;
@@ -894,7 +894,7 @@ async fn a_confirm_spends_every_input_it_counted_though_its_selection_goes_meanw
     let Some(db) = TestDb::create("a_confirm_spends_every_input_it_counted").await else {
         return;
     };
-    let backend = Arc::new(patient_backend(&db, LockStrategy::OnConflict, 4).await);
+    let backend = patient_backend(&db, LockStrategy::OnConflict, 4).await;
     let s = backend.stores();
     let (a, b) = two_inputs_of_c(&s).await;
     let mut holder = db.connection().await;

@@ -323,6 +323,9 @@ domain_settings! {
             range "1 to 3600000 ms";
         wakeups: bool = .wakeups, "HOLDFAST_WAKEUPS",
             "A waiting select (and a held head) is woken when tokens (a slot) are freed, the backoff staying the upper bound; on PostgreSQL instances tell each other with NOTIFY. False sleeps the whole backoff.";
+        snapshot_ttl_ms: u64 = .snapshot_ttl, "HOLDFAST_SNAPSHOT_TTL_MS",
+            "How long the instance's snapshot of a wallet answers the first read of a select beside other selects of the instance on that wallet, instead of a round trip; claims verify every token, and insufficient funds always comes from a fresh balance read (0 reads the store always; 0 to 60000 ms).",
+            range "0 to 60000 ms";
         blacklist: bool = .blacklist, "HOLDFAST_BLACKLIST",
             "Skip tokens that lost a race or were stale for the rest of a select.";
         ascending: bool = .ascending, "HOLDFAST_ASCENDING",

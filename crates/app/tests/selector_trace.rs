@@ -544,6 +544,8 @@ async fn trace_callers_racing_for_a_small_wallet_read_with_the_claim() {
     // does). Three callers start at once on three tokens: each first read,
     // outside the claim, comes back thin (fewer than two candidates for each
     // other caller), so each reads again with the claim, and no claim loses.
+    // Each caller is an instance of its own: two and three, beside another
+    // caller, read their first page for their instance's snapshot of the wallet.
     let shared = Shared::of(&[("a", 10), ("b", 10), ("c", 10)]);
     let rwc = ReadWithClaim::WhereRacesLikely;
     let callers = [

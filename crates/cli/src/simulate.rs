@@ -95,6 +95,8 @@ pub enum AblationArg {
     /// No tidying: a select alone on its wallet chooses as one beside other
     /// callers (`tidy_band = 0`).
     Tidy,
+    /// No snapshots: every read goes to the store (`snapshot_ttl = 0`).
+    Snapshot,
 }
 
 impl From<AblationArg> for Ablation {
@@ -109,6 +111,7 @@ impl From<AblationArg> for Ablation {
             AblationArg::Wakeups => Ablation::Wakeups,
             AblationArg::SettleRelease => Ablation::SettleRelease,
             AblationArg::Tidy => Ablation::Tidy,
+            AblationArg::Snapshot => Ablation::Snapshot,
         }
     }
 }

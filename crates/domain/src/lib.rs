@@ -43,7 +43,9 @@ pub use lease::{
     PersistStep, SettlementStatus, SweepRule, TxStatus, unconserved,
 };
 pub use quantity::{Precision, Quantity, QuantityError};
-pub use read_plan::{Fullness, Others, ReadFacts, ReadPlan, ReadWithClaim, read_plan};
+pub use read_plan::{
+    Fullness, Others, ReadFacts, ReadPlan, ReadWithClaim, may_use_snapshot, read_plan,
+};
 pub use request::{
     BuildPlan, BuildStrategy, FailReason, Generation, LastGreen, Queue, Request, RequestId,
     RequestIdError, RequestState, Slot, Version,

@@ -14,6 +14,9 @@
 //!   Else it reads apart and, if that read found candidates while a race is now
 //!   likely (its own read, noted, may have shown the wallet thin), reads again
 //!   with the claim ([`ReadPlan::ApartThenWithClaimIfThin`]).
+//! - A read apart may come from the instance's recent snapshot of the wallet
+//!   instead of the store ([`may_use_snapshot`]) where other callers of this
+//!   instance share it and the call has no reason to doubt it.
 
 use crate::selection::FetchRequest;
 use crate::token::Candidate;
@@ -158,6 +161,29 @@ impl ReadPlan {
     pub fn again_with_claim(self, found: usize, others: &Others) -> bool {
         self == ReadPlan::ApartThenWithClaimIfThin && found > 0 && others.race_likely()
     }
+}
+
+/// Whether a read planned as `plan` may be answered from the instance's
+/// snapshot of the wallet (`docs/selection.md`, "A snapshot of a hot wallet"):
+/// only the call's first read, of both bands from the start (no fill cursor, no
+/// refresh asked), planned apart, by a call that was not woken and has not
+/// waited or lost a race, while other callers of the wallet and type share this
+/// instance. A snapshot is advisory: claims verify every token, and "insufficient
+/// funds" always comes from a fresh balance read.
+pub fn may_use_snapshot(
+    plan: ReadPlan,
+    facts: &ReadFacts,
+    fetch: &FetchRequest,
+    first_read: bool,
+) -> bool {
+    first_read
+        && plan != ReadPlan::WithClaim
+        && !facts.woken
+        && !facts.waited_or_lost
+        && facts.others.others > 0
+        && !fetch.refresh
+        && fetch.after.is_none()
+        && fetch.bands.is_some_and(|b| b.cover > 0)
 }
 
 #[cfg(test)]
@@ -315,6 +341,47 @@ mod tests {
         ];
         for (name, fetch, read, fullness) in rows {
             assert_eq!(Fullness::of(&fetch, &read), fullness, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_answers_only_a_first_untroubled_band_read_beside_other_callers() {
+        use ReadPlan::{Apart, ApartThenWithClaimIfThin as IfThin, WithClaim};
+        let facts = |woken, waited_or_lost, others| ReadFacts {
+            store: LIKELY,
+            woken,
+            waited_or_lost,
+            others: line(others, 0, None),
+        };
+        let first = bands(10, 4, 8);
+        let refresh = FetchRequest {
+            refresh: true,
+            ..first.clone()
+        };
+        let further_fill = FetchRequest {
+            after: candidates(&[9]).pop(),
+            ..bands(10, 0, 8)
+        };
+        #[rustfmt::skip]
+        let rows: [(&str, ReadPlan, ReadFacts, &FetchRequest, bool, bool); 10] = [
+            // name,                        plan,      facts,                     fetch,         first, use
+            ("beside others, read apart",   IfThin,    facts(false, false, 2),    &first,        true,  true),
+            ("a store that cannot",         Apart,     facts(false, false, 2),    &first,        true,  true),
+            ("alone: the store",            IfThin,    facts(false, false, 0),    &first,        true,  false),
+            ("a later read of the call",    IfThin,    facts(false, false, 2),    &first,        false, false),
+            ("woken",                       IfThin,    facts(true, false, 2),     &first,        true,  false),
+            ("waited or lost",              IfThin,    facts(false, true, 2),     &first,        true,  false),
+            ("read with the claim",         WithClaim, facts(false, false, 2),    &first,        true,  false),
+            ("a refresh",                   IfThin,    facts(false, false, 2),    &refresh,      true,  false),
+            ("a further fill page",         IfThin,    facts(false, false, 2),    &further_fill, true,  false),
+            ("an ascending page",           IfThin,    facts(false, false, 2),    &page(8),      true,  false),
+        ];
+        for (name, plan, facts, fetch, first_read, answer) in rows {
+            assert_eq!(
+                may_use_snapshot(plan, &facts, fetch, first_read),
+                answer,
+                "{name}"
+            );
         }
     }
 }

@@ -398,6 +398,10 @@ pub struct SelectionStats {
     /// [`fetches`]: SelectionStats::fetches
     /// [`claims`]: SelectionStats::claims
     pub claims_with_read: u64,
+    /// Reads answered from the instance's snapshot of a hot wallet instead of
+    /// the store (`docs/selection.md`, "A snapshot of a hot wallet"): each
+    /// counts in [`fetches`](SelectionStats::fetches) but is no round trip.
+    pub reads_from_snapshot: u64,
 }
 
 impl SelectionStats {
@@ -430,6 +434,7 @@ impl SelectionStats {
             wakeups,
             passed_over,
             claims_with_read,
+            reads_from_snapshot,
         } = later;
         self.immediate_retries += immediate_retries;
         self.lock_attempts += lock_attempts;
@@ -450,13 +455,15 @@ impl SelectionStats {
         self.wakeups += wakeups;
         self.passed_over += passed_over;
         self.claims_with_read += claims_with_read;
+        self.reads_from_snapshot += reads_from_snapshot;
     }
 
     /// Store round trips requested: fetches, claims, balance reads, releases and
-    /// renewals, less the claims made with their read.
+    /// renewals, less the claims made with their read and the reads answered
+    /// from a snapshot.
     pub fn round_trips(&self) -> u64 {
         (self.fetches + self.claims + self.balance_checks + self.releases + self.renewals)
-            .saturating_sub(self.claims_with_read)
+            .saturating_sub(self.claims_with_read + self.reads_from_snapshot)
     }
 }
 
@@ -932,6 +939,12 @@ impl Selection {
     /// the round trip of the read it chose from.
     pub fn note_claim_with_read(&mut self) {
         self.stats.claims_with_read += 1;
+    }
+
+    /// Notes that the read just answered ([`Selection::on_candidates`]) came from
+    /// the instance's snapshot of the wallet, not from the store.
+    pub fn note_read_from_snapshot(&mut self) {
+        self.stats.reads_from_snapshot += 1;
     }
 
     /// Notes that the read asked for was made twice: its first answer was left

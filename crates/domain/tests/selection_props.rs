@@ -97,6 +97,8 @@ fn config() -> impl Strategy<Value = SelectionConfig> {
                 retry_interval: Duration::from_millis(50),
                 deadline: Duration::from_secs(30),
                 wakeups: true,
+                // The driver's, not the engine's.
+                snapshot_ttl: Duration::ZERO,
                 blacklist,
                 ascending,
             },

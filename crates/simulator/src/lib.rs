@@ -78,6 +78,8 @@ pub enum Ablation {
     /// No tidying: a select alone on its wallet chooses as one beside other
     /// callers (`tidy_band = 0`).
     Tidy,
+    /// No snapshots: every read goes to the store (`snapshot_ttl = 0`).
+    Snapshot,
 }
 
 impl Ablation {
@@ -93,6 +95,7 @@ impl Ablation {
             Ablation::Wakeups => "wakeups",
             Ablation::SettleRelease => "settle-release",
             Ablation::Tidy => "tidy",
+            Ablation::Snapshot => "snapshot",
         }
     }
 }

@@ -437,6 +437,7 @@ pub fn selection_for(strategy: Strategy, base: &SelectionConfig) -> SelectionCon
             Ablation::Batch => config.batch_window = 1,
             Ablation::Wakeups => config.wakeups = false,
             Ablation::Tidy => config.tidy_band = 0,
+            Ablation::Snapshot => config.snapshot_ttl = Duration::ZERO,
             Ablation::AntiJoin | Ablation::SettleRelease => {}
         }
     }

@@ -51,6 +51,7 @@
 mod calls;
 mod pass;
 mod races;
+mod snapshot;
 mod waking;
 
 use std::sync::{Arc, Mutex};
@@ -103,6 +104,8 @@ pub struct TokenSelector {
     seeds: Mutex<StdRng>,
     /// When the lock store reads and claims in one call, as it says.
     read_with_claim: ReadWithClaim,
+    /// Recent reads of hot wallets (`snapshot.rs`).
+    snapshots: snapshot::Snapshots,
 }
 
 impl std::fmt::Debug for TokenSelector {
@@ -128,6 +131,7 @@ impl TokenSelector {
             None => StdRng::from_os_rng(),
         };
         Ok(TokenSelector {
+            snapshots: snapshot::Snapshots::new(config.snapshot_ttl),
             read_with_claim: stores.locks.read_with_claim(),
             tokens: stores.tokens,
             locks: stores.locks,

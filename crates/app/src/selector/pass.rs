@@ -5,15 +5,17 @@
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, FetchRequest, Fullness, ReadFacts, ReadPlan, ReadWithClaim, SelectError, SelectRequest,
-    Selected, Selection, SelectionError, SelectionStats, StoreFault, TokenId, read_plan,
+    Action, Candidate, ClaimVerdict, FetchRequest, Fullness, ReadFacts, ReadPlan, ReadWithClaim,
+    SelectError, SelectRequest, Selected, Selection, SelectionError, SelectionStats, StoreFault,
+    TokenId, TokenType, WalletId, may_use_snapshot, read_plan,
 };
-use holdfast_ports::{CandidateRead, ReadAndClaim, Subscription, WaitEnd};
+use holdfast_ports::{CandidateQuery, CandidateRead, ReadAndClaim, Subscription, WaitEnd};
 use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use super::calls::{HeldGuard, claim, failure, give_back, release};
 use super::races::{Answer, candidate_read};
+use super::snapshot::{LOAD_WAIT, Lookup, SNAPSHOT_LIMIT};
 use super::waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 use super::{Progress, TokenSelector, covered};
 
@@ -34,6 +36,10 @@ struct Pass<'a> {
     ambiguous: Vec<TokenId>,
     /// When the call started (tokio time).
     call_started: Instant,
+    /// The wallet and type, as the instance's snapshots know them.
+    wallet: (WalletId, TokenType),
+    /// Whether the pass has read (its first read may come from a snapshot).
+    has_read: bool,
 }
 
 impl TokenSelector {
@@ -58,6 +64,8 @@ impl TokenSelector {
             leg_deadline: None,
             ambiguous: Vec::new(),
             call_started: progress.started,
+            wallet: (request.wallet.clone(), request.token_type.clone()),
+            has_read: false,
         };
         // A store that always reads with the claim loses no race: no spread.
         pass.selection
@@ -119,23 +127,29 @@ impl Pass<'_> {
             self.waiter.defer_to_woken(bound).await;
         }
         let read = candidate_read(self.request, &fetch);
-        let plan = read_plan(&ReadFacts {
+        let facts = ReadFacts {
             store: self.selector.read_with_claim,
             woken: self.woken.is_some(),
             waited_or_lost: self.selection.stats().waited_or_lost(),
             others: self.waiter.others(),
-        });
-        let answer = self.read_as(plan, &fetch, &read).await;
+        };
+        let plan = read_plan(&facts);
+        let first_read = !std::mem::replace(&mut self.has_read, true);
+        let snapshot = !self.selector.config.snapshot_ttl.is_zero()
+            && may_use_snapshot(plan, &facts, &fetch, first_read);
+        let answer = self.read_as(plan, &fetch, &read, snapshot).await;
         self.on_answer(answer, &fetch).await
     }
 
     /// Performs the read plan: with the claim (read apart if the store
-    /// declines), or apart, then again with the claim if the plan says so.
+    /// declines), or apart (from the wallet's snapshot if `snapshot` and it
+    /// answers), then again with the claim if the plan says so.
     async fn read_as(
         &mut self,
         plan: ReadPlan,
         fetch: &FetchRequest,
         read: &CandidateRead,
+        snapshot: bool,
     ) -> Answer {
         let plan = match plan {
             ReadPlan::WithClaim => match self.read_and_claim(read).await {
@@ -144,7 +158,15 @@ impl Pass<'_> {
             },
             apart => apart,
         };
-        let page = self.selector.read(self.guard, read).await;
+        let from_snapshot = if snapshot {
+            self.read_snapshot(fetch).await
+        } else {
+            None
+        };
+        let page = match from_snapshot {
+            Some(page) => page,
+            None => self.selector.read(self.guard, read).await,
+        };
         let Ok(found) = &page else {
             return Answer::Read(page);
         };
@@ -156,6 +178,67 @@ impl Pass<'_> {
             }
         }
         Answer::Read(page)
+    }
+
+    /// The answer to `fetch` from the instance's snapshot of the wallet, reading
+    /// a new one if this select is to; `None`: read the store as usual.
+    async fn read_snapshot(
+        &mut self,
+        fetch: &FetchRequest,
+    ) -> Option<Result<Vec<Candidate>, StoreFault>> {
+        let snapshots = &self.selector.snapshots;
+        let read_at = Instant::now();
+        let mut lookup = snapshots.lookup(&self.wallet, fetch, read_at);
+        if let Lookup::Wait(done) = lookup {
+            // Told from its creation on; the read may have come before it.
+            let notified = done.notified();
+            lookup = snapshots.after_wait(&self.wallet, fetch, Instant::now());
+            if lookup == Lookup::Read {
+                let _ = tokio::time::timeout(LOAD_WAIT, notified).await;
+                lookup = snapshots.after_wait(&self.wallet, fetch, Instant::now());
+            }
+        }
+        match lookup {
+            Lookup::Answered(page) => {
+                self.selection.note_read_from_snapshot();
+                Some(Ok(page))
+            }
+            Lookup::Read | Lookup::Wait(_) => None,
+            Lookup::Load => {
+                let (wallet, token_type) = self.wallet.clone();
+                let whole = CandidateRead::Page(CandidateQuery {
+                    wallet,
+                    token_type,
+                    after: None,
+                    limit: SNAPSHOT_LIMIT,
+                });
+                match self.selector.read(self.guard, &whole).await {
+                    Ok(page) => {
+                        let answer = snapshots.loaded(&self.wallet, page, read_at, fetch);
+                        if answer.is_none() {
+                            // The snapshot cannot answer this read: one more.
+                            self.selection.note_read_again();
+                        }
+                        answer.map(Ok)
+                    }
+                    Err(failure) => {
+                        snapshots.failed(&self.wallet);
+                        Some(Err(failure))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Notes claim verdicts in the wallet's snapshot: a stale token says it is
+    /// out of date.
+    fn note_verdicts(&self, verdicts: &[(TokenId, ClaimVerdict)]) {
+        let snapshots = &self.selector.snapshots;
+        let claimed: Vec<TokenId> = verdicts.iter().map(|(t, _)| t.clone()).collect();
+        snapshots.taken(&self.wallet, &claimed);
+        if verdicts.iter().any(|(_, v)| *v == ClaimVerdict::Stale) {
+            snapshots.stale(&self.wallet);
+        }
     }
 
     /// Reads and claims in one call ([`TokenSelector::read_and_claim`]).
@@ -180,6 +263,7 @@ impl Pass<'_> {
         match answer {
             Answer::Claimed(Ok(done)) => {
                 self.waiter.note(Fullness::of(fetch, &done.page));
+                self.note_verdicts(&done.verdicts);
                 if let Some(offered) = &mut self.woken {
                     offered.read(&done.page);
                     offered.claimed(&done.verdicts);
@@ -201,6 +285,8 @@ impl Pass<'_> {
 
     async fn claim(&mut self, tokens: Vec<TokenId>) -> Action {
         let selector = self.selector;
+        // Proposed: the instance's other callers choose among other tokens.
+        selector.snapshots.taken(&self.wallet, &tokens);
         let call = claim(
             selector.locks.clone(),
             self.request.consumer.clone(),
@@ -208,6 +294,9 @@ impl Pass<'_> {
             selector.clock.now(),
         );
         let verdicts = self.guard.perform(call).await;
+        if let Ok(verdicts) = &verdicts {
+            self.note_verdicts(verdicts);
+        }
         if let (Some(offered), Ok(verdicts)) = (&mut self.woken, &verdicts) {
             offered.claimed(verdicts);
         }

@@ -23,6 +23,9 @@ pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(3_600);
 /// The longest accepted `deadline`.
 pub const MAX_DEADLINE: Duration = Duration::from_secs(3_600);
 
+/// The longest accepted `snapshot_ttl`.
+pub const MAX_SNAPSHOT_TTL: Duration = Duration::from_secs(60);
+
 /// The shortest accepted `deadline`.
 pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
 
@@ -146,6 +149,13 @@ pub struct SelectionConfig {
     /// try again at once when one comes (default true; the backoff stays the upper
     /// bound, `docs/wakeups.md`). False sleeps the whole backoff.
     pub wakeups: bool,
+    /// How long the instance's snapshot of a wallet answers the first read of
+    /// a select that shares the wallet and type with other selects of the
+    /// instance, instead of a round trip (default 100 ms; zero reads the store
+    /// always; `docs/selection.md`, "A snapshot of a hot wallet"). Claims
+    /// verify every token; insufficient funds always comes from a fresh
+    /// balance read.
+    pub snapshot_ttl: Duration,
     /// Skip tokens that lost a race or were stale for the rest of the call
     /// (default true; false only to measure what the blacklist buys).
     pub blacklist: bool,
@@ -172,6 +182,7 @@ impl Default for SelectionConfig {
             retry_interval: Duration::from_secs(5),
             deadline: Duration::from_secs(30),
             wakeups: true,
+            snapshot_ttl: Duration::from_millis(100),
             blacklist: true,
             ascending: true,
         }
@@ -256,6 +267,9 @@ impl SelectionConfig {
         }
         if self.deadline < MIN_DEADLINE || self.deadline > MAX_DEADLINE {
             return bad("deadline", self.deadline, "1 ms to 1 hour");
+        }
+        if self.snapshot_ttl > MAX_SNAPSHOT_TTL {
+            return bad("snapshot_ttl", self.snapshot_ttl, "0 to 1 minute");
         }
         Ok(())
     }

@@ -786,7 +786,9 @@ impl Selection {
         // taken too: read afresh instead of picking from it.
         self.scan.proposed += window.len();
         self.scan.lost += lost;
-        let used_up = stale > 0 || (self.scan.lost >= 2 && self.scan.lost * 2 > self.scan.proposed);
+        let used_up = stale > 0
+            || (self.scan.from_snapshot && lost > 0)
+            || (self.scan.lost >= 2 && self.scan.lost * 2 > self.scan.proposed);
         if used_up && self.remaining() > Quantity::ZERO {
             return self.rescan(rng);
         }
@@ -826,7 +828,7 @@ impl Selection {
                             requested: self.request.amount,
                         })
                     }
-                    _ if self.scan.over_cap => self.over_cap(),
+                    _ if self.scan.over_cap => self.over_cap(rng),
                     available => {
                         // The money is there (an overflow is more than any amount)
                         // but the scan found it taken: held by others.
@@ -941,10 +943,15 @@ impl Selection {
         self.stats.claims_with_read += 1;
     }
 
-    /// Notes that the read just answered ([`Selection::on_candidates`]) came from
-    /// the instance's snapshot of the wallet, not from the store.
+    /// Notes that the read about to be answered ([`Selection::on_candidates`])
+    /// comes from the instance's snapshot of the wallet, not from the store. No
+    /// answer rests on such a read alone: a race lost from it uses it up (the
+    /// next read is the store's), and where it covers the amount only beyond
+    /// `max_inputs` the call reads the store again instead of answering
+    /// `TooManyInputs` (the snapshot may lack a cover added or freed since).
     pub fn note_read_from_snapshot(&mut self) {
         self.stats.reads_from_snapshot += 1;
+        self.scan.from_snapshot = true;
     }
 
     /// Notes that the read asked for was made twice: its first answer was left
@@ -1076,7 +1083,7 @@ impl Selection {
         let headroom = u128::MAX - self.leg.sum.value();
         let inputs_left = self.config.max_inputs.saturating_sub(self.leg.won.len());
         if inputs_left == 0 {
-            return self.over_cap();
+            return self.over_cap(rng);
         }
         if self.config.policy == SelectionPolicy::CoverFirst {
             let limits = CoverLimits {
@@ -1119,7 +1126,7 @@ impl Selection {
                     self.fetch(after, false)
                 }
                 CoverPlan::Nothing => self.end_of_scan(rng),
-                CoverPlan::OverCap => self.over_cap(),
+                CoverPlan::OverCap => self.over_cap(rng),
             };
         }
         let limits = WindowLimits {
@@ -1153,7 +1160,7 @@ impl Selection {
                 // The smallest tokens first: an amount held in many small ones
                 // meets the cap sooner than under cover_first.
                 if chosen.len() > inputs_left {
-                    return self.over_cap();
+                    return self.over_cap(rng);
                 }
                 self.claim(&chosen)
             }
@@ -1356,10 +1363,13 @@ impl Selection {
     /// The amount cannot be covered within `max_inputs` tokens of those read:
     /// TooManyInputs, unless the balance check (first, if this leg has not made
     /// it) says the wallet is short of the amount anyway.
-    fn over_cap(&mut self) -> Action {
+    fn over_cap(&mut self, rng: &mut impl Rng) -> Action {
         if !self.leg.balance_checked {
             self.scan.over_cap = true;
             return self.check_balance();
+        }
+        if self.scan.from_snapshot {
+            return self.rescan(rng);
         }
         self.fail(SelectError::TooManyInputs {
             requested: self.request.amount,
@@ -1504,6 +1514,88 @@ mod tests {
                 available: q(3),
                 requested: q(10)
             })
+        );
+    }
+
+    /// A call for 120 whose first read shows one cover of 1,000 and 150 tokens
+    /// of 1, and whose claim of the cover loses: what it does next.
+    fn lost_the_cover(from_snapshot: bool) -> Action {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let request = SelectRequest {
+            wallet: WalletId::new("w").expect("wallet"),
+            token_type: TokenType::new("CHF").expect("type"),
+            amount: q(120),
+            consumer: TxId::new("t").expect("tx"),
+        };
+        let mut s = Selection::new(request, SelectionConfig::default()).expect("config");
+        assert!(matches!(s.start(&mut rng), Action::Fetch(_)));
+        let tx = TxId::new("funding").expect("tx");
+        let token = |n: u32, v: u128| Candidate {
+            id: TokenId::new(tx.clone(), n),
+            quantity: q(v),
+        };
+        let mut page = vec![token(0, 1_000)];
+        page.extend((1..=150).map(|n| token(n, 1)));
+        if from_snapshot {
+            s.note_read_from_snapshot();
+        }
+        let cover = token(0, 1_000).id;
+        assert_eq!(
+            s.on_candidates(Ok(page), &mut rng),
+            Action::Claim(vec![cover.clone()])
+        );
+        s.on_claim(Ok(vec![(cover, ClaimVerdict::Contended)]), &mut rng)
+    }
+
+    #[test]
+    fn a_race_lost_from_a_snapshot_reads_the_store_before_any_answer() {
+        // From the store, the rest of the read is worth picking from: the small
+        // tokens cover 120 only beyond max_inputs, so the balance check decides
+        // (TooManyInputs if the funds are there).
+        assert_eq!(lost_the_cover(false), Action::CheckBalance);
+        // From a snapshot, the read may lack a cover added or freed since: the
+        // call reads the store.
+        match lost_the_cover(true) {
+            Action::Fetch(fetch) => assert!(fetch.after.is_none(), "{fetch:?}"),
+            other => panic!("expected a fresh read, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_covering_only_beyond_max_inputs_reads_the_store_again() {
+        let answer = |from_snapshot: bool| {
+            let mut rng = ChaCha8Rng::seed_from_u64(4);
+            let request = SelectRequest {
+                wallet: WalletId::new("w").expect("wallet"),
+                token_type: TokenType::new("CHF").expect("type"),
+                amount: q(120),
+                consumer: TxId::new("t").expect("tx"),
+            };
+            let mut s = Selection::new(request, SelectionConfig::default()).expect("config");
+            s.start(&mut rng);
+            let tx = TxId::new("funding").expect("tx");
+            let dust: Vec<Candidate> = (0..150)
+                .map(|n| Candidate {
+                    id: TokenId::new(tx.clone(), n),
+                    quantity: q(1),
+                })
+                .collect();
+            if from_snapshot {
+                s.note_read_from_snapshot();
+            }
+            assert_eq!(s.on_candidates(Ok(dust), &mut rng), Action::CheckBalance);
+            // The wallet holds a cover the read does not show.
+            s.on_balance(Ok(q(1_150)), &mut rng)
+        };
+        let too_many = SelectError::TooManyInputs {
+            requested: q(120),
+            max_inputs: SelectionConfig::default().max_inputs,
+        };
+        assert_eq!(answer(false), Action::Done(Err(too_many)));
+        assert!(
+            matches!(answer(true), Action::Fetch(_)),
+            "{:?}",
+            answer(true)
         );
     }
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::calls::{HeldGuard, claim, failure, give_back, release};
 use super::races::{Answer, candidate_read};
-use super::snapshot::{LOAD_WAIT, Lookup, SNAPSHOT_LIMIT};
+use super::snapshot::{LOAD_WAIT, Lookup, SNAPSHOT_LIMIT, Snapshots};
 use super::waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 use super::{Progress, TokenSelector, covered};
 
@@ -38,7 +38,7 @@ struct Pass<'a> {
     call_started: Instant,
     /// The wallet and type, as the instance's snapshots know them.
     wallet: (WalletId, TokenType),
-    /// Whether the pass has read (its first read may come from a snapshot).
+    /// Whether the call has read (its first read may come from a snapshot).
     has_read: bool,
 }
 
@@ -65,7 +65,9 @@ impl TokenSelector {
             ambiguous: Vec::new(),
             call_started: progress.started,
             wallet: (request.wallet.clone(), request.token_type.clone()),
-            has_read: false,
+            // A later pass (after locks were lost to the lease sweep) reads the
+            // store.
+            has_read: progress.total.fetches > 0,
         };
         // A store that always reads with the claim loses no race: no spread.
         pass.selection
@@ -205,6 +207,13 @@ impl Pass<'_> {
             }
             Lookup::Read | Lookup::Wait(_) => None,
             Lookup::Load => {
+                // Dropped during the read (a deadline, a cancelled select), the
+                // next select reads for the snapshot instead of waiting for this.
+                let mut unfinished = LoadGuard {
+                    snapshots,
+                    key: &self.wallet,
+                    landed: false,
+                };
                 let (wallet, token_type) = self.wallet.clone();
                 let whole = CandidateRead::Page(CandidateQuery {
                     wallet,
@@ -212,7 +221,9 @@ impl Pass<'_> {
                     after: None,
                     limit: SNAPSHOT_LIMIT,
                 });
-                match self.selector.read(self.guard, &whole).await {
+                let read = self.selector.read(self.guard, &whole).await;
+                unfinished.landed = true;
+                match read {
                     Ok(page) => {
                         let answer = snapshots.loaded(&self.wallet, page, read_at, fetch);
                         if answer.is_none() {
@@ -397,6 +408,66 @@ impl Pass<'_> {
                 "could not release this call's leftover locks; retrying in the background"
             );
             tokio::spawn(give_back(locks, consumer, leftover, "leftover"));
+        }
+    }
+}
+
+/// While a select reads the wallet for a snapshot: if the read never lands
+/// (the select was dropped), the waiting selects are told and the next one
+/// reads ([`Snapshots::failed`]).
+struct LoadGuard<'a> {
+    snapshots: &'a Snapshots,
+    key: &'a (WalletId, TokenType),
+    landed: bool,
+}
+
+impl Drop for LoadGuard<'_> {
+    fn drop(&mut self) {
+        if !self.landed {
+            self.snapshots.failed(self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use holdfast_domain::{Bands, Precision, Quantity};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_read_dropped_before_it_lands_lets_the_next_select_read() {
+        let snapshots = Snapshots::new(std::time::Duration::from_millis(100));
+        let key = (
+            WalletId::new("hot").expect("wallet"),
+            TokenType::new("CHF").expect("type"),
+        );
+        let fetch = FetchRequest {
+            after: None,
+            limit: 4,
+            refresh: false,
+            bands: Some(Bands {
+                threshold: Quantity::new(10, Precision::MAX).expect("amount"),
+                cover: 2,
+                fill_unless_cover_at_most: None,
+            }),
+        };
+        let now = Instant::now();
+        for landed in [true, false] {
+            assert_eq!(snapshots.lookup(&key, &fetch, now), Lookup::Load);
+            drop(LoadGuard {
+                snapshots: &snapshots,
+                key: &key,
+                landed,
+            });
+            let next = snapshots.lookup(&key, &fetch, now);
+            if landed {
+                // Landed: its own `loaded` or `failed` settles the entry.
+                assert!(matches!(next, Lookup::Wait(_)), "{next:?}");
+                snapshots.failed(&key);
+            } else {
+                assert_eq!(next, Lookup::Load);
+                snapshots.failed(&key);
+            }
         }
     }
 }

@@ -10,18 +10,24 @@
 //!   all: when the wallet holds more than the page, only a read whose cover
 //!   band lies within it.
 //! - **What leaves it:** every token a select of this instance proposes in a
-//!   claim, as it proposes it, so concurrent callers of the instance choose
-//!   among different tokens; the whole snapshot when a claim finds a token
-//!   stale (spent or withdrawn since).
+//!   claim, as it proposes it, so concurrent callers of the instance mostly
+//!   choose among different tokens; the whole snapshot when a claim finds a
+//!   token stale (spent or withdrawn since).
 //! - **Advisory only:** tokens added since are missing until the next read;
 //!   tokens taken by another instance since are lost races, after which the
-//!   select reads the store. Claims verify every token, and "insufficient
+//!   select reads the store (the engine's `note_read_from_snapshot`: no answer
+//!   rests on a snapshot alone). Claims verify every token, and "insufficient
 //!   funds" always comes from a fresh balance read.
 //! - **One read at a time:** while one select reads the wallet for a new
 //!   snapshot, the others wait for it (at most [`LOAD_WAIT`]), then read their
-//!   bands from the store if it did not come.
+//!   bands from the store if it did not come. A read that could not answer
+//!   because the wallet is bigger than the page is not made again for
+//!   [`BEYOND_PAGE_PAUSE`]; at most [`KEEP_WALLETS`] wallets hold one.
+//! - **Per selector:** the callers that make a wallet hot are counted by the
+//!   wake-up registry of the backend; a service with one selector per backend
+//!   (the handle's) shares its snapshots among all of them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -40,8 +46,15 @@ const LOAD_PATIENCE: Duration = Duration::from_secs(1);
 /// store itself.
 pub(super) const LOAD_WAIT: Duration = Duration::from_millis(20);
 
-/// Wallets beyond this many, the expired snapshots are dropped on the next load.
+/// The most wallets with a snapshot (or a read for one) at a time: beyond
+/// them, the expired ones are dropped, and if none has expired, the select
+/// reads the store. Memory stays within 64 pages of 512 candidates.
 const KEEP_WALLETS: usize = 64;
+
+/// After a read for a snapshot that could not answer though its page was full
+/// (the wallet holds more free tokens than the page, and the reads ask beyond
+/// it), no new read for one until this long after it.
+const BEYOND_PAGE_PAUSE: Duration = Duration::from_secs(10);
 
 type Key = (WalletId, TokenType);
 
@@ -68,6 +81,8 @@ struct Snapshot {
     /// came back short).
     complete: bool,
     read_at: Instant,
+    /// No new read for a snapshot of the wallet before this.
+    no_load_before: Instant,
 }
 
 /// What a snapshot lookup says to do.
@@ -118,16 +133,21 @@ impl Snapshots {
                 // the snapshot's page: the store until it expires.
                 return Lookup::Read;
             }
+            Some(Entry::Ready(snapshot)) if now < snapshot.no_load_before => return Lookup::Read,
             Some(Entry::Loading(since, done)) if now < *since + LOAD_PATIENCE => {
                 return Lookup::Wait(done.clone());
             }
             _ => {}
         }
         if wallets.len() >= KEEP_WALLETS {
+            let ttl = self.ttl;
             wallets.retain(|_, entry| match entry {
                 Entry::Loading(since, _) => now < *since + LOAD_PATIENCE,
-                Entry::Ready(snapshot) => now < snapshot.read_at + self.ttl,
+                Entry::Ready(s) => now < (s.read_at + ttl).max(s.no_load_before),
             });
+            if wallets.len() >= KEEP_WALLETS {
+                return Lookup::Read;
+            }
         }
         wallets.insert(key.clone(), Entry::Loading(now, Arc::default()));
         Lookup::Load
@@ -168,12 +188,16 @@ impl Snapshots {
         fetch: &FetchRequest,
     ) -> Option<Vec<Candidate>> {
         page.sort_by(|a, b| (a.quantity, &a.id).cmp(&(b.quantity, &b.id)));
-        let snapshot = Snapshot {
+        let mut snapshot = Snapshot {
             complete: page.len() < SNAPSHOT_LIMIT,
             ascending: page,
             read_at,
+            no_load_before: read_at,
         };
         let answer = snapshot.answer(fetch, true);
+        if answer.is_none() {
+            snapshot.no_load_before = read_at + BEYOND_PAGE_PAUSE;
+        }
         if let Some(Entry::Loading(_, done)) =
             self.lock().insert(key.clone(), Entry::Ready(snapshot))
         {
@@ -193,8 +217,9 @@ impl Snapshots {
 
     /// `tokens` are proposed in a claim: no later answer names them.
     pub(super) fn taken(&self, key: &Key, tokens: &[TokenId]) {
+        let taken: HashSet<&TokenId> = tokens.iter().collect();
         if let Some(Entry::Ready(snapshot)) = self.lock().get_mut(key) {
-            snapshot.ascending.retain(|c| !tokens.contains(&c.id));
+            snapshot.ascending.retain(|c| !taken.contains(&c.id));
         }
     }
 
@@ -366,6 +391,47 @@ mod tests {
         assert_eq!(snapshots.lookup(&key(), &fetch, much_later), Lookup::Load);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_page_that_cannot_answer_is_not_read_again_for_a_while() {
+        let snapshots = Snapshots::new(TTL);
+        // Covers of 8 or more lie beyond a full page of 7s.
+        let fetch = bands(8, 4, 2);
+        let now = Instant::now();
+        assert_eq!(snapshots.lookup(&key(), &fetch, now), Lookup::Load);
+        let page = candidates(&vec![7; SNAPSHOT_LIMIT]);
+        assert_eq!(snapshots.loaded(&key(), page, now, &fetch), None);
+        let later = now + TTL * 2;
+        assert_eq!(snapshots.lookup(&key(), &fetch, later), Lookup::Read);
+        let much_later = now + BEYOND_PAGE_PAUSE;
+        assert_eq!(snapshots.lookup(&key(), &fetch, much_later), Lookup::Load);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_most_so_many_wallets_hold_a_snapshot() {
+        let snapshots = Snapshots::new(TTL);
+        let fetch = bands(10, 2, 0);
+        let now = Instant::now();
+        let wallet = |n: usize| {
+            (
+                WalletId::new(format!("w{n}")).expect("wallet"),
+                TokenType::new("CHF").expect("type"),
+            )
+        };
+        for n in 0..KEEP_WALLETS {
+            assert_eq!(snapshots.lookup(&wallet(n), &fetch, now), Lookup::Load);
+        }
+        assert_eq!(
+            snapshots.lookup(&wallet(KEEP_WALLETS), &fetch, now),
+            Lookup::Read
+        );
+        // Once they expire, their places are free again.
+        let later = now + LOAD_PATIENCE;
+        assert_eq!(
+            snapshots.lookup(&wallet(KEEP_WALLETS), &fetch, later),
+            Lookup::Load
+        );
+    }
+
     #[test]
     fn a_partial_page_answers_only_a_cover_band_it_holds_whole() {
         let full_page: Vec<Candidate> = candidates(&vec![7; SNAPSHOT_LIMIT]);
@@ -373,6 +439,7 @@ mod tests {
             ascending: full_page,
             complete: false,
             read_at: Instant::now(),
+            no_load_before: Instant::now(),
         };
         // Covers of 5 or more: the page holds 4 of them whole.
         assert_eq!(
@@ -397,6 +464,7 @@ mod tests {
             ascending: Vec::new(),
             complete: true,
             read_at: Instant::now(),
+            no_load_before: Instant::now(),
         };
         assert_eq!(empty.answer(&bands(5, 4, 2), true), Some(Vec::new()));
         assert_eq!(empty.answer(&bands(5, 4, 2), false), None);

@@ -65,6 +65,10 @@ pub(crate) struct Scan {
     /// (contended or stale): how out of date the read has become.
     pub(crate) proposed: usize,
     pub(crate) lost: usize,
+    /// The scan's read came from the instance's snapshot of the wallet, not the
+    /// store ([`crate::Selection::note_read_from_snapshot`]): a loss uses it up,
+    /// and it never ends the call with `TooManyInputs`.
+    pub(crate) from_snapshot: bool,
 }
 
 impl Scan {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast::TokenSelector;
+use holdfast::selector::SelectReport;
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_domain::{ClaimVerdict, SelectionConfig, TokenId, TokenType, WalletId};
 use holdfast_ports::{Clock, NewToken};
@@ -16,6 +17,38 @@ use tokio::sync::Barrier;
 
 use crate::common::{TokioClock, q, tx};
 use crate::pg_support::TestDb;
+
+/// Selects of `amounts` on `wallet`, all started at once (a barrier), each under
+/// a consumer named `{name}{i}`; their reports in the order of `amounts`.
+async fn burst(
+    selector: &Arc<TokenSelector>,
+    wallet: &WalletId,
+    chf: &TokenType,
+    name: &str,
+    amounts: &[u128],
+) -> Vec<SelectReport> {
+    let barrier = Arc::new(Barrier::new(amounts.len()));
+    let tasks: Vec<_> = amounts
+        .iter()
+        .enumerate()
+        .map(|(i, &amount)| {
+            let (selector, barrier) = (selector.clone(), barrier.clone());
+            let (wallet, chf) = (wallet.clone(), chf.clone());
+            let consumer = tx(&format!("{name}{i}"));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                selector
+                    .select_with_stats(&wallet, &chf, q(amount), &consumer)
+                    .await
+            })
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for task in tasks {
+        reports.push(task.await.expect("select task"));
+    }
+    reports
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_burst_of_selects_on_a_small_wallet_loses_no_race() {
@@ -48,21 +81,8 @@ async fn postgres_a_burst_of_selects_on_a_small_wallet_loses_no_race() {
         )
         .expect("config"),
     );
-    let barrier = Arc::new(Barrier::new(CALLERS as usize));
-    let mut tasks = Vec::new();
-    for i in 0..CALLERS {
-        let (selector, barrier) = (selector.clone(), barrier.clone());
-        let (wallet, chf) = (wallet.clone(), chf.clone());
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            selector
-                .select_with_stats(&wallet, &chf, q(10), &tx(&format!("c{i}")))
-                .await
-        }));
-    }
     let (mut conflicts, mut read_again) = (0, 0);
-    for task in tasks {
-        let report = task.await.expect("task");
+    for report in burst(&selector, &wallet, &chf, "c", &[10; CALLERS as usize]).await {
         assert!(report.result.is_ok(), "{:?}", report.result);
         conflicts += report.stats.conflicts;
         // Read alone, found thin, read again with the claim: two reads, one
@@ -119,30 +139,9 @@ async fn postgres_a_snapshot_out_of_date_costs_reads_never_a_withdrawn_token() {
     let selector = Arc::new(
         TokenSelector::new(stores.clone(), TokioClock::new(), config, Some(5)).expect("config"),
     );
-    let burst = |round: &'static str| {
-        let barrier = Arc::new(Barrier::new(CALLERS as usize));
-        let tasks: Vec<_> = (0..CALLERS)
-            .map(|i| {
-                let (selector, barrier) = (selector.clone(), barrier.clone());
-                let (wallet, chf) = (wallet.clone(), chf.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    selector
-                        .select_with_stats(&wallet, &chf, q(10), &tx(&format!("{round}{i}")))
-                        .await
-                })
-            })
-            .collect();
-        async move {
-            let mut reports = Vec::new();
-            for task in tasks {
-                reports.push(task.await.expect("task"));
-            }
-            reports
-        }
-    };
     let mut selected = HashSet::new();
-    for report in burst("a").await {
+    let amounts = [10; CALLERS as usize];
+    for report in burst(&selector, &wallet, &chf, "a", &amounts).await {
         let tokens = report.result.expect("first burst").tokens;
         assert!(tokens.iter().all(|t| selected.insert(t.clone())));
     }
@@ -167,7 +166,7 @@ async fn postgres_a_snapshot_out_of_date_costs_reads_never_a_withdrawn_token() {
         .chain(added.iter().map(|t| t.id.clone()))
         .collect();
     let (mut from_snapshot, mut stale) = (0, 0);
-    for report in burst("b").await {
+    for report in burst(&selector, &wallet, &chf, "b", &amounts).await {
         from_snapshot += report.stats.reads_from_snapshot;
         stale += report.stats.stale;
         let tokens = report.result.expect("second burst").tokens;
@@ -197,8 +196,8 @@ async fn postgres_a_race_lost_from_a_snapshot_reads_the_store_before_answering()
     let Some(db) = TestDb::create("races::lost_from_a_snapshot").await else {
         return;
     };
-    const SMALL: u32 = 6;
-    let backend = db.backend(LockStrategy::default(), SMALL + 2).await;
+    const SMALL: usize = 6;
+    let backend = db.backend(LockStrategy::default(), SMALL as u32 + 2).await;
     let stores = backend.stores();
     let clock = TokioClock::new();
     let config = SelectionConfig {
@@ -222,33 +221,8 @@ async fn postgres_a_race_lost_from_a_snapshot_reads_the_store_before_answering()
         funds.push(token("old", 0, 1_000));
         stores.tokens.add_tokens(&funds).await.expect("funded");
         // Selects of 1 beside each other: the instance reads its snapshot.
-        let burst = |name: &str, with_120: bool| {
-            let n = SMALL as usize + usize::from(with_120);
-            let barrier = Arc::new(Barrier::new(n));
-            let tasks: Vec<_> = (0..n)
-                .map(|i| {
-                    let (selector, barrier) = (selector.clone(), barrier.clone());
-                    let (wallet, chf) = (wallet.clone(), chf.clone());
-                    let amount = if i == SMALL as usize { 120 } else { 1 };
-                    let consumer = tx(&format!("{name}{round}-{i}"));
-                    tokio::spawn(async move {
-                        barrier.wait().await;
-                        let report = selector
-                            .select_with_stats(&wallet, &chf, q(amount), &consumer)
-                            .await;
-                        (amount, report)
-                    })
-                })
-                .collect();
-            async move {
-                let mut reports = Vec::new();
-                for task in tasks {
-                    reports.push(task.await.expect("task"));
-                }
-                reports
-            }
-        };
-        for (_, report) in burst("a", false).await {
+        let small = [1; SMALL];
+        for report in burst(&selector, &wallet, &chf, &format!("a{round}-"), &small).await {
             report.result.expect("a select of 1");
         }
         let old = TokenId::new(tx(&format!("old{round}")), 0);
@@ -260,7 +234,10 @@ async fn postgres_a_race_lost_from_a_snapshot_reads_the_store_before_answering()
             .add_tokens(std::slice::from_ref(&new))
             .await
             .expect("added");
-        for (amount, report) in burst("b", true).await {
+        let with_120: Vec<u128> = small.iter().copied().chain([120]).collect();
+        let name = format!("b{round}-");
+        let reports = burst(&selector, &wallet, &chf, &name, &with_120).await;
+        for (report, amount) in reports.into_iter().zip(with_120) {
             let selected = report.result.expect("every select is answered with tokens");
             if amount == 120 && report.stats.reads_from_snapshot > 0 {
                 assert_eq!(

@@ -1473,15 +1473,28 @@ mod tests {
         Quantity::new(v, Precision::MAX).expect("quantity")
     }
 
-    /// A call for 10 that has read a page with nothing free in it.
-    fn ran_out(rng: &mut ChaCha8Rng, page: Result<Vec<Candidate>, StoreFault>) -> Selection {
+    /// A call for `amount` with the default settings.
+    fn call(amount: u128) -> Selection {
         let request = SelectRequest {
             wallet: WalletId::new("w").expect("wallet"),
             token_type: TokenType::new("CHF").expect("type"),
-            amount: q(10),
+            amount: q(amount),
             consumer: TxId::new("t").expect("tx"),
         };
-        let mut s = Selection::new(request, SelectionConfig::default()).expect("config");
+        Selection::new(request, SelectionConfig::default()).expect("config")
+    }
+
+    /// Token `n` of one funding transaction, of `amount`.
+    fn funded(n: u32, amount: u128) -> Candidate {
+        Candidate {
+            id: TokenId::new(TxId::new("funding").expect("tx"), n),
+            quantity: q(amount),
+        }
+    }
+
+    /// A call for 10 that has read a page with nothing free in it.
+    fn ran_out(rng: &mut ChaCha8Rng, page: Result<Vec<Candidate>, StoreFault>) -> Selection {
+        let mut s = call(10);
         assert!(matches!(s.start(rng), Action::Fetch(_)));
         assert_eq!(s.answer_if_stopped(), None, "nothing seen yet");
         let mut next = s.on_candidates(page, rng);
@@ -1521,25 +1534,14 @@ mod tests {
     /// of 1, and whose claim of the cover loses: what it does next.
     fn lost_the_cover(from_snapshot: bool) -> Action {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let request = SelectRequest {
-            wallet: WalletId::new("w").expect("wallet"),
-            token_type: TokenType::new("CHF").expect("type"),
-            amount: q(120),
-            consumer: TxId::new("t").expect("tx"),
-        };
-        let mut s = Selection::new(request, SelectionConfig::default()).expect("config");
+        let mut s = call(120);
         assert!(matches!(s.start(&mut rng), Action::Fetch(_)));
-        let tx = TxId::new("funding").expect("tx");
-        let token = |n: u32, v: u128| Candidate {
-            id: TokenId::new(tx.clone(), n),
-            quantity: q(v),
-        };
-        let mut page = vec![token(0, 1_000)];
-        page.extend((1..=150).map(|n| token(n, 1)));
+        let mut page = vec![funded(0, 1_000)];
+        page.extend((1..=150).map(|n| funded(n, 1)));
         if from_snapshot {
             s.note_read_from_snapshot();
         }
-        let cover = token(0, 1_000).id;
+        let cover = funded(0, 1_000).id;
         assert_eq!(
             s.on_candidates(Ok(page), &mut rng),
             Action::Claim(vec![cover.clone()])
@@ -1565,21 +1567,9 @@ mod tests {
     fn a_snapshot_covering_only_beyond_max_inputs_reads_the_store_again() {
         let answer = |from_snapshot: bool| {
             let mut rng = ChaCha8Rng::seed_from_u64(4);
-            let request = SelectRequest {
-                wallet: WalletId::new("w").expect("wallet"),
-                token_type: TokenType::new("CHF").expect("type"),
-                amount: q(120),
-                consumer: TxId::new("t").expect("tx"),
-            };
-            let mut s = Selection::new(request, SelectionConfig::default()).expect("config");
+            let mut s = call(120);
             s.start(&mut rng);
-            let tx = TxId::new("funding").expect("tx");
-            let dust: Vec<Candidate> = (0..150)
-                .map(|n| Candidate {
-                    id: TokenId::new(tx.clone(), n),
-                    quantity: q(1),
-                })
-                .collect();
+            let dust: Vec<Candidate> = (0..150).map(|n| funded(n, 1)).collect();
             if from_snapshot {
                 s.note_read_from_snapshot();
             }

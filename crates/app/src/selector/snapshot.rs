@@ -298,6 +298,15 @@ mod tests {
         }
     }
 
+    /// A first select reads for the snapshot; the Notify a second one waits on.
+    fn reading(snapshots: &Snapshots, fetch: &FetchRequest, now: Instant) -> Arc<Notify> {
+        assert_eq!(snapshots.lookup(&key(), fetch, now), Lookup::Load);
+        let Lookup::Wait(done) = snapshots.lookup(&key(), fetch, now) else {
+            panic!("a second select waits for the first one's read");
+        };
+        done
+    }
+
     fn amounts(page: &[Candidate]) -> Vec<u64> {
         page.iter()
             .map(|c| c.quantity.to_string().parse().expect("integer"))
@@ -309,10 +318,7 @@ mod tests {
         let snapshots = Snapshots::new(TTL);
         let fetch = bands(10, 2, 4);
         let now = Instant::now();
-        assert_eq!(snapshots.lookup(&key(), &fetch, now), Lookup::Load);
-        let Lookup::Wait(done) = snapshots.lookup(&key(), &fetch, now) else {
-            panic!("a second select waits for the first one's read");
-        };
+        let done = reading(&snapshots, &fetch, now);
         let notified = done.notified();
         assert_eq!(snapshots.after_wait(&key(), &fetch, now), Lookup::Read);
         let page = candidates(&[20, 3, 12, 5, 11]);
@@ -338,10 +344,7 @@ mod tests {
         let snapshots = Snapshots::new(TTL);
         let fetch = bands(10, 2, 4);
         let now = Instant::now();
-        assert_eq!(snapshots.lookup(&key(), &fetch, now), Lookup::Load);
-        let Lookup::Wait(done) = snapshots.lookup(&key(), &fetch, now) else {
-            panic!("a second select waits for the first one's read");
-        };
+        let done = reading(&snapshots, &fetch, now);
         let notified = done.notified();
         snapshots.failed(&key());
         tokio::time::timeout(LOAD_WAIT, notified)

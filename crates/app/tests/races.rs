@@ -196,8 +196,8 @@ async fn postgres_a_race_lost_from_a_snapshot_reads_the_store_before_answering()
     let Some(db) = TestDb::create("races::lost_from_a_snapshot").await else {
         return;
     };
-    const SMALL: usize = 6;
-    let backend = db.backend(LockStrategy::default(), SMALL as u32 + 2).await;
+    const SMALL: u32 = 6;
+    let backend = db.backend(LockStrategy::default(), SMALL + 2).await;
     let stores = backend.stores();
     let clock = TokioClock::new();
     let config = SelectionConfig {
@@ -221,7 +221,7 @@ async fn postgres_a_race_lost_from_a_snapshot_reads_the_store_before_answering()
         funds.push(token("old", 0, 1_000));
         stores.tokens.add_tokens(&funds).await.expect("funded");
         // Selects of 1 beside each other: the instance reads its snapshot.
-        let small = [1; SMALL];
+        let small = [1; SMALL as usize];
         for report in burst(&selector, &wallet, &chf, &format!("a{round}-"), &small).await {
             report.result.expect("a select of 1");
         }

@@ -786,9 +786,10 @@ impl Selection {
         // taken too: read afresh instead of picking from it.
         self.scan.proposed += window.len();
         self.scan.lost += lost;
-        let used_up = stale > 0
-            || (self.scan.from_snapshot && lost > 0)
-            || (self.scan.lost >= 2 && self.scan.lost * 2 > self.scan.proposed);
+        if self.scan.from_snapshot && lost > 0 && self.remaining() > Quantity::ZERO {
+            return self.read_store();
+        }
+        let used_up = stale > 0 || (self.scan.lost >= 2 && self.scan.lost * 2 > self.scan.proposed);
         if used_up && self.remaining() > Quantity::ZERO {
             return self.rescan(rng);
         }
@@ -828,12 +829,13 @@ impl Selection {
                             requested: self.request.amount,
                         })
                     }
-                    _ if self.scan.over_cap => self.over_cap(rng),
+                    _ if self.scan.over_cap => self.over_cap(),
                     available => {
                         // The money is there (an overflow is more than any amount)
                         // but the scan found it taken: held by others.
                         let enough = available.is_none_or(|a| a >= self.request.amount);
-                        self.locked_out |= enough && !self.scan.store_error;
+                        self.locked_out |=
+                            enough && !self.scan.store_error && !self.scan.from_snapshot;
                         self.rescan(rng)
                     }
                 }
@@ -958,6 +960,8 @@ impl Selection {
     /// unused and the read made again with the claim (one more round trip).
     pub fn note_read_again(&mut self) {
         self.stats.fetches += 1;
+        // The answer used is the second one, a store's.
+        self.scan.from_snapshot = false;
     }
 
     /// The action the call waits on, asked again.
@@ -1083,7 +1087,7 @@ impl Selection {
         let headroom = u128::MAX - self.leg.sum.value();
         let inputs_left = self.config.max_inputs.saturating_sub(self.leg.won.len());
         if inputs_left == 0 {
-            return self.over_cap(rng);
+            return self.over_cap();
         }
         if self.config.policy == SelectionPolicy::CoverFirst {
             let limits = CoverLimits {
@@ -1126,7 +1130,7 @@ impl Selection {
                     self.fetch(after, false)
                 }
                 CoverPlan::Nothing => self.end_of_scan(rng),
-                CoverPlan::OverCap => self.over_cap(rng),
+                CoverPlan::OverCap => self.over_cap(),
             };
         }
         let limits = WindowLimits {
@@ -1160,7 +1164,7 @@ impl Selection {
                 // The smallest tokens first: an amount held in many small ones
                 // meets the cap sooner than under cover_first.
                 if chosen.len() > inputs_left {
-                    return self.over_cap(rng);
+                    return self.over_cap();
                 }
                 self.claim(&chosen)
             }
@@ -1363,18 +1367,26 @@ impl Selection {
     /// The amount cannot be covered within `max_inputs` tokens of those read:
     /// TooManyInputs, unless the balance check (first, if this leg has not made
     /// it) says the wallet is short of the amount anyway.
-    fn over_cap(&mut self, rng: &mut impl Rng) -> Action {
+    fn over_cap(&mut self) -> Action {
         if !self.leg.balance_checked {
             self.scan.over_cap = true;
             return self.check_balance();
         }
         if self.scan.from_snapshot {
-            return self.rescan(rng);
+            return self.read_store();
         }
         self.fail(SelectError::TooManyInputs {
             requested: self.request.amount,
             max_inputs: self.config.max_inputs,
         })
+    }
+
+    /// A scan from the instance's snapshot of the wallet cannot decide: read
+    /// the store, at no cost to the leg's retries (it happens once a call at
+    /// most: only a call's first read comes from a snapshot).
+    fn read_store(&mut self) -> Action {
+        self.new_scan();
+        self.fetch(None, true)
     }
 
     fn fail(&mut self, failure: SelectError) -> Action {
@@ -1475,13 +1487,17 @@ mod tests {
 
     /// A call for `amount` with the default settings.
     fn call(amount: u128) -> Selection {
+        call_with(amount, SelectionConfig::default())
+    }
+
+    fn call_with(amount: u128, config: SelectionConfig) -> Selection {
         let request = SelectRequest {
             wallet: WalletId::new("w").expect("wallet"),
             token_type: TokenType::new("CHF").expect("type"),
             amount: q(amount),
             consumer: TxId::new("t").expect("tx"),
         };
-        Selection::new(request, SelectionConfig::default()).expect("config")
+        Selection::new(request, config).expect("config")
     }
 
     /// Token `n` of one funding transaction, of `amount`.
@@ -1532,9 +1548,9 @@ mod tests {
 
     /// A call for 120 whose first read shows one cover of 1,000 and 150 tokens
     /// of 1, and whose claim of the cover loses: what it does next.
-    fn lost_the_cover(from_snapshot: bool) -> Action {
+    fn lost_the_cover(from_snapshot: bool, config: SelectionConfig) -> Action {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let mut s = call(120);
+        let mut s = call_with(120, config);
         assert!(matches!(s.start(&mut rng), Action::Fetch(_)));
         let mut page = vec![funded(0, 1_000)];
         page.extend((1..=150).map(|n| funded(n, 1)));
@@ -1554,12 +1570,23 @@ mod tests {
         // From the store, the rest of the read is worth picking from: the small
         // tokens cover 120 only beyond max_inputs, so the balance check decides
         // (TooManyInputs if the funds are there).
-        assert_eq!(lost_the_cover(false), Action::CheckBalance);
+        let defaults = SelectionConfig::default;
+        assert_eq!(lost_the_cover(false, defaults()), Action::CheckBalance);
         // From a snapshot, the read may lack a cover added or freed since: the
-        // call reads the store.
-        match lost_the_cover(true) {
-            Action::Fetch(fetch) => assert!(fetch.after.is_none(), "{fetch:?}"),
-            other => panic!("expected a fresh read, got {other:?}"),
+        // call reads the store, at no cost to its retries (none left here: it
+        // would end its only leg).
+        let no_retries = SelectionConfig {
+            max_immediate_retries: 0,
+            max_retries: 1,
+            ..defaults()
+        };
+        for config in [defaults(), no_retries] {
+            match lost_the_cover(true, config.clone()) {
+                Action::Fetch(fetch) => {
+                    assert!(fetch.after.is_none() && fetch.refresh, "{fetch:?}");
+                }
+                other => panic!("expected a fresh read with {config:?}, got {other:?}"),
+            }
         }
     }
 

@@ -5,17 +5,17 @@
 use std::time::Duration;
 
 use holdfast_domain::{
-    Action, Candidate, ClaimVerdict, FetchRequest, Fullness, ReadFacts, ReadPlan, ReadWithClaim,
-    SelectError, SelectRequest, Selected, Selection, SelectionError, SelectionStats, StoreFault,
-    TokenId, TokenType, WalletId, may_use_snapshot, read_plan,
+    Action, ClaimVerdict, FetchRequest, Fullness, ReadFacts, ReadPlan, ReadWithClaim, SelectError,
+    SelectRequest, Selected, Selection, SelectionError, SelectionStats, StoreFault, TokenId,
+    TokenType, WalletId, may_use_snapshot, read_plan,
 };
-use holdfast_ports::{CandidateQuery, CandidateRead, ReadAndClaim, Subscription, WaitEnd};
+use holdfast_ports::{CandidateRead, ReadAndClaim, Subscription, WaitEnd};
 use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use super::calls::{HeldGuard, claim, failure, give_back, release};
 use super::races::{Answer, candidate_read};
-use super::snapshot::{LOAD_WAIT, Lookup, SNAPSHOT_LIMIT, Snapshots};
+
 use super::waking::{DEFER_TO_WOKEN, Offered, hand_on, wake_jitter};
 use super::{Progress, TokenSelector, covered};
 
@@ -161,7 +161,10 @@ impl Pass<'_> {
             apart => apart,
         };
         let from_snapshot = if snapshot {
-            self.read_snapshot(fetch).await
+            let (guard, selection) = (&mut *self.guard, &mut self.selection);
+            (self.selector)
+                .read_snapshot(guard, selection, &self.wallet, fetch)
+                .await
         } else {
             None
         };
@@ -180,65 +183,6 @@ impl Pass<'_> {
             }
         }
         Answer::Read(page)
-    }
-
-    /// The answer to `fetch` from the instance's snapshot of the wallet, reading
-    /// a new one if this select is to; `None`: read the store as usual.
-    async fn read_snapshot(
-        &mut self,
-        fetch: &FetchRequest,
-    ) -> Option<Result<Vec<Candidate>, StoreFault>> {
-        let snapshots = &self.selector.snapshots;
-        let read_at = Instant::now();
-        let mut lookup = snapshots.lookup(&self.wallet, fetch, read_at);
-        if let Lookup::Wait(done) = lookup {
-            // Told from its creation on; the read may have come before it.
-            let notified = done.notified();
-            lookup = snapshots.after_wait(&self.wallet, fetch, Instant::now());
-            if lookup == Lookup::Read {
-                let _ = tokio::time::timeout(LOAD_WAIT, notified).await;
-                lookup = snapshots.after_wait(&self.wallet, fetch, Instant::now());
-            }
-        }
-        match lookup {
-            Lookup::Answered(page) => {
-                self.selection.note_read_from_snapshot();
-                Some(Ok(page))
-            }
-            Lookup::Read | Lookup::Wait(_) => None,
-            Lookup::Load => {
-                // Dropped during the read (a deadline, a cancelled select), the
-                // next select reads for the snapshot instead of waiting for this.
-                let mut unfinished = LoadGuard {
-                    snapshots,
-                    key: &self.wallet,
-                    landed: false,
-                };
-                let (wallet, token_type) = self.wallet.clone();
-                let whole = CandidateRead::Page(CandidateQuery {
-                    wallet,
-                    token_type,
-                    after: None,
-                    limit: SNAPSHOT_LIMIT,
-                });
-                let read = self.selector.read(self.guard, &whole).await;
-                unfinished.landed = true;
-                match read {
-                    Ok(page) => {
-                        let answer = snapshots.loaded(&self.wallet, page, read_at, fetch);
-                        if answer.is_none() {
-                            // The snapshot cannot answer this read: one more.
-                            self.selection.note_read_again();
-                        }
-                        answer.map(Ok)
-                    }
-                    Err(failure) => {
-                        snapshots.failed(&self.wallet);
-                        Some(Err(failure))
-                    }
-                }
-            }
-        }
     }
 
     /// Notes claim verdicts in the wallet's snapshot: a stale token says it is
@@ -408,66 +352,6 @@ impl Pass<'_> {
                 "could not release this call's leftover locks; retrying in the background"
             );
             tokio::spawn(give_back(locks, consumer, leftover, "leftover"));
-        }
-    }
-}
-
-/// While a select reads the wallet for a snapshot: if the read never lands
-/// (the select was dropped), the waiting selects are told and the next one
-/// reads ([`Snapshots::failed`]).
-struct LoadGuard<'a> {
-    snapshots: &'a Snapshots,
-    key: &'a (WalletId, TokenType),
-    landed: bool,
-}
-
-impl Drop for LoadGuard<'_> {
-    fn drop(&mut self) {
-        if !self.landed {
-            self.snapshots.failed(self.key);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use holdfast_domain::{Bands, Precision, Quantity};
-
-    #[tokio::test(start_paused = true)]
-    async fn a_snapshot_read_dropped_before_it_lands_lets_the_next_select_read() {
-        let snapshots = Snapshots::new(std::time::Duration::from_millis(100));
-        let key = (
-            WalletId::new("hot").expect("wallet"),
-            TokenType::new("CHF").expect("type"),
-        );
-        let fetch = FetchRequest {
-            after: None,
-            limit: 4,
-            refresh: false,
-            bands: Some(Bands {
-                threshold: Quantity::new(10, Precision::MAX).expect("amount"),
-                cover: 2,
-                fill_unless_cover_at_most: None,
-            }),
-        };
-        let now = Instant::now();
-        for landed in [true, false] {
-            assert_eq!(snapshots.lookup(&key, &fetch, now), Lookup::Load);
-            drop(LoadGuard {
-                snapshots: &snapshots,
-                key: &key,
-                landed,
-            });
-            let next = snapshots.lookup(&key, &fetch, now);
-            if landed {
-                // Landed: its own `loaded` or `failed` settles the entry.
-                assert!(matches!(next, Lookup::Wait(_)), "{next:?}");
-                snapshots.failed(&key);
-            } else {
-                assert_eq!(next, Lookup::Load);
-                snapshots.failed(&key);
-            }
         }
     }
 }

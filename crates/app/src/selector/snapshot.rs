@@ -31,9 +31,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use holdfast_domain::{Candidate, FetchRequest, TokenId, TokenType, WalletId};
+use holdfast_domain::{
+    Candidate, FetchRequest, Selection, StoreFault, TokenId, TokenType, WalletId,
+};
+use holdfast_ports::{CandidateQuery, CandidateRead};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use super::TokenSelector;
+use super::calls::HeldGuard;
 
 /// The most candidates a snapshot holds (the first page of the wallet).
 pub(super) const SNAPSHOT_LIMIT: usize = 512;
@@ -256,6 +262,87 @@ impl Snapshot {
     }
 }
 
+impl TokenSelector {
+    /// The answer to `fetch` from the instance's snapshot of the wallet, reading
+    /// a new one if this select is to; `None`: read the store as usual.
+    pub(super) async fn read_snapshot(
+        &self,
+        guard: &mut HeldGuard,
+        selection: &mut Selection,
+        wallet: &Key,
+        fetch: &FetchRequest,
+    ) -> Option<Result<Vec<Candidate>, StoreFault>> {
+        let snapshots = &self.snapshots;
+        let read_at = Instant::now();
+        let mut lookup = snapshots.lookup(wallet, fetch, read_at);
+        if let Lookup::Wait(done) = lookup {
+            // Told from its creation on; the read may have come before it.
+            let notified = done.notified();
+            lookup = snapshots.after_wait(wallet, fetch, Instant::now());
+            if lookup == Lookup::Read {
+                let _ = tokio::time::timeout(LOAD_WAIT, notified).await;
+                lookup = snapshots.after_wait(wallet, fetch, Instant::now());
+            }
+        }
+        match lookup {
+            Lookup::Answered(page) => {
+                selection.note_read_from_snapshot();
+                Some(Ok(page))
+            }
+            Lookup::Read | Lookup::Wait(_) => None,
+            Lookup::Load => {
+                // Dropped during the read (a deadline, a cancelled select), the
+                // next select reads for the snapshot instead of waiting for this.
+                let mut unfinished = LoadGuard {
+                    snapshots,
+                    key: wallet,
+                    landed: false,
+                };
+                let (wallet_id, token_type) = wallet.clone();
+                let whole = CandidateRead::Page(CandidateQuery {
+                    wallet: wallet_id,
+                    token_type,
+                    after: None,
+                    limit: SNAPSHOT_LIMIT,
+                });
+                let read = self.read(guard, &whole).await;
+                unfinished.landed = true;
+                match read {
+                    Ok(page) => {
+                        let answer = snapshots.loaded(wallet, page, read_at, fetch);
+                        if answer.is_none() {
+                            // The snapshot cannot answer this read: one more.
+                            selection.note_read_again();
+                        }
+                        answer.map(Ok)
+                    }
+                    Err(failure) => {
+                        snapshots.failed(wallet);
+                        Some(Err(failure))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// While a select reads the wallet for a snapshot: if the read never lands
+/// (the select was dropped), the waiting selects are told and the next one
+/// reads ([`Snapshots::failed`]).
+struct LoadGuard<'a> {
+    snapshots: &'a Snapshots,
+    key: &'a (WalletId, TokenType),
+    landed: bool,
+}
+
+impl Drop for LoadGuard<'_> {
+    fn drop(&mut self) {
+        if !self.landed {
+            self.snapshots.failed(self.key);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,5 +558,42 @@ mod tests {
         };
         assert_eq!(empty.answer(&bands(5, 4, 2), true), Some(Vec::new()));
         assert_eq!(empty.answer(&bands(5, 4, 2), false), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_read_dropped_before_it_lands_lets_the_next_select_read() {
+        let snapshots = Snapshots::new(std::time::Duration::from_millis(100));
+        let key = (
+            WalletId::new("hot").expect("wallet"),
+            TokenType::new("CHF").expect("type"),
+        );
+        let fetch = FetchRequest {
+            after: None,
+            limit: 4,
+            refresh: false,
+            bands: Some(Bands {
+                threshold: Quantity::new(10, Precision::MAX).expect("amount"),
+                cover: 2,
+                fill_unless_cover_at_most: None,
+            }),
+        };
+        let now = Instant::now();
+        for landed in [true, false] {
+            assert_eq!(snapshots.lookup(&key, &fetch, now), Lookup::Load);
+            drop(LoadGuard {
+                snapshots: &snapshots,
+                key: &key,
+                landed,
+            });
+            let next = snapshots.lookup(&key, &fetch, now);
+            if landed {
+                // Landed: its own `loaded` or `failed` settles the entry.
+                assert!(matches!(next, Lookup::Wait(_)), "{next:?}");
+                snapshots.failed(&key);
+            } else {
+                assert_eq!(next, Lookup::Load);
+                snapshots.failed(&key);
+            }
+        }
     }
 }

@@ -175,7 +175,7 @@ pub static METRICS: &[MetricDef] = &[
         name: SELECTION_ROUND_TRIPS,
         kind: MetricKind::Histogram,
         unit: "round trips",
-        help: "Store round trips (fetches, claims, balance reads, releases) of one select call.",
+        help: "Store round trips (fetches, claims, balance reads, releases) of one select call; a claim made with its read counts once, and a read its instance's snapshot answered not at all.",
         labels: &[],
     },
     MetricDef {

@@ -185,14 +185,10 @@ impl Pass<'_> {
         Answer::Read(page)
     }
 
-    /// Notes claim verdicts in the wallet's snapshot: a stale token says it is
-    /// out of date.
-    fn note_verdicts(&self, verdicts: &[(TokenId, ClaimVerdict)]) {
-        let snapshots = &self.selector.snapshots;
-        let claimed: Vec<TokenId> = verdicts.iter().map(|(t, _)| t.clone()).collect();
-        snapshots.taken(&self.wallet, &claimed);
+    /// A claim found a token stale: the wallet's snapshot is out of date.
+    fn note_stale(&self, verdicts: &[(TokenId, ClaimVerdict)]) {
         if verdicts.iter().any(|(_, v)| *v == ClaimVerdict::Stale) {
-            snapshots.stale(&self.wallet);
+            self.selector.snapshots.stale(&self.wallet);
         }
     }
 
@@ -218,7 +214,10 @@ impl Pass<'_> {
         match answer {
             Answer::Claimed(Ok(done)) => {
                 self.waiter.note(Fullness::of(fetch, &done.page));
-                self.note_verdicts(&done.verdicts);
+                // Chosen inside the store's call: they leave the snapshot now.
+                let claimed = done.verdicts.iter().map(|(t, _)| t);
+                self.selector.snapshots.taken(&self.wallet, claimed);
+                self.note_stale(&done.verdicts);
                 if let Some(offered) = &mut self.woken {
                     offered.read(&done.page);
                     offered.claimed(&done.verdicts);
@@ -250,7 +249,7 @@ impl Pass<'_> {
         );
         let verdicts = self.guard.perform(call).await;
         if let Ok(verdicts) = &verdicts {
-            self.note_verdicts(verdicts);
+            self.note_stale(verdicts);
         }
         if let (Some(offered), Ok(verdicts)) = (&mut self.woken, &verdicts) {
             offered.claimed(verdicts);

@@ -222,9 +222,9 @@ impl Snapshots {
     }
 
     /// `tokens` are proposed in a claim: no later answer names them.
-    pub(super) fn taken(&self, key: &Key, tokens: &[TokenId]) {
-        let taken: HashSet<&TokenId> = tokens.iter().collect();
+    pub(super) fn taken<'a>(&self, key: &Key, tokens: impl IntoIterator<Item = &'a TokenId>) {
         if let Some(Entry::Ready(snapshot)) = self.lock().get_mut(key) {
+            let taken: HashSet<&TokenId> = tokens.into_iter().collect();
             snapshot.ascending.retain(|c| !taken.contains(&c.id));
         }
     }

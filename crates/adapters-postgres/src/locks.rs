@@ -61,7 +61,9 @@
 //!   wait for a transaction that inserted that row, or updated or deleted it,
 //!   and has not committed; so does a plain insert of that id. Claimers cannot
 //!   see the new rows until committed.
-//! - A confirm with outputs (`holdfast_confirm`) takes its rows `FOR UPDATE` as
+//! - A confirm with outputs (`holdfast_confirm`, and `holdfast_confirm_with_change`
+//!   of migration 0010, which adds the change of the inputs it holds to the
+//!   outputs between the same steps) takes its rows `FOR UPDATE` as
 //!   settlement does, then its balance locks (shared for a small add, so it may
 //!   run beside a small `add_tokens` into the same wallet), then inserts its
 //!   outputs `(consumer, 0..n)` in index order, and only then (one statement,
@@ -350,6 +352,13 @@ pub const SPEND: &str = "SELECT spent_tx, spent_idx, spender FROM holdfast_spend
 /// `double_spend`, `not_conserved`).
 pub const CONFIRM: &str = "SELECT kind, tx, idx, detail FROM holdfast_confirm($1, $2, $3, $4, $5)";
 
+/// Confirmation with outputs and their change to wallet `$3`: one call of the
+/// `holdfast_confirm_with_change` function (migration 10), one round trip. Rows
+/// as [`CONFIRM`]'s, and a `change` row per change output (`idx` its index,
+/// `detail` its type TAB amount), or the refusal `bad_outputs`.
+pub const CONFIRM_WITH_CHANGE: &str =
+    "SELECT kind, tx, idx, detail FROM holdfast_confirm_with_change($1, $2, $3, $4, $5, $6)";
+
 /// The unspent tokens consumer `$1` selected, in key order.
 const SELECTED: &str = "
     SELECT t.tx_id, t.idx, t.wallet, t.token_type, t.amount::text, t.spendable, t.spent_by,
@@ -630,6 +639,148 @@ impl PgBackend {
     }
 }
 
+/// A row of [`CONFIRM`] or [`CONFIRM_WITH_CHANGE`]: kind, tx, idx, detail.
+type ConfirmRow = (String, Option<String>, Option<i64>, Option<String>);
+
+impl PgBackend {
+    /// [`LockStore::confirm`] (no `change_to`) or
+    /// [`LockStore::confirm_with_change`]: one call of the confirm function,
+    /// answered with every output, the given ones first.
+    async fn confirm_call(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        change_to: Option<&WalletId>,
+        at: Timestamp,
+    ) -> Result<(Confirmation, Vec<Output>), LockStoreError> {
+        check_outputs(outputs)?;
+        let at_ms = millis(at)?;
+        let wallets: Vec<&str> = outputs.iter().map(|o| o.wallet.as_str()).collect();
+        let types: Vec<&str> = outputs.iter().map(|o| o.token_type.as_str()).collect();
+        let amounts: Vec<String> = outputs.iter().map(|o| o.quantity.to_string()).collect();
+        // Safe to repeat: a retry of a committed confirm answers `replayed` (with
+        // change, `differ`: `Settlement` then confirms the stored outputs).
+        let call = || {
+            self.retried(|| {
+                let query = match change_to {
+                    Some(wallet) => sqlx::query_as::<_, ConfirmRow>(CONFIRM_WITH_CHANGE)
+                        .bind(consumer.as_str())
+                        .bind(at_ms)
+                        .bind(wallet.as_str()),
+                    None => sqlx::query_as::<_, ConfirmRow>(CONFIRM)
+                        .bind(consumer.as_str())
+                        .bind(at_ms),
+                };
+                query
+                    .bind(&wallets)
+                    .bind(&types)
+                    .bind(&amounts)
+                    .fetch_all(self.pool())
+            })
+        };
+        let rows = match call().await {
+            // An add committed a token of one of the output ids while the call
+            // waited to insert it: the call wrote nothing (it is one
+            // transaction), and made again it finds that token and answers as
+            // for any existing id (`differ`, or `replayed`).
+            Err(e)
+                if e.as_database_error()
+                    .is_some_and(|db| db.is_unique_violation()) =>
+            {
+                call().await
+            }
+            answer => answer,
+        }
+        .map_err(|e| fault(&e))?;
+        let mut change = Vec::new();
+        let mut done = Confirmation::default();
+        let mut keys = Vec::new();
+        for (kind, tx, idx, detail) in rows {
+            let detail = detail.unwrap_or_default();
+            match kind.as_str() {
+                "spent" => done
+                    .spent
+                    .push(codec::token_id(tx.unwrap_or_default(), idx.unwrap_or(-1))?),
+                "key" => keys.push(detail),
+                "change" => change.push((idx, detail)),
+                "replayed" => done.replayed = true,
+                "differ" => {
+                    return Err(LockStoreError::OutputsDiffer {
+                        tx: consumer.clone(),
+                        detail,
+                    });
+                }
+                "bad_outputs" => return Err(LockStoreError::BadOutputs { detail }),
+                "double_spend" => {
+                    return Err(LockStoreError::DoubleSpend {
+                        token: codec::token_id(tx.unwrap_or_default(), idx.unwrap_or(-1))?,
+                        spent_by: codec::id("tokens.spent_by", detail, TxId::new)?,
+                    });
+                }
+                "not_conserved" => {
+                    let mut parts = detail.split('\t');
+                    let (token_type, inputs, outputs) = (
+                        parts.next().unwrap_or_default().to_owned(),
+                        parts.next().unwrap_or_default().to_owned(),
+                        parts.next().unwrap_or_default().to_owned(),
+                    );
+                    return Err(LockStoreError::NotConserved(Box::new(Unconserved {
+                        tx: consumer.clone(),
+                        token_type,
+                        inputs,
+                        outputs,
+                    })));
+                }
+                "overflow" => return Err(crate::tokens::overflowing_outputs(&detail)?),
+                other => {
+                    return Err(LockStoreError::Fault(StoreFault::Corrupt(format!(
+                        "holdfast_confirm answered an unknown row kind {other:?}"
+                    ))));
+                }
+            }
+        }
+        let all = with_change(outputs, change_to, change)?;
+        done.outputs = (0u32..)
+            .zip(&all)
+            .map(|(i, _)| TokenId::new(consumer.clone(), i))
+            .collect();
+        done.spent.sort();
+        self.signal(&token_keys(&keys), Some(consumer));
+        Ok((done, all))
+    }
+}
+
+/// `outputs` followed by the change outputs that the `change` rows of
+/// [`CONFIRM_WITH_CHANGE`] name (`(idx, type TAB amount)`, in any order): their
+/// indexes must be exactly those after the given outputs.
+fn with_change(
+    outputs: &[Output],
+    wallet: Option<&WalletId>,
+    mut rows: Vec<(Option<i64>, String)>,
+) -> Result<Vec<Output>, StoreFault> {
+    rows.sort_by_key(|(idx, _)| *idx);
+    let mut all = outputs.to_vec();
+    for (idx, detail) in rows {
+        let corrupt = || {
+            StoreFault::Corrupt(format!(
+                "holdfast_confirm_with_change answered change {detail:?} at {idx:?}, expected output {}",
+                all.len()
+            ))
+        };
+        let wallet = wallet.ok_or_else(corrupt)?;
+        if idx.and_then(|i| usize::try_from(i).ok()) != Some(all.len()) {
+            return Err(corrupt());
+        }
+        let (token_type, amount) = detail.split_once('\t').ok_or_else(corrupt)?;
+        all.push(Output {
+            wallet: wallet.clone(),
+            token_type: codec::id("tokens.token_type", token_type.to_owned(), TokenType::new)?,
+            quantity: codec::quantity(amount)?,
+        });
+    }
+    Ok(all)
+}
+
 #[async_trait]
 impl LockStore for PgBackend {
     async fn claim(
@@ -816,92 +967,19 @@ impl LockStore for PgBackend {
         outputs: &[Output],
         at: Timestamp,
     ) -> Result<Confirmation, LockStoreError> {
-        check_outputs(outputs)?;
-        let at_ms = millis(at)?;
-        let wallets: Vec<&str> = outputs.iter().map(|o| o.wallet.as_str()).collect();
-        let types: Vec<&str> = outputs.iter().map(|o| o.token_type.as_str()).collect();
-        let amounts: Vec<String> = outputs.iter().map(|o| o.quantity.to_string()).collect();
-        // Safe to repeat: a retry of a committed confirm answers `replayed`.
-        let call = || {
-            self.retried(|| {
-                sqlx::query_as::<_, (String, Option<String>, Option<i64>, Option<String>)>(CONFIRM)
-                    .bind(consumer.as_str())
-                    .bind(at_ms)
-                    .bind(&wallets)
-                    .bind(&types)
-                    .bind(&amounts)
-                    .fetch_all(self.pool())
-            })
-        };
-        let rows = match call().await {
-            // An add committed a token of one of the output ids while the call
-            // waited to insert it: the call wrote nothing (it is one
-            // transaction), and made again it finds that token and answers as
-            // for any existing id (`differ`, or `replayed`).
-            Err(e)
-                if e.as_database_error()
-                    .is_some_and(|db| db.is_unique_violation()) =>
-            {
-                call().await
-            }
-            answer => answer,
-        }
-        .map_err(|e| fault(&e))?;
-        let ids: Vec<TokenId> = (0u32..)
-            .zip(outputs)
-            .map(|(i, _)| TokenId::new(consumer.clone(), i))
-            .collect();
-        let mut done = Confirmation {
-            spent: Vec::new(),
-            outputs: ids,
-            replayed: false,
-        };
-        let mut keys = Vec::new();
-        for (kind, tx, idx, detail) in rows {
-            let detail = detail.unwrap_or_default();
-            match kind.as_str() {
-                "spent" => done
-                    .spent
-                    .push(codec::token_id(tx.unwrap_or_default(), idx.unwrap_or(-1))?),
-                "key" => keys.push(detail),
-                "replayed" => done.replayed = true,
-                "differ" => {
-                    return Err(LockStoreError::OutputsDiffer {
-                        tx: consumer.clone(),
-                        detail,
-                    });
-                }
-                "double_spend" => {
-                    return Err(LockStoreError::DoubleSpend {
-                        token: codec::token_id(tx.unwrap_or_default(), idx.unwrap_or(-1))?,
-                        spent_by: codec::id("tokens.spent_by", detail, TxId::new)?,
-                    });
-                }
-                "not_conserved" => {
-                    let mut parts = detail.split('\t');
-                    let (token_type, inputs, outputs) = (
-                        parts.next().unwrap_or_default().to_owned(),
-                        parts.next().unwrap_or_default().to_owned(),
-                        parts.next().unwrap_or_default().to_owned(),
-                    );
-                    return Err(LockStoreError::NotConserved(Box::new(Unconserved {
-                        tx: consumer.clone(),
-                        token_type,
-                        inputs,
-                        outputs,
-                    })));
-                }
-                "overflow" => return Err(crate::tokens::overflowing_outputs(&detail)?),
-                other => {
-                    return Err(LockStoreError::Fault(StoreFault::Corrupt(format!(
-                        "holdfast_confirm answered an unknown row kind {other:?}"
-                    ))));
-                }
-            }
-        }
-        done.spent.sort();
-        self.signal(&token_keys(&keys), Some(consumer));
+        let (done, _) = self.confirm_call(consumer, outputs, None, at).await?;
         Ok(done)
+    }
+
+    async fn confirm_with_change(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        change_to: &WalletId,
+        at: Timestamp,
+    ) -> Result<(Confirmation, Vec<Output>), LockStoreError> {
+        self.confirm_call(consumer, outputs, Some(change_to), at)
+            .await
     }
 
     async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
@@ -992,5 +1070,21 @@ impl LockStore for PgBackend {
 
     fn round_trips(&self) -> u64 {
         PgBackend::round_trips(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_ports::MAX_OUTPUTS;
+
+    /// The SQL of a confirm with change refuses more outputs than the ports
+    /// allow a confirm, the same limit.
+    #[test]
+    fn the_confirm_with_change_counts_outputs_to_the_ports_limit() {
+        let migration = include_str!("../migrations/0010_confirm_with_change.sql");
+        let check = format!("IF cardinality(all_wallets) > {MAX_OUTPUTS} THEN");
+        assert!(migration.contains(&check), "no {check:?}");
+        let told = format!("outputs with the change; expected at most {MAX_OUTPUTS}");
+        assert!(migration.contains(&told), "no {told:?}");
     }
 }

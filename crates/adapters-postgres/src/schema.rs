@@ -42,6 +42,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "lean_confirm",
         include_str!("../migrations/0009_lean_confirm.sql"),
     ),
+    (
+        10,
+        "confirm_with_change",
+        include_str!("../migrations/0010_confirm_with_change.sql"),
+    ),
 ];
 
 /// The *upgrade time*, in milliseconds since the epoch: when version 6 (the

@@ -20,11 +20,9 @@
 use std::sync::Arc;
 
 use holdfast_domain::lease::settlement_action;
-use std::collections::BTreeMap;
-
 use holdfast_domain::{
-    LockAction, PersistPolicy, PersistResult, PersistStep, Precision, Quantity, SettlementStatus,
-    Token, TokenId, TokenType, TxId, TxStatus, WalletId,
+    LockAction, PersistPolicy, PersistResult, PersistStep, SettlementStatus, TokenId, TxId,
+    TxStatus, WalletId,
 };
 use holdfast_ports::{
     Clock, Confirmation, LockStore, LockStoreError, MAX_OUTPUTS, Output, StatusStoreError,
@@ -209,31 +207,6 @@ fn token_error(tx: &TxId, e: TokenStoreError) -> SettleError {
             other => StoreFault::Backend(other.to_string()),
         }),
     }
-}
-
-/// The change of a transaction that selected `inputs` and pays `outputs`: per
-/// token type, what the inputs hold beyond the outputs, to `wallet` (none for a
-/// type paid in full; in type order).
-fn change(inputs: &[Token], outputs: &[Output], wallet: &WalletId) -> Vec<Output> {
-    let mut rest: BTreeMap<&TokenType, (u128, u128)> = BTreeMap::new();
-    for t in inputs {
-        let entry = rest.entry(&t.token_type).or_default();
-        entry.0 = entry.0.saturating_add(t.quantity.value());
-    }
-    for o in outputs {
-        let entry = rest.entry(&o.token_type).or_default();
-        entry.1 = entry.1.saturating_add(o.quantity.value());
-    }
-    rest.into_iter()
-        .filter(|(_, (ins, outs))| ins > outs)
-        .filter_map(|(token_type, (ins, outs))| {
-            Some(Output {
-                wallet: wallet.clone(),
-                token_type: token_type.clone(),
-                quantity: Quantity::new(ins - outs, Precision::MAX).ok()?,
-            })
-        })
-        .collect()
 }
 
 /// Applies settlement statuses to the lock and status stores.
@@ -422,13 +395,19 @@ impl Settlement {
         change_to: Option<&WalletId>,
     ) -> Result<(Confirmation, Vec<Output>), SettleError> {
         let locks_error = |source| settle_error(tx, source);
-        let mut all = outputs.to_vec();
-        if let Some(wallet) = change_to {
-            let inputs = self.locks.selected(tx).await.map_err(locks_error)?;
-            all.extend(change(&inputs, outputs, wallet));
-        }
-        match self.locks.confirm(tx, &all, self.clock.now()).await {
-            Ok(done) => Ok((done, all)),
+        let now = self.clock.now();
+        let confirmed = match change_to {
+            Some(wallet) => {
+                self.locks
+                    .confirm_with_change(tx, outputs, wallet, now)
+                    .await
+            }
+            None => {
+                (self.locks.confirm(tx, outputs, now).await).map(|done| (done, outputs.to_vec()))
+            }
+        };
+        match confirmed {
+            Ok(answer) => Ok(answer),
             // Nothing selected any more because an earlier attempt committed (its
             // answer lost): that attempt's change is among the stored outputs.
             Err(LockStoreError::OutputsDiffer { .. }) if change_to.is_some() => {

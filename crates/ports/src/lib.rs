@@ -35,7 +35,8 @@ pub use error::{
 };
 pub use locks::{
     CandidateRead, Chooser, Confirmation, LockInfo, LockStore, MAX_OUTPUTS, MAX_WINDOW,
-    MockLockStore, Output, ReadAndClaim, ReadWithClaim, SweepReport, check_outputs, check_window,
+    MockLockStore, Output, ReadAndClaim, ReadWithClaim, SweepReport, change_outputs, check_outputs,
+    check_window,
 };
 pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};

@@ -1,9 +1,11 @@
 //! The lock store port: claims on tokens, their release, the lease sweep.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use holdfast_domain::{
-    Candidate, ClaimVerdict, Quantity, SweepRule, Timestamp, Token, TokenId, TokenType, TxId,
-    TxStatus, WalletId,
+    Candidate, ClaimVerdict, Precision, Quantity, SweepRule, Timestamp, Token, TokenId, TokenType,
+    TxId, TxStatus, WalletId,
 };
 
 use crate::error::LockStoreError;
@@ -39,6 +41,32 @@ pub struct Output {
     pub token_type: TokenType,
     /// Its amount, more than zero.
     pub quantity: Quantity,
+}
+
+/// The change of a transaction that selected `inputs` and pays `outputs`: per
+/// token type, what the inputs hold beyond the outputs, to `wallet` (none for a
+/// type paid in full; in type order). What [`LockStore::confirm_with_change`]
+/// adds to the outputs.
+pub fn change_outputs(inputs: &[Token], outputs: &[Output], wallet: &WalletId) -> Vec<Output> {
+    let mut rest: BTreeMap<&TokenType, (u128, u128)> = BTreeMap::new();
+    for t in inputs {
+        let entry = rest.entry(&t.token_type).or_default();
+        entry.0 = entry.0.saturating_add(t.quantity.value());
+    }
+    for o in outputs {
+        let entry = rest.entry(&o.token_type).or_default();
+        entry.1 = entry.1.saturating_add(o.quantity.value());
+    }
+    rest.into_iter()
+        .filter(|(_, (ins, outs))| ins > outs)
+        .filter_map(|(token_type, (ins, outs))| {
+            Some(Output {
+                wallet: wallet.clone(),
+                token_type: token_type.clone(),
+                quantity: Quantity::new(ins - outs, Precision::MAX).ok()?,
+            })
+        })
+        .collect()
 }
 
 /// What [`LockStore::confirm`] did.
@@ -257,6 +285,32 @@ pub trait LockStore: Send + Sync {
         outputs: &[Output],
         at: Timestamp,
     ) -> Result<Confirmation, LockStoreError>;
+
+    /// [`LockStore::confirm`] of `outputs` followed by their change to
+    /// `change_to` ([`change_outputs`] of the tokens `consumer` selected):
+    /// answers the confirmation and every output, the given ones first. By
+    /// default it reads [`LockStore::selected`] and then confirms, two
+    /// transactions; PostgreSQL works the change out inside the confirm's
+    /// transaction from exactly the inputs it spends (one round trip). Once
+    /// `consumer` is confirmed, a call answers as `confirm` of `outputs` alone
+    /// would: `replayed` if it was confirmed without change, else
+    /// [`LockStoreError::OutputsDiffer`] (the caller reads the stored outputs).
+    /// A change beyond 2^128 - 1 (inputs of several wallets) is refused: by
+    /// default as not conserved (the change is capped there), on PostgreSQL as
+    /// bad outputs overflowing the change wallet; nothing is written.
+    async fn confirm_with_change(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        change_to: &WalletId,
+        at: Timestamp,
+    ) -> Result<(Confirmation, Vec<Output>), LockStoreError> {
+        let inputs = self.selected(consumer).await?;
+        let mut all = outputs.to_vec();
+        all.extend(change_outputs(&inputs, outputs, change_to));
+        let done = self.confirm(consumer, &all, at).await?;
+        Ok((done, all))
+    }
 
     /// The unspent tokens `consumer` has selected (also those whose lock the lease
     /// sweep took), in key order: what a confirm of it spends, for working out

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
-use holdfast_domain::{ClaimVerdict, SweepRule, Timestamp, Token, TokenId, TxId, TxStatus};
+use holdfast_domain::{
+    ClaimVerdict, SweepRule, Timestamp, Token, TokenId, TxId, TxStatus, WalletId,
+};
 use holdfast_ports::{
     CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, Output,
     ReadAndClaim, ReadWithClaim, SweepReport,
@@ -208,6 +210,18 @@ impl LockStore for CountingLockStore {
         at: Timestamp,
     ) -> Result<Confirmation, LockStoreError> {
         self.inner.confirm(consumer, outputs, at).await
+    }
+
+    async fn confirm_with_change(
+        &self,
+        consumer: &TxId,
+        outputs: &[Output],
+        change_to: &WalletId,
+        at: Timestamp,
+    ) -> Result<(Confirmation, Vec<Output>), LockStoreError> {
+        self.inner
+            .confirm_with_change(consumer, outputs, change_to, at)
+            .await
     }
 
     async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {

@@ -26,6 +26,7 @@
 //! Checks panic with a message naming what they expected and what they saw; they
 //! never sleep and assert no timings.
 
+pub mod change;
 pub mod confirm;
 pub mod locks;
 pub mod queues;
@@ -137,6 +138,10 @@ macro_rules! conformance_tests {
             confirm::a_confirm_of_a_token_spent_by_another_adds_nothing,
             confirm::outputs_that_would_overflow_a_wallet_change_nothing,
             confirm::concurrent_confirms_of_one_transaction_apply_it_once,
+            change::the_change_of_each_type_goes_back_in_type_order,
+            change::a_payment_in_full_has_no_change,
+            change::outputs_confirm_would_refuse_are_refused_with_their_change,
+            change::a_double_spend_wins_over_the_change,
             statuses::status_round_trips_and_replaces,
             queues::create_request_dedups_and_numbers,
             queues::create_request_concurrent_dedups,

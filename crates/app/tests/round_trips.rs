@@ -7,8 +7,6 @@
 //! change out itself), two on SQLite (a read of the inputs, then the confirm); a
 //! retry after its answer was lost answers the same outputs, replayed.
 
-use std::sync::Arc;
-
 use holdfast::TokenSelector;
 use holdfast::settlement::Settlement;
 use holdfast_adapters_postgres::LockStrategy;

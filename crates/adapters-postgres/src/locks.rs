@@ -1075,7 +1075,45 @@ impl LockStore for PgBackend {
 
 #[cfg(test)]
 mod tests {
-    use holdfast_ports::MAX_OUTPUTS;
+    use holdfast_domain::{Precision, Quantity, TokenType, WalletId};
+    use holdfast_ports::{MAX_OUTPUTS, Output, StoreFault};
+
+    use super::with_change;
+
+    fn output(wallet: &str, kind: &str, amount: u128) -> Output {
+        Output {
+            wallet: WalletId::new(wallet).expect("wallet"),
+            token_type: TokenType::new(kind).expect("type"),
+            quantity: Quantity::new(amount, Precision::MAX).expect("amount"),
+        }
+    }
+
+    /// Change rows are placed by their index, in whatever order they came; a
+    /// row that does not follow the outputs, or change without a change
+    /// wallet, is a corrupt answer.
+    #[test]
+    fn change_rows_are_placed_by_index() {
+        let paid = [output("r", "CHF", 12)];
+        let w = WalletId::new("w").expect("wallet");
+        let rows = vec![
+            (Some(2), "EUR\t7".to_owned()),
+            (Some(1), "CHF\t3".to_owned()),
+        ];
+        let all = with_change(&paid, Some(&w), rows.clone()).expect("placed");
+        assert_eq!(
+            all,
+            [
+                output("r", "CHF", 12),
+                output("w", "CHF", 3),
+                output("w", "EUR", 7)
+            ]
+        );
+        let gap = vec![(Some(2), "EUR\t7".to_owned())];
+        for (rows, wallet) in [(gap, Some(&w)), (rows, None)] {
+            let answer = with_change(&paid, wallet, rows);
+            assert!(matches!(answer, Err(StoreFault::Corrupt(_))), "{answer:?}");
+        }
+    }
 
     /// The SQL of a confirm with change refuses more outputs than the ports
     /// allow a confirm, the same limit.

@@ -49,7 +49,10 @@ DECLARE
     all_wallets TEXT[];
     all_types TEXT[];
     all_amounts TEXT[];
-    too_big TEXT;
+    refused_kind TEXT;
+    refused_tx TEXT;
+    refused_idx BIGINT;
+    refused_detail TEXT;
 BEGIN
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION '%', bad USING ERRCODE = '22023';
@@ -92,20 +95,28 @@ BEGIN
         WHERE l.consumer = p_consumer
         ORDER BY l.tx_id, l.idx
         FOR UPDATE OF l;
-    -- The inputs whose selection is still there, and the outputs with their
-    -- change: per type, in byte order, what the unspent ones hold beyond the
-    -- given outputs of that type.
+    -- In one statement: the inputs whose selection is still there; the
+    -- outputs with their change (per type, in byte order, what the unspent
+    -- inputs hold beyond the given outputs of that type); and the first
+    -- refusal of version 9's steps 3 and 4 over those outputs, a change above
+    -- 2^128 - 1 between them: an input another transaction spent, else a
+    -- change too big, else the first type whose outputs exceed its unspent
+    -- inputs (with the change, every other type adds up).
     WITH kept AS (
         SELECT s.tx_id, s.idx
         FROM unnest(in_tx, in_idx) AS s(tx_id, idx)
         WHERE EXISTS (SELECT 1 FROM selections x
                       WHERE x.consumer = p_consumer AND x.tx_id = s.tx_id AND x.idx = s.idx)
     ),
-    ins AS (
-        SELECT t.token_type::TEXT AS token_type, SUM(t.amount) AS total
+    inputs AS (
+        SELECT t.tx_id, t.idx, t.token_type, t.amount, t.spent_by
         FROM kept s JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
-        WHERE t.spent_by IS NULL
-        GROUP BY t.token_type
+    ),
+    ins AS (
+        SELECT i.token_type::TEXT AS token_type, SUM(i.amount) AS total
+        FROM inputs i
+        WHERE i.spent_by IS NULL
+        GROUP BY i.token_type
     ),
     outs AS (
         SELECT o.t AS token_type, SUM(o.a::NUMERIC) AS total
@@ -116,6 +127,27 @@ BEGIN
         SELECT i.token_type, i.total - COALESCE(o.total, 0) AS amount
         FROM ins i LEFT JOIN outs o ON o.token_type = i.token_type
         WHERE i.total > COALESCE(o.total, 0)
+    ),
+    refusals AS (
+        (SELECT 0 AS rank, 'double_spend'::TEXT AS kind, i.tx_id::TEXT AS tx, i.idx,
+                i.spent_by::TEXT AS detail
+         FROM inputs i
+         WHERE i.spent_by IS NOT NULL AND i.spent_by <> p_consumer
+         ORDER BY i.tx_id, i.idx
+         LIMIT 1)
+        UNION ALL
+        (SELECT 1, 'overflow'::TEXT, NULL::TEXT, NULL::BIGINT, p_change || E'\t' || c.token_type
+         FROM change c
+         WHERE c.amount > 340282366920938463463374607431768211455
+         ORDER BY c.token_type COLLATE "C"
+         LIMIT 1)
+        UNION ALL
+        (SELECT 2, 'not_conserved'::TEXT, NULL::TEXT, NULL::BIGINT,
+                o.token_type || E'\t' || COALESCE(i.total, 0)::TEXT || E'\t' || o.total::TEXT
+         FROM outs o LEFT JOIN ins i ON i.token_type = o.token_type
+         WHERE o.total > COALESCE(i.total, 0)
+         ORDER BY o.token_type COLLATE "C"
+         LIMIT 1)
     )
     SELECT (SELECT COALESCE(array_agg(k.tx_id ORDER BY k.tx_id, k.idx), '{}') FROM kept k),
            (SELECT COALESCE(array_agg(k.idx ORDER BY k.tx_id, k.idx), '{}') FROM kept k),
@@ -125,54 +157,18 @@ BEGIN
                || (SELECT COALESCE(array_agg(c.token_type ORDER BY c.token_type COLLATE "C"), '{}') FROM change c),
            COALESCE(p_amounts, '{}')
                || (SELECT COALESCE(array_agg(c.amount::TEXT ORDER BY c.token_type COLLATE "C"), '{}') FROM change c),
-           (SELECT c.token_type FROM change c
-            WHERE c.amount > 340282366920938463463374607431768211455
-            ORDER BY c.token_type COLLATE "C" LIMIT 1)
-        INTO in_tx, in_idx, all_wallets, all_types, all_amounts, too_big;
+           r.kind, r.tx, r.idx, r.detail
+        FROM (SELECT 1) AS one
+        LEFT JOIN (SELECT * FROM refusals ORDER BY rank LIMIT 1) AS r ON TRUE
+        INTO in_tx, in_idx, all_wallets, all_types, all_amounts,
+             refused_kind, refused_tx, refused_idx, refused_detail;
     IF cardinality(all_wallets) > 1024 THEN
         RETURN QUERY SELECT 'bad_outputs'::TEXT, NULL::TEXT, NULL::BIGINT,
             cardinality(all_wallets) || ' outputs with the change; expected at most 1024';
         RETURN;
     END IF;
-    -- Steps 3 and 4 of version 9 over the outputs with their change.
-    RETURN QUERY
-        WITH inputs AS (
-            SELECT t.tx_id, t.idx, t.token_type, t.amount, t.spent_by
-            FROM unnest(in_tx, in_idx) AS s(tx_id, idx)
-            JOIN tokens t ON t.tx_id = s.tx_id AND t.idx = s.idx
-        ),
-        ins AS (
-            SELECT i.token_type::TEXT AS token_type, SUM(i.amount) AS total
-            FROM inputs i
-            WHERE i.spent_by IS NULL
-            GROUP BY i.token_type
-        ),
-        outs AS (
-            SELECT o.t AS token_type, SUM(o.a::NUMERIC) AS total
-            FROM unnest(all_types, all_amounts) AS o(t, a)
-            GROUP BY o.t
-        ),
-        refusals AS (
-            (SELECT 0 AS rank, 'double_spend'::TEXT AS kind, i.tx_id::TEXT AS tx, i.idx,
-                    i.spent_by::TEXT AS detail
-             FROM inputs i
-             WHERE i.spent_by IS NOT NULL AND i.spent_by <> p_consumer
-             ORDER BY i.tx_id, i.idx
-             LIMIT 1)
-            UNION ALL
-            (SELECT 1, 'overflow'::TEXT, NULL::TEXT, NULL::BIGINT, p_change || E'\t' || too_big
-             WHERE too_big IS NOT NULL)
-            UNION ALL
-            (SELECT 2, 'not_conserved'::TEXT, NULL::TEXT, NULL::BIGINT,
-                    COALESCE(i.token_type, o.token_type) || E'\t' || COALESCE(i.total, 0)::TEXT
-                        || E'\t' || COALESCE(o.total, 0)::TEXT
-             FROM ins i FULL JOIN outs o ON o.token_type = i.token_type
-             WHERE COALESCE(i.total, 0) <> COALESCE(o.total, 0)
-             ORDER BY COALESCE(i.token_type, o.token_type) COLLATE "C"
-             LIMIT 1)
-        )
-        SELECT r.kind, r.tx, r.idx, r.detail FROM refusals r ORDER BY r.rank LIMIT 1;
-    IF FOUND THEN
+    IF refused_kind IS NOT NULL THEN
+        RETURN QUERY SELECT refused_kind, refused_tx, refused_idx, refused_detail;
         RETURN;
     END IF;
     -- Step 5 of version 9 over the outputs with their change.

@@ -189,3 +189,36 @@ pub async fn a_double_spend_wins_over_the_change(db: &dyn TestDatabase) {
     assert_eq!(s.statuses.status(&t1).await, Ok(None), "no status");
     assert_eq!(balance(&s, "x", "CHF").await, 0);
 }
+
+/// Inputs of two wallets that together hold more than 2^128 - 1: their change
+/// could not be one output, so the confirm is refused (as bad outputs where the
+/// store works the change out, as not conserved where it is capped first) and
+/// writes nothing.
+pub async fn a_change_beyond_the_limit_is_refused(db: &dyn TestDatabase) {
+    let s = db.stores();
+    let t1 = tx("t1");
+    claimed(
+        &s,
+        &t1,
+        vec![chf("a", "fund", 0, u128::MAX - 5), chf("b", "fund", 1, 100)],
+    )
+    .await;
+    let refused = s
+        .locks
+        .confirm_with_change(&t1, &[pay("r", "CHF", 1)], &wallet("w"), at(1))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockStoreError::BadOutputs { .. } | LockStoreError::NotConserved(_))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(s.statuses.status(&t1).await, Ok(None), "no status");
+    assert_eq!(
+        s.tokens.token(&token_id("t1", 0)).await,
+        Ok(None),
+        "no output"
+    );
+    assert_eq!(balance(&s, "a", "CHF").await, u128::MAX - 5);
+}

@@ -142,6 +142,7 @@ macro_rules! conformance_tests {
             change::a_payment_in_full_has_no_change,
             change::outputs_confirm_would_refuse_are_refused_with_their_change,
             change::a_double_spend_wins_over_the_change,
+            change::a_change_beyond_the_limit_is_refused,
             statuses::status_round_trips_and_replaces,
             queues::create_request_dedups_and_numbers,
             queues::create_request_concurrent_dedups,

@@ -16,7 +16,9 @@
 -- inserts) see the outputs with their change, as they saw the outputs a caller
 -- had added the change to. So the change is the change of exactly the inputs
 -- the call spends: a claim or give-back of the same consumer committing between
--- a read and the confirm can no longer make it refuse as not conserved.
+-- a read and the confirm can no longer make it refuse as not conserved. The
+-- inputs kept, the outputs with their change and the first refusal are one
+-- statement (version 9 filtered the inputs and found the refusal in two).
 --
 -- It answers what version 9 answers, and a row 'change' per change output:
 -- idx its output index, detail its type TAB amount. More outputs with the

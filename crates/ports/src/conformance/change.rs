@@ -221,4 +221,6 @@ pub async fn a_change_beyond_the_limit_is_refused(db: &dyn TestDatabase) {
         "no output"
     );
     assert_eq!(balance(&s, "a", "CHF").await, u128::MAX - 5);
+    assert_eq!(balance(&s, "b", "CHF").await, 100);
+    assert_eq!(balance(&s, "w", "CHF").await, 0, "no change");
 }

@@ -408,8 +408,8 @@ impl Settlement {
         };
         match confirmed {
             Ok(answer) => Ok(answer),
-            // Nothing selected any more because an earlier attempt committed (its
-            // answer lost): that attempt's change is among the stored outputs.
+            // An earlier attempt committed with change (its answer lost): the
+            // stored outputs hold the given ones and that change.
             Err(LockStoreError::OutputsDiffer { .. }) if change_to.is_some() => {
                 let stored = self.stored_outputs(tx).await?;
                 let done = self

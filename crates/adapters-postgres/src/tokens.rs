@@ -722,12 +722,20 @@ impl TokenStore for PgBackend {
 mod tests {
     use super::*;
 
-    /// `holdfast_confirm` and `add_tokens` take the balance locks through the one
-    /// function `holdfast_lock_balances`, shared and exclusive on the same keys
-    /// in the same order, in [`BALANCE_SPACE`] (as their newest definitions,
-    /// 0009, do).
+    /// `holdfast_confirm`, `holdfast_confirm_with_change` (0010, over the
+    /// outputs with their change) and `add_tokens` take the balance locks
+    /// through the one function `holdfast_lock_balances`, shared and exclusive
+    /// on the same keys in the same order, in [`BALANCE_SPACE`] (as their
+    /// newest definitions, 0009 and 0010, do).
     #[test]
     fn confirm_takes_the_balance_locks_of_add_tokens() {
+        let with_change = include_str!("../migrations/0010_confirm_with_change.sql");
+        assert!(
+            with_change
+                .contains("IF holdfast_lock_balances(all_wallets, all_types, all_amounts) THEN"),
+            "the confirm with change locks otherwise"
+        );
+        assert!(!with_change.contains("FUNCTION holdfast_lock_balances"));
         let migration = include_str!("../migrations/0009_lean_confirm.sql");
         assert!(LOCK_BALANCES.contains("holdfast_lock_balances("));
         let body = |name: &str| {

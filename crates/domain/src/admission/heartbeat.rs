@@ -7,7 +7,7 @@ use super::{
     DeadLetterReason, Decision, QueueWrite, Reply, loaded_pair, reply, write_queue, write_slot,
 };
 use crate::ids::QueueName;
-use crate::request::{Generation, Queue, Request, RequestId, RequestState};
+use crate::request::{Generation, Queue, Request, RequestId, RequestState, Slot};
 use crate::timestamp::Timestamp;
 
 /// What a heartbeat found, read from the request and queue it last loaded.
@@ -65,11 +65,22 @@ pub fn decide_heartbeat(
                 && slot.generation == generation
                 && !slot.expiring
                 && !slot.expired(lease, now)
-                && slot.heartbeat_at < now =>
+                && slot.heartbeat_at < stamp(slot, now) =>
         {
-            refresh(queue, &request.id, now)
+            refresh(queue, &request.id, stamp(slot, now))
         }
         _ => reply(Reply::Ack),
+    }
+}
+
+/// The time a heartbeat at `now` records: `now`, or a millisecond after the
+/// publication when `now` is not after it (a heartbeat within the publication's
+/// millisecond, or read on a clock behind the publisher's), so that every
+/// heartbeat of the published generation shows the build was handed over.
+fn stamp(slot: &Slot, now: Timestamp) -> Timestamp {
+    match slot.published_at {
+        Some(at) if now <= at => Timestamp::from_millis(at.as_millis().saturating_add(1)),
+        _ => now,
     }
 }
 
@@ -163,7 +174,7 @@ mod tests {
     use super::super::Write;
     use super::*;
     use crate::ids::RevisionUri;
-    use crate::request::{Slot, Version};
+    use crate::request::Version;
 
     const LEASE: Duration = Duration::from_secs(10);
 
@@ -216,6 +227,29 @@ mod tests {
             decide_heartbeat(Some(&request), Some(&next), G1, LEASE, at(9)),
             Decision::Reply(Reply::Ack)
         );
+    }
+
+    #[test]
+    fn a_heartbeat_in_the_publications_millisecond_shows_the_hand_over() {
+        // Published at 5 s; the build heartbeats within the same millisecond,
+        // or on a replica whose clock is a second behind the publisher's.
+        for now in [at(5), at(4)] {
+            let (request, mut queue) = fixture(RequestState::Processing, true);
+            queue.owners.get_mut(&request.id).unwrap().published_at = Some(at(5));
+            let Decision::Write(Write::Queue { queue: next, .. }) =
+                decide_heartbeat(Some(&request), Some(&queue), G1, LEASE, now)
+            else {
+                panic!("a heartbeat write");
+            };
+            let slot = next.owners[&request.id];
+            assert!(slot.confirmed(), "{slot:?}");
+            assert_eq!(slot.heartbeat_at, Timestamp::from_millis(5_001));
+            // Written already: the reload answers.
+            assert_eq!(
+                decide_heartbeat(Some(&request), Some(&next), G1, LEASE, now),
+                Decision::Reply(Reply::Ack)
+            );
+        }
     }
 
     #[test]

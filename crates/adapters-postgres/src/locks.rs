@@ -1,9 +1,8 @@
 //! The lock store: claims under the three strategies, release, settlement, the
 //! lease sweep under an advisory lock, and the lock listing.
 //!
-//! A window claim is one call of `holdfast_claim_window` (migration 0011, see
-//! [`WINDOW`] and [`WINDOW_SKIP_LOCKED`]), one statement inside it, planned once
-//! per session: the candidates arrive as two arrays; `spendable` reads which of them are still
+//! A window claim is one statement (see [`WINDOW`] and [`WINDOW_SKIP_LOCKED`]):
+//! the candidates arrive as two arrays; `spendable` reads which of them are still
 //! spendable; `claimed` inserts lock rows with `ON CONFLICT DO NOTHING`, in
 //! `(tx_id, idx)` order so concurrent claimers never wait on each other in a
 //! cycle; the result reports, per candidate, whether it was won and whether it was
@@ -165,19 +164,78 @@ fn claim_line(wallet: &WalletId, token_type: &TokenType) -> ClaimLine {
     }
 }
 
-/// The window claim of `insert` and `on_conflict` (migration 0011's
-/// `holdfast_claim_window`, planned once per session): the still-spendable
-/// candidates are share-locked in key order (re-checked after waiting for a
-/// settlement), then claimed. The candidates arrive as two arrays; the rows are
-/// per candidate: its id, whether it was won, whether it was still spendable.
-pub const WINDOW: &str =
-    "SELECT c_tx, c_idx, c_won, c_spendable FROM holdfast_claim_window($1, $2, $3, $4, $5, FALSE)";
+macro_rules! window_sql {
+    ($spendable_lock:literal, $eligible:expr, $source:literal) => {
+        concat!(
+            "WITH candidates AS (
+                 SELECT c.tx_id, c.idx FROM UNNEST($1::text[], $2::bigint[]) AS c(tx_id, idx)
+             ),
+             spendable AS (
+                 SELECT t.tx_id, t.idx FROM tokens t
+                 JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
+                 WHERE ",
+            spendable!(),
+            $spendable_lock,
+            "
+             ),",
+            $eligible,
+            "claimed AS (
+                 INSERT INTO token_locks (tx_id, idx, consumer, created_at, owner)
+                 SELECT s.tx_id, s.idx, $3, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond', $5
+                 FROM ",
+            $source,
+            " s
+                 WHERE NOT EXISTS (SELECT 1 FROM selections x
+                                   WHERE x.consumer = $3 AND x.tx_id = s.tx_id AND x.idx = s.idx)
+                   AND NOT EXISTS (SELECT 1 FROM tx_statuses st
+                                   WHERE st.tx_id = $3 AND st.status = 'confirmed')
+                 ORDER BY s.tx_id, s.idx
+                 ON CONFLICT (tx_id, idx) DO NOTHING
+                 RETURNING tx_id, idx
+             ),
+             recorded AS (
+                 INSERT INTO selections (consumer, tx_id, idx, owner, selected_at)
+                 SELECT $3, tx_id, idx, $5, TIMESTAMPTZ 'epoch' + $4::bigint * INTERVAL '1 millisecond'
+                 FROM claimed
+             )
+             SELECT c.tx_id, c.idx, cl.tx_id IS NOT NULL AS won, s.tx_id IS NOT NULL AS still_spendable
+             FROM candidates c
+             LEFT JOIN claimed cl ON cl.tx_id = c.tx_id AND cl.idx = c.idx
+             LEFT JOIN spendable s ON s.tx_id = c.tx_id AND s.idx = c.idx"
+        )
+    };
+}
+
+/// The window claim of `insert` and `on_conflict`: the still-spendable candidates
+/// are share-locked in key order (re-checked after waiting for a settlement), then
+/// claimed.
+pub const WINDOW: &str = window_sql!(
+    "
+                 ORDER BY t.tx_id, t.idx
+                 FOR SHARE OF t",
+    "",
+    "spendable"
+);
 
 /// The window claim of `skip_locked`: token rows locked `FOR UPDATE SKIP LOCKED`
-/// first; only rows this claimer locked are inserted. Its `spendable` read takes
-/// no lock: it only tells a walked-past row (contended) from a spent one (stale).
-pub const WINDOW_SKIP_LOCKED: &str =
-    "SELECT c_tx, c_idx, c_won, c_spendable FROM holdfast_claim_window($1, $2, $3, $4, $5, TRUE)";
+/// first; only rows this claimer locked are inserted.
+/// The `spendable` read takes no lock here: it only tells a walked-past row
+/// (contended) from a spent one (stale).
+pub const WINDOW_SKIP_LOCKED: &str = window_sql!(
+    "",
+    concat!(
+        "eligible AS (
+         SELECT t.tx_id, t.idx FROM tokens t
+         JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
+         WHERE ",
+        spendable!(),
+        "
+         ORDER BY t.tx_id, t.idx
+         FOR UPDATE OF t SKIP LOCKED
+     ),"
+    ),
+    "eligible"
+);
 
 /// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` ran out).
 fn lock_not_available(e: &sqlx::Error) -> bool {

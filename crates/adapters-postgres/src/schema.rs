@@ -47,11 +47,6 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "confirm_with_change",
         include_str!("../migrations/0010_confirm_with_change.sql"),
     ),
-    (
-        11,
-        "window_claim",
-        include_str!("../migrations/0011_window_claim.sql"),
-    ),
 ];
 
 /// The *upgrade time*, in milliseconds since the epoch: when version 6 (the

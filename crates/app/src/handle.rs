@@ -255,7 +255,10 @@ type WorkerTask = JoinHandle<Result<RunReport, DeliveryError>>;
 /// Admission workers started together, over one delivery source.
 struct WorkerGroup {
     source: Arc<StoreDeliveries>,
-    tasks: Mutex<Vec<WorkerTask>>,
+    /// The workers not yet stopped, and whether every one stopped so far
+    /// finished in time. One stop at a time: a second (the shutdown beside
+    /// [`AdmissionWorkers::stop`]) waits for the first and answers how it ended.
+    tasks: tokio::sync::Mutex<(Vec<WorkerTask>, bool)>,
 }
 
 impl WorkerGroup {
@@ -265,23 +268,28 @@ impl WorkerGroup {
     /// and what they did.
     async fn stop(&self, deadline: tokio::time::Instant) -> (bool, RunReport) {
         self.source.close();
-        let running =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
-        let (mut finished, mut report) = (true, RunReport::default());
-        for mut task in running {
-            match tokio::time::timeout_at(deadline, &mut task).await {
+        let Ok(mut state) = tokio::time::timeout_at(deadline, self.tasks.lock()).await else {
+            return (false, RunReport::default());
+        };
+        let (running, finished) = &mut *state;
+        let mut report = RunReport::default();
+        // A worker leaves the list only once it ended: a stop dropped while it
+        // waits leaves the rest to the next.
+        while let Some(task) = running.last_mut() {
+            match tokio::time::timeout_at(deadline, &mut *task).await {
                 Ok(Ok(Ok(run))) => report.add(run),
                 Ok(Ok(Err(e))) => {
                     tracing::warn!(error = %e, "an admission worker stopped on a source error");
                 }
                 Ok(Err(e)) => tracing::error!(error = %e, "an admission worker panicked"),
                 Err(_) => {
-                    finished = false;
+                    *finished = false;
                     task.abort();
                 }
             }
+            running.pop();
         }
-        (finished, report)
+        (*finished, report)
     }
 }
 
@@ -549,7 +557,7 @@ impl Holdfast {
             .collect();
         let group = Arc::new(WorkerGroup {
             source,
-            tasks: Mutex::new(tasks),
+            tasks: tokio::sync::Mutex::new((tasks, true)),
         });
         running.workers.push(group.clone());
         Ok(AdmissionWorkers { group })

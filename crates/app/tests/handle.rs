@@ -354,6 +354,75 @@ async fn admission_workers_publish_and_drain_on_shutdown() {
     );
 }
 
+/// A publisher whose `publish` waits until the test lets it go.
+#[derive(Default)]
+struct HeldPublisher {
+    entered: Notify,
+    release: Notify,
+    published: AtomicU64,
+}
+
+#[async_trait]
+impl BuildPublisher for HeldPublisher {
+    async fn publish(
+        &self,
+        _request: &Request,
+        _plan: &BuildPlan,
+        _generation: Generation,
+    ) -> Result<(), DeliveryError> {
+        let release = self.release.notified();
+        tokio::pin!(release);
+        release.as_mut().enable();
+        self.entered.notify_one();
+        release.await;
+        self.published.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A shutdown that runs while `AdmissionWorkers::stop` waits for a worker
+/// in the middle of a delivery waits for that worker too (it used to find the
+/// workers taken and close the backend under it), and reports the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("stops.db").display());
+    let holdfast = Arc::new(Holdfast::open(config(url)).await.expect("open"));
+    let main = QueueName::new("main").expect("queue");
+    let publisher = Arc::new(HeldPublisher::default());
+    let workers = holdfast
+        .run_admission(vec![main.clone()], publisher.clone(), 1)
+        .expect("workers");
+    let entered = publisher.entered.notified();
+    let uri = RevisionUri::new("git://repo#abc").expect("uri");
+    holdfast
+        .admission()
+        .ingest(&main, &uri)
+        .await
+        .expect("ingest");
+    tokio::time::timeout(Duration::from_secs(30), entered)
+        .await
+        .expect("the worker publishes");
+
+    let stop = tokio::spawn(async move { workers.stop(Duration::from_secs(30)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let shutdown = tokio::spawn({
+        let holdfast = holdfast.clone();
+        async move { holdfast.shutdown_within(Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!shutdown.is_finished(), "the shutdown waits for the delivery");
+    assert!(!stop.is_finished(), "the stop waits for the delivery");
+
+    publisher.release.notify_one();
+    let report = shutdown.await.expect("shutdown");
+    assert_eq!(publisher.published.load(Ordering::SeqCst), 1);
+    assert!(report.drained, "{report:?}");
+    let (finished, run) = stop.await.expect("stop");
+    assert!(finished);
+    assert_eq!(run.handled.get(&Handled::Published).copied(), Some(1), "{run:?}");
+}
+
 #[tokio::test]
 async fn bad_configuration_and_urls_are_typed_errors() {
     let bad = Config {

@@ -225,19 +225,67 @@ async fn the_drain_is_bounded_by_a_call_that_cannot_finish() {
     let mut config = config(format!("sqlite://{}", path.display()));
     config.busy_timeout_ms = 60_000;
     let holdfast = Arc::new(Holdfast::open(config).await.expect("open"));
-    let (alice, chf) = (
-        WalletId::new("alice").expect("id"),
-        TokenType::new("CHF").expect("type"),
-    );
+    let (alice, chf) = alice_chf();
     fund(&holdfast, &alice, &chf).await;
     // Another process holds the write lock: the select's claim waits for it.
     let blocker = rusqlite::Connection::open(&path).expect("open file");
     blocker
         .execute_batch("BEGIN IMMEDIATE")
         .expect("take the write lock");
+    let stuck = shut_down_beside_a_stuck_select(&holdfast).await;
+    blocker.execute_batch("ROLLBACK").expect("rollback");
+    // It answers once the lock is gone (whatever it answers: the pool closed
+    // under it), and it was never counted as drained.
+    stuck.await.expect("select task").ok();
+}
+
+/// The same on PostgreSQL: the select's claim waits behind row locks another
+/// session holds on the wallet's tokens, on a pooled connection the shutdown
+/// closes the pool around.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_is_bounded_by_a_call_that_cannot_finish_postgres() {
+    let Some(db) = TestDb::create("handle_drain_bound").await else {
+        return;
+    };
+    let holdfast = Arc::new(Holdfast::open(config(db.url.clone())).await.expect("open"));
+    let (alice, chf) = alice_chf();
+    fund(&holdfast, &alice, &chf).await;
+    let mut other = db.connection().await;
+    sqlx::query("BEGIN")
+        .execute(&mut other)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT 1 FROM tokens WHERE wallet = $1 FOR UPDATE")
+        .bind(alice.as_str())
+        .execute(&mut other)
+        .await
+        .expect("row locks");
+    let stuck = shut_down_beside_a_stuck_select(&holdfast).await;
+    sqlx::query("ROLLBACK")
+        .execute(&mut other)
+        .await
+        .expect("rollback");
+    stuck.await.expect("select task").ok();
+}
+
+fn alice_chf() -> (WalletId, TokenType) {
+    (
+        WalletId::new("alice").expect("id"),
+        TokenType::new("CHF").expect("type"),
+    )
+}
+
+/// Starts a select of alice's CHF that cannot finish (the caller blocks its
+/// claim), shuts `holdfast` down with a bound of 300 ms once the select is in
+/// flight, checks the shutdown returned soon, undrained, with that call
+/// abandoned, and hands back the select.
+async fn shut_down_beside_a_stuck_select(
+    holdfast: &Arc<Holdfast>,
+) -> tokio::task::JoinHandle<Result<holdfast::Selected, SelectError>> {
     let stuck = {
         let holdfast = holdfast.clone();
         tokio::spawn(async move {
+            let (alice, chf) = alice_chf();
             let tx = TxId::new("stuck").expect("id");
             holdfast.select(&alice, &chf, q(5), &tx).await
         })
@@ -259,10 +307,7 @@ async fn the_drain_is_bounded_by_a_call_that_cannot_finish() {
         "the shutdown returned {:?} after it began",
         started.elapsed()
     );
-    blocker.execute_batch("ROLLBACK").expect("rollback");
-    // It answers once the lock is gone (whatever it answers: the pool closed
-    // under it), and it was never counted as drained.
-    stuck.await.expect("select task").ok();
+    stuck
 }
 
 /// Records publications and wakes the test on each.
@@ -411,7 +456,10 @@ async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
         async move { holdfast.shutdown_within(Duration::from_secs(30)).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!shutdown.is_finished(), "the shutdown waits for the delivery");
+    assert!(
+        !shutdown.is_finished(),
+        "the shutdown waits for the delivery"
+    );
     assert!(!stop.is_finished(), "the stop waits for the delivery");
 
     publisher.release.notify_one();
@@ -420,7 +468,11 @@ async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
     assert!(report.drained, "{report:?}");
     let (finished, run) = stop.await.expect("stop");
     assert!(finished);
-    assert_eq!(run.handled.get(&Handled::Published).copied(), Some(1), "{run:?}");
+    assert_eq!(
+        run.handled.get(&Handled::Published).copied(),
+        Some(1),
+        "{run:?}"
+    );
 }
 
 #[tokio::test]

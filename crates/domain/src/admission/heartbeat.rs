@@ -73,13 +73,26 @@ pub fn decide_heartbeat(
     }
 }
 
+/// The most a heartbeat's clock may lag the publisher's and still count as
+/// after the publication: a heartbeat within it records
+/// [`stamp`], so a slot's lease runs at most this much past the heartbeat's
+/// own clock. A clock further behind records its own time (the build is
+/// published again after `resume_after`, as when no heartbeat came).
+const PUBLICATION_SKEW: Duration = Duration::from_secs(1);
+
 /// The time a heartbeat at `now` records: `now`, or a millisecond after the
-/// publication when `now` is not after it (a heartbeat within the publication's
-/// millisecond, or read on a clock behind the publisher's), so that every
-/// heartbeat of the published generation shows the build was handed over.
+/// publication when `now` is not after it by at most [`PUBLICATION_SKEW`] (a
+/// heartbeat within the publication's millisecond, or read on a clock slightly
+/// behind the publisher's), so that such a heartbeat shows the build was
+/// handed over.
 fn stamp(slot: &Slot, now: Timestamp) -> Timestamp {
     match slot.published_at {
-        Some(at) if now <= at => Timestamp::from_millis(at.as_millis().saturating_add(1)),
+        Some(at)
+            if now <= at
+                && Duration::from_millis(at.as_millis() - now.as_millis()) <= PUBLICATION_SKEW =>
+        {
+            Timestamp::from_millis(at.as_millis().saturating_add(1))
+        }
         _ => now,
     }
 }
@@ -233,7 +246,7 @@ mod tests {
     fn a_heartbeat_in_the_publications_millisecond_shows_the_hand_over() {
         // Published at 5 s; the build heartbeats within the same millisecond,
         // or on a replica whose clock is a second behind the publisher's.
-        for now in [at(5), at(4)] {
+        for now in [at(5), Timestamp::from_millis(4_000)] {
             let (request, mut queue) = fixture(RequestState::Processing, true);
             queue.owners.get_mut(&request.id).unwrap().published_at = Some(at(5));
             let Decision::Write(Write::Queue { queue: next, .. }) =
@@ -250,6 +263,22 @@ mod tests {
                 Decision::Reply(Reply::Ack)
             );
         }
+        // A clock further behind records its own time: the lease never runs
+        // more than the skew past the heartbeat's clock.
+        let (request, mut queue) = fixture(RequestState::Processing, true);
+        queue.owners.get_mut(&request.id).unwrap().published_at = Some(at(5));
+        let Decision::Write(Write::Queue { queue: next, .. }) = decide_heartbeat(
+            Some(&request),
+            Some(&queue),
+            G1,
+            LEASE,
+            Timestamp::from_millis(3_999),
+        ) else {
+            panic!("a heartbeat write");
+        };
+        let slot = next.owners[&request.id];
+        assert_eq!(slot.heartbeat_at, Timestamp::from_millis(3_999));
+        assert!(!slot.confirmed());
     }
 
     #[test]

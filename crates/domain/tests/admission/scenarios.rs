@@ -1478,10 +1478,12 @@ fn s32_a_worker_killed_after_the_publish_write_is_published_again_after_resume_a
     assert_eq!(w.scan(), std::slice::from_ref(&a));
     assert!(is_publish(&w.process(&a)));
     assert_eq!(w.published, [(a.clone(), G2)]);
+    // The heartbeat comes in the publication's millisecond: it is recorded one
+    // after it, so it shows the hand-over.
     assert_eq!(
         w.heartbeat(&a, G2),
         Heartbeat::Extended {
-            expires_at: at_secs(660)
+            expires_at: Timestamp::from_millis(660_001)
         }
     );
     clean(&w);
@@ -1748,7 +1750,7 @@ fn s38_a_publication_lost_with_its_worker_is_published_by_the_held_redelivery() 
     assert_eq!(
         w.heartbeat(&a, G2),
         Heartbeat::Extended {
-            expires_at: at_secs(660)
+            expires_at: Timestamp::from_millis(660_001)
         }
     );
     clean(&w);

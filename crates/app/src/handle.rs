@@ -259,6 +259,9 @@ struct WorkerGroup {
     /// finished in time. One stop at a time: a second (the shutdown beside
     /// [`AdmissionWorkers::stop`]) waits for the first and answers how it ended.
     tasks: tokio::sync::Mutex<(Vec<WorkerTask>, bool)>,
+    /// Aborts the workers without the list: a stop whose wait for another stop
+    /// runs out still ends them by its deadline.
+    aborts: Vec<tokio::task::AbortHandle>,
 }
 
 impl WorkerGroup {
@@ -269,6 +272,7 @@ impl WorkerGroup {
     async fn stop(&self, deadline: tokio::time::Instant) -> (bool, RunReport) {
         self.source.close();
         let Ok(mut state) = tokio::time::timeout_at(deadline, self.tasks.lock()).await else {
+            self.aborts.iter().for_each(tokio::task::AbortHandle::abort);
             return (false, RunReport::default());
         };
         let (running, finished) = &mut *state;
@@ -281,6 +285,8 @@ impl WorkerGroup {
                 Ok(Ok(Err(e))) => {
                     tracing::warn!(error = %e, "an admission worker stopped on a source error");
                 }
+                // Aborted by a stop whose wait for this one ran out.
+                Ok(Err(e)) if e.is_cancelled() => *finished = false,
                 Ok(Err(e)) => tracing::error!(error = %e, "an admission worker panicked"),
                 Err(_) => {
                     *finished = false;
@@ -544,7 +550,7 @@ impl Holdfast {
                 .with_wakeups(stores.wake.clone())
                 .with_policy(self.admission.policy().clone()),
         );
-        let tasks = (0..workers.max(1))
+        let tasks: Vec<WorkerTask> = (0..workers.max(1))
             .map(|_| {
                 let (admission, source, publisher) =
                     (self.admission.clone(), source.clone(), publisher.clone());
@@ -557,6 +563,7 @@ impl Holdfast {
             .collect();
         let group = Arc::new(WorkerGroup {
             source,
+            aborts: tasks.iter().map(JoinHandle::abort_handle).collect(),
             tasks: tokio::sync::Mutex::new((tasks, true)),
         });
         running.workers.push(group.clone());

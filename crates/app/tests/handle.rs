@@ -475,6 +475,54 @@ async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
     );
 }
 
+/// A shutdown whose bound runs out while `AdmissionWorkers::stop` (with a
+/// longer bound) waits for a stuck worker ends that worker by its own bound,
+/// and both report that it did not finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_beside_a_longer_stop_ends_a_stuck_worker_by_its_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("stuck.db").display());
+    let holdfast = Arc::new(Holdfast::open(config(url)).await.expect("open"));
+    let main = QueueName::new("main").expect("queue");
+    let publisher = Arc::new(HeldPublisher::default());
+    let workers = holdfast
+        .run_admission(vec![main.clone()], publisher.clone(), 1)
+        .expect("workers");
+    let entered = publisher.entered.notified();
+    let uri = RevisionUri::new("git://repo#abc").expect("uri");
+    holdfast
+        .admission()
+        .ingest(&main, &uri)
+        .await
+        .expect("ingest");
+    tokio::time::timeout(Duration::from_secs(30), entered)
+        .await
+        .expect("the worker publishes");
+
+    let stop = tokio::spawn(async move { workers.stop(Duration::from_secs(600)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = tokio::time::Instant::now();
+    let report = holdfast.shutdown_within(Duration::from_millis(300)).await;
+    assert!(!report.drained, "{report:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the shutdown returned {:?} after it began",
+        started.elapsed()
+    );
+    let (finished, _) = tokio::time::timeout(Duration::from_secs(20), stop)
+        .await
+        .expect("the stop ends with the aborted worker")
+        .expect("stop");
+    assert!(!finished);
+    publisher.release.notify_one();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        publisher.published.load(Ordering::SeqCst),
+        0,
+        "the worker was ended mid-publish"
+    );
+}
+
 #[tokio::test]
 async fn bad_configuration_and_urls_are_typed_errors() {
     let bad = Config {

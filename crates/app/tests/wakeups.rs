@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use holdfast::{SelectReport, TokenSelector};
-use holdfast_adapters_postgres::LockStrategy;
+use holdfast_adapters_postgres::{LockStrategy, PgBackend};
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
     BuildOutcome, QueueName, Reply, RevisionUri, SelectionConfig, Timestamp, TokenId, TokenType,
@@ -232,12 +232,7 @@ async fn postgres_three_replicas_wake_each_other() {
     }
     for replica in &replicas {
         // Each instance listens before the rounds start.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !holdfast_ports::WakeUps::connected(replica) {
-            assert!(Instant::now() < deadline, "the listener never connected");
-            // sleep: poll interval until the listener connects, bounded by the deadline.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        listening(replica).await;
     }
     let tokens = fund(&replicas[0].stores(), "z", &[10]).await;
     let mut latencies = Vec::new();
@@ -436,9 +431,22 @@ async fn postgres_waiters_that_cannot_use_a_freed_token_are_woken_once_each() {
             return;
         };
         let backend = db.backend(LockStrategy::default(), 4).await;
+        // A listener that connects once the waiters wait wakes them all once
+        // (signals sent before it listened are lost): not this release's doing.
+        listening(&backend).await;
         at_most_one_wake_each(
             n,
             wakes_of_one_useless_release(&backend.stores(), n, 7).await,
         );
+    }
+}
+
+/// Waits (at most 20 s) until `backend`'s wake-up listener is connected.
+async fn listening(backend: &PgBackend) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !holdfast_ports::WakeUps::connected(backend) {
+        assert!(Instant::now() < deadline, "the listener never connected");
+        // sleep: poll interval until the listener connects, bounded by the deadline.
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -252,13 +252,21 @@ struct Tasks {
 
 type WorkerTask = JoinHandle<Result<RunReport, DeliveryError>>;
 
+/// A worker group's list and what its stops found so far.
+struct Stopped {
+    running: Vec<WorkerTask>,
+    /// Whether every worker stopped so far finished in time.
+    finished: bool,
+    /// What the workers stopped so far did.
+    report: RunReport,
+}
+
 /// Admission workers started together, over one delivery source.
 struct WorkerGroup {
     source: Arc<StoreDeliveries>,
-    /// The workers not yet stopped, and whether every one stopped so far
-    /// finished in time. One stop at a time: a second (the shutdown beside
-    /// [`AdmissionWorkers::stop`]) waits for the first and answers how it ended.
-    tasks: tokio::sync::Mutex<(Vec<WorkerTask>, bool)>,
+    /// The workers not yet stopped. One stop at a time: a second (the shutdown
+    /// beside [`AdmissionWorkers::stop`]) waits for the first and answers as it.
+    tasks: tokio::sync::Mutex<Stopped>,
     /// Aborts the workers without the list: a stop whose wait for another stop
     /// runs out still ends them by its deadline.
     aborts: Vec<tokio::task::AbortHandle>,
@@ -268,15 +276,18 @@ impl WorkerGroup {
     /// Closes the source and waits until `deadline` for the workers to finish
     /// their current delivery; those still running then are aborted (their step
     /// is repeated by whoever handles the request next). Whether all finished,
-    /// and what they did.
+    /// and what they did (also what an earlier stop of the group saw).
     async fn stop(&self, deadline: tokio::time::Instant) -> (bool, RunReport) {
         self.source.close();
         let Ok(mut state) = tokio::time::timeout_at(deadline, self.tasks.lock()).await else {
             self.aborts.iter().for_each(tokio::task::AbortHandle::abort);
             return (false, RunReport::default());
         };
-        let (running, finished) = &mut *state;
-        let mut report = RunReport::default();
+        let Stopped {
+            running,
+            finished,
+            report,
+        } = &mut *state;
         // A worker leaves the list only once it ended: a stop dropped while it
         // waits leaves the rest to the next.
         while let Some(task) = running.last_mut() {
@@ -295,7 +306,7 @@ impl WorkerGroup {
             }
             running.pop();
         }
-        (*finished, report)
+        (*finished, report.clone())
     }
 }
 
@@ -564,7 +575,11 @@ impl Holdfast {
         let group = Arc::new(WorkerGroup {
             source,
             aborts: tasks.iter().map(JoinHandle::abort_handle).collect(),
-            tasks: tokio::sync::Mutex::new((tasks, true)),
+            tasks: tokio::sync::Mutex::new(Stopped {
+                running: tasks,
+                finished: true,
+                report: RunReport::default(),
+            }),
         });
         running.workers.push(group.clone());
         Ok(AdmissionWorkers { group })

@@ -11,8 +11,8 @@ use std::time::Duration;
 use holdfast::{
     AdmitError, BuildOutcome, BuildPlan, BuildPublisher, Config, DeliveryError, ErrorKind,
     Generation, Handled, Heartbeat, Holdfast, NewToken, Output, Precision, Quantity, QueueName,
-    Request, RevisionUri, SelectError, SettleError, TokenError, TokenId, TokenType, TxId, WalletId,
-    async_trait,
+    Request, RevisionUri, RunReport, SelectError, SettleError, TokenError, TokenId, TokenType,
+    TxId, WalletId, async_trait,
 };
 use tokio::sync::Notify;
 
@@ -425,13 +425,20 @@ impl BuildPublisher for HeldPublisher {
     }
 }
 
-/// A shutdown that runs while `AdmissionWorkers::stop` waits for a worker
-/// in the middle of a delivery waits for that worker too (it used to find the
-/// workers taken and close the backend under it), and reports the drain.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
+/// A handle on a fresh SQLite file whose one admission worker is held in the
+/// middle of publishing, and `AdmissionWorkers::stop` with `bound` running on
+/// it, already waiting for that worker: the handle, the publisher to release,
+/// the stop, and the directory holding the file.
+async fn a_stop_behind_a_held_delivery(
+    bound: Duration,
+) -> (
+    Arc<Holdfast>,
+    Arc<HeldPublisher>,
+    tokio::task::JoinHandle<(bool, RunReport)>,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("stops.db").display());
+    let url = format!("sqlite://{}", dir.path().join("held.db").display());
     let holdfast = Arc::new(Holdfast::open(config(url)).await.expect("open"));
     let main = QueueName::new("main").expect("queue");
     let publisher = Arc::new(HeldPublisher::default());
@@ -448,11 +455,20 @@ async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
     tokio::time::timeout(Duration::from_secs(30), entered)
         .await
         .expect("the worker publishes");
-
-    let stop = tokio::spawn(async move { workers.stop(Duration::from_secs(30)).await });
-    // sleep: let the stop take the worker list first, as the shutdown it races
-    // is the case (in the other order the checks below hold as well).
+    let stop = tokio::spawn(async move { workers.stop(bound).await });
+    // sleep: let the stop take the worker list first, as a shutdown racing it
+    // is the case (in the other order the callers' checks hold as well).
     tokio::time::sleep(Duration::from_millis(50)).await;
+    (holdfast, publisher, stop, dir)
+}
+
+/// A shutdown that runs while `AdmissionWorkers::stop` waits for a worker
+/// in the middle of a delivery waits for that worker too (it used to find the
+/// workers taken and close the backend under it), and reports the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
+    let (holdfast, publisher, stop, _dir) =
+        a_stop_behind_a_held_delivery(Duration::from_secs(30)).await;
     let shutdown = tokio::spawn({
         let holdfast = holdfast.clone();
         async move { holdfast.shutdown_within(Duration::from_secs(30)).await }
@@ -486,30 +502,8 @@ async fn a_shutdown_beside_a_stop_waits_for_the_workers_delivery() {
 /// and both report that it did not finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_beside_a_longer_stop_ends_a_stuck_worker_by_its_bound() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("stuck.db").display());
-    let holdfast = Arc::new(Holdfast::open(config(url)).await.expect("open"));
-    let main = QueueName::new("main").expect("queue");
-    let publisher = Arc::new(HeldPublisher::default());
-    let workers = holdfast
-        .run_admission(vec![main.clone()], publisher.clone(), 1)
-        .expect("workers");
-    let entered = publisher.entered.notified();
-    let uri = RevisionUri::new("git://repo#abc").expect("uri");
-    holdfast
-        .admission()
-        .ingest(&main, &uri)
-        .await
-        .expect("ingest");
-    tokio::time::timeout(Duration::from_secs(30), entered)
-        .await
-        .expect("the worker publishes");
-
-    let stop = tokio::spawn(async move { workers.stop(Duration::from_secs(600)).await });
-    // sleep: let the stop take the worker list first, so the shutdown's wait
-    // for it runs out (in the other order the shutdown ends the worker itself
-    // and the checks below hold as well).
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (holdfast, publisher, stop, _dir) =
+        a_stop_behind_a_held_delivery(Duration::from_secs(600)).await;
     let started = tokio::time::Instant::now();
     let report = holdfast.shutdown_within(Duration::from_millis(300)).await;
     assert!(!report.drained, "{report:?}");

@@ -59,15 +59,19 @@ pub fn decide_heartbeat(
         Ok(pair) => pair,
         Err(decision) => return decision,
     };
-    match queue.owners.get(&request.id) {
-        Some(slot)
+    match queue
+        .owners
+        .get(&request.id)
+        .map(|slot| (slot, stamp(slot, now)))
+    {
+        Some((slot, at))
             if !request.state.is_terminal()
                 && slot.generation == generation
                 && !slot.expiring
                 && !slot.expired(lease, now)
-                && slot.heartbeat_at < stamp(slot, now) =>
+                && slot.heartbeat_at < at =>
         {
-            refresh(queue, &request.id, stamp(slot, now))
+            refresh(queue, &request.id, at)
         }
         _ => reply(Reply::Ack),
     }

@@ -35,13 +35,13 @@ pub const HOT_WALLETS: u32 = 3;
 /// Tokens (of 1,000) in each hot wallet of the `hot-wallets` preset.
 pub const HOT_WALLET_TOKENS: u64 = 200;
 /// Payments from each hot wallet of the `hot-wallets` preset.
-pub const HOT_WALLET_REQUESTS: u64 = 600;
+pub const HOT_WALLET_REQUESTS: u64 = 3_000;
 /// Cold wallets of the `hot-wallets` preset.
 pub const COLD_WALLETS: u32 = 40;
 /// Tokens (of 100) in each cold wallet of the `hot-wallets` preset.
 pub const COLD_WALLET_TOKENS: u64 = 10;
 /// Payments from each cold wallet of the `hot-wallets` preset.
-pub const COLD_WALLET_REQUESTS: u64 = 5;
+pub const COLD_WALLET_REQUESTS: u64 = 25;
 
 /// The most replicas a workload may ask for.
 pub const MAX_REPLICAS: usize = 64;

@@ -8,6 +8,7 @@ mod conformance;
 mod faults;
 mod hosts;
 mod owners;
+mod plans;
 mod postgres;
 mod races;
 mod sessions;

@@ -63,8 +63,8 @@ pub use durability::{CommitRisk, DURABILITY_TARGET, Durability};
 pub use error::ConnectError;
 pub use hosts::{HostsError, TargetSessionAttrs};
 pub use locks::{
-    CLAIM_INSERT, CLAIM_LINE_SPACE, RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW,
-    WINDOW_SKIP_LOCKED, claim_line_key,
+    CLAIM_LINE_SPACE, RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED,
+    claim_line_key,
 };
 pub use options::{LockStrategy, MAX_SERVER_TIMEOUT, OptionsError, PgOptions, UnknownStrategy};
 pub use route::{HOST_TIMEOUT, HostOutcome, HostTried, ROLE, ServerRole};

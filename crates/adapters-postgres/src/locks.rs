@@ -247,7 +247,7 @@ fn lock_not_available(e: &sqlx::Error) -> bool {
 /// (an earlier select of the transaction whose lock was swept) or is confirmed; a
 /// lost race is a unique violation. Returns (1 when won, whether `$3` had already
 /// selected it or is confirmed: contended, not stale).
-pub const CLAIM_INSERT: &str = concat!(
+const CLAIM_INSERT: &str = concat!(
     "
     WITH claimed AS (
         INSERT INTO token_locks (tx_id, idx, consumer, created_at, owner)

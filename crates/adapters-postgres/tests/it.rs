@@ -8,7 +8,6 @@ mod conformance;
 mod faults;
 mod hosts;
 mod owners;
-mod plans;
 mod postgres;
 mod races;
 mod sessions;

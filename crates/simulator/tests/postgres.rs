@@ -76,3 +76,49 @@ async fn the_payment_replay_runs_every_policy_on_postgres() {
         );
     }
 }
+
+/// A fresh database's statistics: the seeded `tokens` table is analyzed, the
+/// tables a run fills are not. Analyzed empty, they taught the planner they were,
+/// and connections kept plans that read them whole as they grew
+/// (`docs/measurements.md`, "PostgreSQL: plans made on empty tables").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_database_has_statistics_of_its_tokens_only() {
+    let Some(db) = TestDb::create("simulator::fresh_statistics").await else {
+        return;
+    };
+    let provisioner =
+        holdfast_simulator::provision::Provisioner::for_url(Some(&db.url)).expect("provisioner");
+    let fresh = provisioner
+        .create("statistics")
+        .await
+        .expect("fresh database");
+    let backend = holdfast::backend::Backend::open(&fresh.url, &Default::default())
+        .await
+        .expect("migrated");
+    backend.close().await;
+    provisioner.analyze(&fresh).await.expect("analyzed");
+
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&fresh.url)
+        .await
+        .expect("a connection");
+    // reltuples is -1 until a table is first analyzed (or vacuumed).
+    let analyzed: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT relname::text, reltuples >= 0 FROM pg_class
+         WHERE relname IN ('tokens', 'tx_statuses', 'selections', 'token_locks')
+         ORDER BY relname",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("pg_class");
+    let _ = sqlx::Connection::close(conn).await;
+    provisioner.remove(&fresh).await.expect("removed");
+    assert_eq!(
+        analyzed,
+        [
+            ("selections".to_owned(), false),
+            ("token_locks".to_owned(), false),
+            ("tokens".to_owned(), true),
+            ("tx_statuses".to_owned(), false),
+        ]
+    );
+}

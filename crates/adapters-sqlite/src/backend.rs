@@ -98,14 +98,21 @@ fn configure(conn: &Connection, options: &SqliteOptions) -> Result<(), StoreFaul
     conn.busy_timeout(options.busy_timeout).db()?;
     conn.pragma_update(None, "synchronous", "FULL").db()?;
     conn.pragma_update(None, "foreign_keys", "ON").db()?;
-    // Savepoints (one per write of a group commit) journal the pages they
-    // change; past 64 KiB SQLite spills that journal to a temporary file. Kept
-    // in memory, it costs no write system calls: the spill was 12% of the
-    // process's CPU on `hot-wallets` (docs/measurements.md, "SQLite: savepoint
-    // journals in memory"). It only serves rolling a savepoint back; the
-    // commit's durability is the WAL's, as before.
-    conn.pragma_update(None, "temp_store", "MEMORY").db()?;
     Ok(())
+}
+
+/// Keeps the writer's savepoint journals in memory, once its migrations have
+/// run. Savepoints (one per write of a group commit) journal the pages they
+/// change; past 64 KiB SQLite spills that journal to a temporary file, which
+/// was 12% of the process's CPU on `hot-wallets` (docs/measurements.md,
+/// "SQLite: savepoint journals in memory"). The journal only serves rolling a
+/// savepoint back (the commit's durability is the WAL's) and is freed when the
+/// write's savepoint is released, so it holds at most what one write changes:
+/// about 8 KiB per token for a batch of tokens added beside other writes.
+/// Migrations and the readers keep SQLite's default, so a migration's index
+/// build or a reader's sort may still spill to disk.
+fn journal_savepoints_in_memory(writer: &Connection) -> Result<(), StoreFault> {
+    writer.pragma_update(None, "temp_store", "MEMORY").db()
 }
 
 fn open_connection(
@@ -149,6 +156,7 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
             let mut conn = Connection::open_in_memory().db()?;
             configure(&conn, options)?;
             schema::migrate(&mut conn, now)?;
+            journal_savepoints_in_memory(&conn)?;
             Ok(Pool::new(conn, Vec::new(), options.busy_timeout, None))
         }
         Location::File(path) => {
@@ -163,6 +171,7 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
                 });
             }
             schema::migrate(&mut writer, now)?;
+            journal_savepoints_in_memory(&writer).map_err(|e| at_path(path, e))?;
             // What the path names now that the writer has it open (the
             // migration's first read made the -wal).
             let file = DbFile::record(path)?;
@@ -185,17 +194,36 @@ fn open_pool(location: &Location, options: &SqliteOptions) -> Result<Pool, OpenE
 mod tests {
     use super::*;
 
-    /// The pragmas every connection runs with, writer and readers alike.
-    #[test]
-    fn connections_keep_savepoint_journals_in_memory() {
-        let path = std::path::Path::new(":memory:");
-        let conn = open_connection(path, &SqliteOptions::default()).expect("opens");
-        let pragma = |name: &str| -> i64 {
-            conn.pragma_query_value(None, name, |r| r.get(0))
-                .expect("pragma")
+    /// Every connection of a file's pool runs with the adapter's pragmas; the
+    /// writer, once migrated, keeps its savepoint journals in memory and the
+    /// readers keep SQLite's default.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_writer_keeps_savepoint_journals_in_memory() {
+        let dir = std::env::temp_dir().join(format!(
+            "holdfast-pragmas-{}-{}",
+            std::process::id(),
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let location = Location::File(dir.join("pragmas.db"));
+        let pool =
+            std::sync::Arc::new(open_pool(&location, &SqliteOptions::default()).expect("opens"));
+        let pragmas = |tx: &rusqlite::Transaction<'_>| -> Result<[i64; 3], StoreFault> {
+            let get = |name: &str| tx.pragma_query_value(None, name, |r| r.get(0)).db();
+            Ok([
+                get("temp_store")?,
+                get("synchronous")?,
+                get("foreign_keys")?,
+            ])
         };
-        assert_eq!(pragma("temp_store"), 2, "MEMORY");
-        assert_eq!(pragma("synchronous"), 2, "FULL");
-        assert_eq!(pragma("foreign_keys"), 1);
+        let writer = pool.write(pragmas).await.expect("the writer's");
+        let reader = pool.read(pragmas).await.expect("a reader's");
+        drop(pool);
+        let _ = std::fs::remove_dir_all(&dir);
+        // temp_store 2 is MEMORY, 0 SQLite's default; synchronous 2 is FULL.
+        assert_eq!(writer, [2, 2, 1]);
+        assert_eq!(reader, [0, 2, 1]);
     }
 }

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use holdfast::{
     AdmitError, BuildOutcome, BuildPlan, BuildPublisher, Config, DeliveryError, ErrorKind,
-    Generation, Handled, Heartbeat, Holdfast, NewToken, Output, Precision, Quantity, QueueName,
-    Request, RevisionUri, RunReport, SelectError, SettleError, TokenError, TokenId, TokenType,
-    TxId, WalletId, async_trait,
+    Generation, Handled, Heartbeat, Holdfast, Ingest, NewToken, Output, Precision, Quantity,
+    QueueName, Request, RevisionUri, RunReport, SelectError, SettleError, TokenError, TokenId,
+    TokenType, TxId, WalletId, async_trait,
 };
 use tokio::sync::Notify;
 
@@ -334,6 +334,16 @@ impl BuildPublisher for Recorder {
     }
 }
 
+/// Ingests revision `git://repo#abc` into `queue` (the first ingest creates it).
+async fn ingest_abc(holdfast: &Holdfast, queue: &QueueName) -> Ingest {
+    let uri = RevisionUri::new("git://repo#abc").expect("uri");
+    holdfast
+        .admission()
+        .ingest(queue, &uri)
+        .await
+        .expect("ingest")
+}
+
 /// Admission workers started on the handle publish what is ingested; the build
 /// heartbeats and reports through the handle; stopping
 /// one group of workers leaves the handle running, and the shutdown stops the
@@ -361,12 +371,7 @@ async fn admission_workers_publish_and_drain_on_shutdown() {
     tokio::pin!(seen);
     seen.as_mut().enable();
     // The first ingest creates the queue.
-    let uri = RevisionUri::new("git://repo#abc").expect("uri");
-    let ingest = holdfast
-        .admission()
-        .ingest(&main, &uri)
-        .await
-        .expect("ingest");
+    let ingest = ingest_abc(&holdfast, &main).await;
     tokio::time::timeout(Duration::from_secs(30), seen)
         .await
         .expect("the build is published");
@@ -446,12 +451,7 @@ async fn a_stop_behind_a_held_delivery(
         .run_admission(vec![main.clone()], publisher.clone(), 1)
         .expect("workers");
     let entered = publisher.entered.notified();
-    let uri = RevisionUri::new("git://repo#abc").expect("uri");
-    holdfast
-        .admission()
-        .ingest(&main, &uri)
-        .await
-        .expect("ingest");
+    ingest_abc(&holdfast, &main).await;
     tokio::time::timeout(Duration::from_secs(30), entered)
         .await
         .expect("the worker publishes");

@@ -265,6 +265,18 @@ impl PgBackend {
         self.inner.lines_busy.load(Ordering::Relaxed)
     }
 
+    /// `NOTIFY` statements sent so far: keys freed here that another instance
+    /// waited for, announcements of this instance's waits, and the question its
+    /// listener asks when it connects (`docs/wakeups.md`).
+    pub fn notifies(&self) -> u64 {
+        self.inner.wake.counts.notifies.load(Ordering::Relaxed)
+    }
+
+    /// Keys freed here so far and not sent: no other instance waited for them.
+    pub fn wakes_withheld(&self) -> u64 {
+        self.inner.wake.counts.withheld.load(Ordering::Relaxed)
+    }
+
     /// Statements the server answered with an error so far (including unique
     /// violations the `insert` strategy reports as contended).
     pub fn server_errors(&self) -> u64 {

@@ -41,12 +41,17 @@
 //!   says whether the server's settings let an acknowledged commit be lost.
 //! - [`PgBackend::round_trips`] counts statements; [`PgBackend::server_errors`]
 //!   counts statements the server failed.
+//! - Wake-ups cross instances by `NOTIFY` on [`CHANNEL`], sent only for keys
+//!   another instance announced a wait on (every key for [`OPEN`] after a
+//!   listener connects); [`PgBackend::notifies`] and
+//!   [`PgBackend::wakes_withheld`] count what was sent and held back.
 
 mod backend;
 mod codec;
 mod durability;
 mod error;
 mod hosts;
+mod interest;
 mod locks;
 mod options;
 mod queues;
@@ -62,6 +67,7 @@ pub use backend::PgBackend;
 pub use durability::{CommitRisk, DURABILITY_TARGET, Durability};
 pub use error::ConnectError;
 pub use hosts::{HostsError, TargetSessionAttrs};
+pub use interest::{CATCH_UP, OPEN};
 pub use locks::{
     CLAIM_LINE_SPACE, RELEASE_CONSUMER, SPEND, SWEEP_LOCK_KEY, WINDOW, WINDOW_SKIP_LOCKED,
     claim_line_key,

@@ -16,10 +16,13 @@
 //!   end on their timers. It reconnects to the host the pool's connections go to
 //!   (after a failover, the new primary: a standby refuses `LISTEN`) and gets a
 //!   session of the kind the URL asks for.
+//! - **Only where somebody waits** ([`Interest`]): an instance announces the
+//!   keys its waits begin on, and sends a freed key only while another instance
+//!   waits for it (or while it may have missed announcements).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use holdfast_domain::{QueueName, TxId};
@@ -27,9 +30,11 @@ use holdfast_ports::{Registry, Subscription, WakeKey, WakeUps};
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::PgBackend;
 use crate::hosts::TargetSessionAttrs;
+use crate::interest::Interest;
 use crate::route::Route;
 use crate::session::Health;
 
@@ -46,12 +51,35 @@ const MAX_PAYLOAD: usize = 7000;
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(5);
 
+/// What the notifier is handed.
+#[derive(Debug)]
+enum Out {
+    /// A key freed here: sent while another instance waits for it.
+    Freed(WakeKey),
+    /// A key sent whatever the interest: an announcement crossed its release.
+    CatchUp(WakeKey),
+    /// A wait on the key until the deadline began here: announced.
+    Waits(WakeKey, Instant),
+    /// This listener just connected: the others are asked what they wait for.
+    Ask,
+}
+
+/// What the notifier sent and held back, for tests and operators.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    /// `NOTIFY` statements sent.
+    pub(crate) notifies: AtomicU64,
+    /// Freed keys not sent: no other instance waited for them.
+    pub(crate) withheld: AtomicU64,
+}
+
 /// The wake-ups of one instance.
 pub(crate) struct Wake {
     pub(crate) registry: Registry,
     /// Keys for the notifier; `None` when cross-instance wake-ups are off.
-    outbox: Option<mpsc::UnboundedSender<WakeKey>>,
+    outbox: Option<mpsc::UnboundedSender<Out>>,
     listening: Arc<AtomicBool>,
+    pub(crate) counts: Arc<Counts>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -77,6 +105,7 @@ impl Wake {
             registry: Registry::new(),
             outbox: None,
             listening: Arc::new(AtomicBool::new(false)),
+            counts: Arc::default(),
             tasks: Vec::new(),
         }
     }
@@ -96,21 +125,38 @@ impl Wake {
         let registry = Registry::new();
         let instance = instance_id();
         let listening = Arc::new(AtomicBool::new(false));
+        let counts = Arc::new(Counts::default());
+        let interest = Arc::new(Mutex::new(Interest::default()));
         let (outbox, inbox) = mpsc::unbounded_channel();
+        let waits = outbox.clone();
+        // The notifier ends only with the instance.
+        registry.on_wait(Box::new(move |key, deadline| {
+            let _ = waits.send(Out::Waits(key.clone(), deadline));
+        }));
+        let notifier = Notifier {
+            pool,
+            instance: instance.clone(),
+            interest: interest.clone(),
+            counts: counts.clone(),
+        };
+        let listener = Listener {
+            route,
+            registry: registry.clone(),
+            instance,
+            listening: listening.clone(),
+            health,
+            interest,
+            outbox: outbox.clone(),
+        };
         let tasks = vec![
-            tokio::spawn(notify(pool, instance.clone(), inbox)),
-            tokio::spawn(listen(
-                route,
-                registry.clone(),
-                instance,
-                listening.clone(),
-                health,
-            )),
+            tokio::spawn(notifier.run(inbox)),
+            tokio::spawn(listener.run()),
         ];
         Wake {
             registry,
             outbox: Some(outbox),
             listening,
+            counts,
             tasks,
         }
     }
@@ -139,7 +185,7 @@ impl WakeUps for PgBackend {
         if let Some(outbox) = &wake.outbox {
             for key in keys {
                 // The notifier ends only with the instance.
-                let _ = outbox.send(key.clone());
+                let _ = outbox.send(Out::Freed(key.clone()));
             }
         }
     }
@@ -158,18 +204,26 @@ fn line(key: &WakeKey) -> String {
     }
 }
 
-/// The payloads naming `keys`, each `instance` then one key per line, at most
-/// [`MAX_PAYLOAD`] bytes each.
-fn payloads(instance: &str, keys: &BTreeSet<WakeKey>) -> Vec<String> {
+/// An announcement as a payload line: `i<TAB>milliseconds<TAB>` and the key's
+/// line. Instances without announcements read no key from it.
+fn interest_line(key: &WakeKey, lasting: Duration) -> String {
+    format!("i\t{}\t{}", lasting.as_millis(), line(key))
+}
+
+/// The question "what do you wait for?" as a payload line.
+const ASK: &str = "?";
+
+/// The payloads carrying `lines`, each `instance` then one line per line, at
+/// most [`MAX_PAYLOAD`] bytes each.
+fn payloads(instance: &str, lines: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = instance.to_owned();
-    for key in keys {
-        let line = line(key);
+    for line in lines {
         if current.len() + 1 + line.len() > MAX_PAYLOAD && current.len() > instance.len() {
             out.push(std::mem::replace(&mut current, instance.to_owned()));
         }
         current.push('\n');
-        current.push_str(&line);
+        current.push_str(line);
     }
     if current.len() > instance.len() {
         out.push(current);
@@ -177,21 +231,50 @@ fn payloads(instance: &str, keys: &BTreeSet<WakeKey>) -> Vec<String> {
     out
 }
 
-/// The sender and keys of a payload; `None` for one that is not holdfast's.
-fn parse(payload: &str) -> Option<(&str, Vec<WakeKey>)> {
+/// What a payload says.
+#[derive(Debug, Default, PartialEq)]
+struct Message<'a> {
+    sender: &'a str,
+    /// Keys freed.
+    wakes: Vec<WakeKey>,
+    /// Keys the sender waits for, and how long to keep each.
+    interests: Vec<(WakeKey, Duration)>,
+    /// The sender asks what the others wait for.
+    ask: bool,
+}
+
+/// One key from its line's fields (see [`line`]).
+fn key_of<'a>(mut fields: impl Iterator<Item = &'a str>) -> Option<WakeKey> {
+    match (fields.next()?, fields.next()?, fields.next(), fields.next()) {
+        ("t", wallet, Some(token_type), None) => WakeKey::tokens_of(wallet, token_type),
+        ("q", queue, None, None) => Some(WakeKey::Queue(QueueName::new(queue).ok()?)),
+        _ => None,
+    }
+}
+
+/// What a payload says; `None` for one that is not holdfast's. Lines it does not
+/// know are skipped.
+fn parse(payload: &str) -> Option<Message<'_>> {
     let mut lines = payload.split('\n');
-    let instance = lines.next()?;
-    let keys = lines
-        .filter_map(|line| {
-            let mut fields = line.split('\t');
-            match (fields.next()?, fields.next()?, fields.next()) {
-                ("t", wallet, Some(token_type)) => WakeKey::tokens_of(wallet, token_type),
-                ("q", queue, None) => Some(WakeKey::Queue(QueueName::new(queue).ok()?)),
-                _ => None,
+    let mut message = Message {
+        sender: lines.next()?,
+        ..Message::default()
+    };
+    for line in lines {
+        if line == ASK {
+            message.ask = true;
+        } else if let Some(rest) = line.strip_prefix("i\t") {
+            let Some((ms, key)) = rest.split_once('\t') else {
+                continue;
+            };
+            if let (Ok(ms), Some(key)) = (ms.parse::<u64>(), key_of(key.split('\t'))) {
+                message.interests.push((key, Duration::from_millis(ms)));
             }
-        })
-        .collect();
-    Some((instance, keys))
+        } else if let Some(key) = key_of(line.split('\t')) {
+            message.wakes.push(key);
+        }
+    }
+    Some(message)
 }
 
 /// Keys as rows return them (`wallet<TAB>type`, see the lock statements).
@@ -206,44 +289,157 @@ pub(crate) fn token_keys(rows: &[String]) -> Vec<WakeKey> {
 
 const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
 
-async fn notify(pool: PgPool, instance: String, mut inbox: mpsc::UnboundedReceiver<WakeKey>) {
-    let mut last_sent: Option<tokio::time::Instant> = None;
-    while let Some(first) = inbox.recv().await {
-        // The first key after a quiet spell goes at once; keys that follow within
-        // COALESCE of a send are gathered for the next one.
-        if let Some(last) = last_sent {
-            tokio::time::sleep_until(last + COALESCE).await;
+/// The interest, shared by the notifier and the listener.
+type Shared = Arc<Mutex<Interest>>;
+
+fn lock(interest: &Shared) -> std::sync::MutexGuard<'_, Interest> {
+    // Nothing panics while holding it; a poisoned state is still whole.
+    interest.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sends what the instance hands it, in one statement per [`COALESCE`].
+struct Notifier {
+    pool: PgPool,
+    instance: String,
+    interest: Shared,
+    counts: Arc<Counts>,
+}
+
+impl Notifier {
+    async fn run(self, mut inbox: mpsc::UnboundedReceiver<Out>) {
+        let mut last_sent: Option<Instant> = None;
+        while let Some(first) = inbox.recv().await {
+            // The first key after a quiet spell goes at once; keys that follow
+            // within COALESCE of a send are gathered for the next one.
+            if let Some(last) = last_sent {
+                tokio::time::sleep_until(last + COALESCE).await;
+            }
+            let mut batch = vec![first];
+            while let Ok(out) = inbox.try_recv() {
+                batch.push(out);
+            }
+            let lines = self.lines(batch);
+            if lines.is_empty() {
+                continue;
+            }
+            last_sent = Some(Instant::now());
+            self.counts.notifies.fetch_add(1, Ordering::Relaxed);
+            let sent = sqlx::query(NOTIFY)
+                .bind(CHANNEL)
+                .bind(payloads(&self.instance, &lines))
+                .execute(&self.pool)
+                .await;
+            if let Err(e) = sent {
+                // Other instances' waiters end on their timers: latency, not
+                // correctness.
+                tracing::warn!(error = %e, lines = lines.len(), "NOTIFY failed; other instances wait for their timers");
+            }
         }
-        let mut keys = BTreeSet::from([first]);
-        while let Ok(key) = inbox.try_recv() {
-            keys.insert(key);
+    }
+
+    /// The lines to send for `batch`: freed keys another instance waits for,
+    /// keys to catch up on, new announcements, the question.
+    fn lines(&self, batch: Vec<Out>) -> Vec<String> {
+        let now = Instant::now();
+        let mut wakes = BTreeSet::new();
+        let mut announcements = Vec::new();
+        let mut ask = false;
+        let mut interest = lock(&self.interest);
+        for out in batch {
+            match out {
+                Out::Freed(key) => {
+                    if interest.freed(&key, now) {
+                        wakes.insert(key);
+                    } else {
+                        self.counts.withheld.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Out::CatchUp(key) => {
+                    wakes.insert(key);
+                }
+                Out::Waits(key, deadline) => {
+                    if let Some(lasting) = interest.waits(&key, deadline, now) {
+                        announcements.push(interest_line(&key, lasting));
+                    }
+                }
+                Out::Ask => ask = true,
+            }
         }
-        last_sent = Some(tokio::time::Instant::now());
-        let payloads = payloads(&instance, &keys);
-        let sent = sqlx::query(NOTIFY)
-            .bind(CHANNEL)
-            .bind(&payloads)
-            .execute(&pool)
-            .await;
-        if let Err(e) = sent {
-            // Other instances' waiters end on their timers: latency, not correctness.
-            tracing::warn!(error = %e, keys = keys.len(), "NOTIFY failed; other instances wait for their timers");
+        drop(interest);
+        let mut lines: Vec<String> = wakes.iter().map(line).collect();
+        lines.extend(announcements);
+        if ask {
+            lines.push(ASK.to_owned());
         }
+        lines
     }
 }
 
-async fn listen(
+/// Hears the other instances on its own connection.
+struct Listener {
     route: Arc<Route>,
     registry: Registry,
     instance: String,
     listening: Arc<AtomicBool>,
     health: Arc<Health>,
-) {
-    let mut pause = FIRST_PAUSE;
-    loop {
+    interest: Shared,
+    outbox: mpsc::UnboundedSender<Out>,
+}
+
+impl Listener {
+    async fn run(self) {
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let pool = self.pool();
+            let connected = async {
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen(CHANNEL).await?;
+                Ok::<_, sqlx::Error>(listener)
+            };
+            match connected.await {
+                Ok(mut listener) => {
+                    self.listening.store(true, Ordering::Relaxed);
+                    pause = FIRST_PAUSE;
+                    self.caught_up();
+                    tracing::debug!("listening for wake-ups");
+                    loop {
+                        match listener.try_recv().await {
+                            Ok(Some(notification)) => self.heard(notification.payload()),
+                            // The connection dropped and was made again: signals were
+                            // lost, and the pool's connections may be as broken as
+                            // this one was.
+                            Ok(None) => {
+                                self.health.broken();
+                                self.caught_up();
+                            }
+                            Err(e) => {
+                                self.health.broken();
+                                tracing::warn!(error = %e, "the wake-up listener lost its connection; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                    self.listening.store(false, Ordering::Relaxed);
+                    lock(&self.interest).disconnected();
+                }
+                Err(e) => {
+                    // The server may have moved.
+                    self.health.look_again();
+                    tracing::warn!(error = %e, ?pause, "could not listen for wake-ups; waits use their timers");
+                }
+            }
+            pool.close().await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+
+    /// A pool of one connection to the route's current host, of the kind the
+    /// URL asks for.
+    fn pool(&self) -> PgPool {
         let mut options = PgPoolOptions::new().max_connections(1);
-        if route.target() != TargetSessionAttrs::Any {
-            let checked = route.clone();
+        if self.route.target() != TargetSessionAttrs::Any {
+            let checked = self.route.clone();
             options = options.after_connect(move |conn, _meta| {
                 let route = checked.clone();
                 Box::pin(async move {
@@ -254,53 +450,55 @@ async fn listen(
                 })
             });
         }
-        let pool =
-            options.connect_lazy_with(route.pool_options().application_name("holdfast-listen"));
-        let connected = async {
-            let mut listener = PgListener::connect_with(&pool).await?;
-            listener.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(listener)
+        options.connect_lazy_with(
+            self.route
+                .pool_options()
+                .application_name("holdfast-listen"),
+        )
+    }
+
+    /// The connection listens (again): signals and announcements sent before
+    /// were missed. Every waiter looks again, every freed key is sent for a
+    /// while, the others are asked what they wait for, and this instance's
+    /// waits are announced.
+    fn caught_up(&self) {
+        lock(&self.interest).connected(Instant::now());
+        self.registry.signal_all();
+        // The notifier ends only with the instance.
+        let _ = self.outbox.send(Out::Ask);
+        self.announce_waits();
+    }
+
+    fn announce_waits(&self) {
+        for (key, deadline) in self.registry.waiting_keys() {
+            let _ = self.outbox.send(Out::Waits(key, deadline));
+        }
+    }
+
+    /// A notification of another instance: wake this instance's waiters of the
+    /// keys it freed, note what it waits for (catching up on keys freed here
+    /// meanwhile), answer its question.
+    fn heard(&self, payload: &str) {
+        let Some(message) = parse(payload) else {
+            return;
         };
-        match connected.await {
-            Ok(mut listener) => {
-                listening.store(true, Ordering::Relaxed);
-                pause = FIRST_PAUSE;
-                // Signals sent before this connection listened are lost: look again.
-                registry.signal_all();
-                tracing::debug!("listening for wake-ups");
-                loop {
-                    match listener.try_recv().await {
-                        Ok(Some(notification)) => {
-                            if let Some((sender, keys)) = parse(notification.payload()) {
-                                if sender != instance {
-                                    registry.signal(&keys, None);
-                                }
-                            }
-                        }
-                        // The connection dropped and was made again: signals were lost,
-                        // and the pool's connections may be as broken as this one was.
-                        Ok(None) => {
-                            health.broken();
-                            registry.signal_all();
-                        }
-                        Err(e) => {
-                            health.broken();
-                            tracing::warn!(error = %e, "the wake-up listener lost its connection; reconnecting");
-                            break;
-                        }
-                    }
+        if message.sender == self.instance {
+            return;
+        }
+        self.registry.signal(&message.wakes, None);
+        if !message.interests.is_empty() {
+            let now = Instant::now();
+            let mut interest = lock(&self.interest);
+            for (key, lasting) in message.interests {
+                if interest.heard(&key, lasting, now) {
+                    let _ = self.outbox.send(Out::CatchUp(key));
                 }
-                listening.store(false, Ordering::Relaxed);
-            }
-            Err(e) => {
-                // The server may have moved.
-                health.look_again();
-                tracing::warn!(error = %e, ?pause, "could not listen for wake-ups; waits use their timers");
             }
         }
-        pool.close().await;
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_PAUSE);
+        if message.ask {
+            lock(&self.interest).asked();
+            self.announce_waits();
+        }
     }
 }
 
@@ -319,21 +517,81 @@ mod tests {
         for i in 0..400 {
             keys.insert(tokens(&format!("wallet with spaces {i}"), "coin:α"));
         }
-        let sent = payloads("me", &keys);
+        let waits = [
+            (tokens("w", "t"), Duration::from_millis(40)),
+            (
+                WakeKey::Queue(QueueName::new("q").expect("queue")),
+                Duration::from_secs(7200),
+            ),
+        ];
+        let mut lines: Vec<String> = keys.iter().map(line).collect();
+        lines.extend(
+            waits
+                .iter()
+                .map(|(key, lasting)| interest_line(key, *lasting)),
+        );
+        lines.push(ASK.to_owned());
+        let sent = payloads("me", &lines);
         assert!(sent.len() > 1, "{} payloads", sent.len());
         let mut back = BTreeSet::new();
+        let mut interests = Vec::new();
+        let mut asked = false;
         for payload in &sent {
             assert!(payload.len() <= MAX_PAYLOAD, "{}", payload.len());
-            let (sender, keys) = parse(payload).expect("parsed");
-            assert_eq!(sender, "me");
-            back.extend(keys);
+            let message = parse(payload).expect("parsed");
+            assert_eq!(message.sender, "me");
+            back.extend(message.wakes);
+            interests.extend(message.interests);
+            asked |= message.ask;
         }
         assert_eq!(back, keys);
+        assert_eq!(interests, waits);
+        assert!(asked);
     }
 
     #[test]
     fn foreign_payloads_name_no_keys() {
-        let (_, keys) = parse("someone\nhello world\nt\tonly-wallet").expect("parsed");
-        assert!(keys.is_empty());
+        let message =
+            parse("someone\nhello world\nt\tonly-wallet\ni\tsoon\tq\tmain\ni\t5").expect("parsed");
+        assert_eq!(
+            message,
+            Message {
+                sender: "someone",
+                ..Message::default()
+            }
+        );
+    }
+
+    /// What an instance before announcements read from a payload: its keys of
+    /// `t` and `q` lines, three and two fields.
+    fn keys_read_before_announcements(payload: &str) -> Vec<WakeKey> {
+        payload
+            .split('\n')
+            .skip(1)
+            .filter_map(|line| {
+                let mut fields = line.split('\t');
+                match (fields.next()?, fields.next()?, fields.next()) {
+                    ("t", wallet, Some(token_type)) => WakeKey::tokens_of(wallet, token_type),
+                    ("q", queue, None) => Some(WakeKey::Queue(QueueName::new(queue).ok()?)),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn instances_before_announcements_read_only_the_freed_keys() {
+        let freed = tokens("w", "t");
+        let lines = [
+            line(&freed),
+            interest_line(&tokens("x", "t"), Duration::from_millis(9)),
+            interest_line(
+                &WakeKey::Queue(QueueName::new("q").expect("queue")),
+                Duration::from_millis(9),
+            ),
+            ASK.to_owned(),
+        ];
+        let sent = payloads("me", &lines);
+        assert_eq!(keys_read_before_announcements(&sent[0]), vec![freed]);
     }
 }

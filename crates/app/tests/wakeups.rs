@@ -1,8 +1,9 @@
 //! Wake-ups on the real backends (`docs/wakeups.md`): a waiting select answers
 //! when another instance frees its tokens, without its backoff timer; a woken
 //! waiter that cannot use what was freed hands the wake on; a held admission
-//! head is woken when a slot frees; and a lost PostgreSQL listener costs only
-//! latency.
+//! head is woken when a slot frees; a lost PostgreSQL listener costs only
+//! latency; and a PostgreSQL release is sent only where another instance waits,
+//! a wait announced after a release it missed included.
 //!
 //! Every waiting select here has a backoff uniform in [0, 60 s): a wait that a
 //! signal did not end would end on that timer, which the select's counters show
@@ -12,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use holdfast::{SelectReport, TokenSelector};
-use holdfast_adapters_postgres::{LockStrategy, PgBackend};
+use holdfast_adapters_postgres::{LockStrategy, OPEN, PgBackend};
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
     BuildOutcome, QueueName, Reply, RevisionUri, SelectionConfig, Timestamp, TokenId, TokenType,
     WalletId,
 };
-use holdfast_ports::{NewToken, Stores, WaitEnd};
+use holdfast_ports::{NewToken, Stores, WaitEnd, WakeKey};
 use tokio::task::JoinHandle;
 
 use crate::common::{self, TempDb, TokioClock, q, tx};
@@ -354,6 +355,80 @@ async fn postgres_a_killed_listener_costs_only_latency() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Waits until both listeners have listened for longer than [`OPEN`]: each
+/// then sends a freed key only where the other waits for it.
+async fn past_the_open_window(a: &PgBackend, b: &PgBackend) {
+    listening(a).await;
+    listening(b).await;
+    // sleep: synchronisation: an instance sends every freed key for OPEN after its listener
+    // connects; nothing public says when that window closed.
+    tokio::time::sleep(OPEN + Duration::from_millis(200)).await;
+}
+
+/// Waits (at most 20 s) until `backend`'s notifier has held back a freed key
+/// since it had held back `before`.
+async fn withheld_since(backend: &PgBackend, before: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while backend.wakes_withheld() <= before {
+        assert!(Instant::now() < deadline, "the release was never held back");
+        // sleep: poll interval until the notifier has weighed the release, bounded by the deadline.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn postgres_a_release_is_sent_only_where_another_instance_waits() {
+    let Some(db) = TestDb::create("wakeups::sent_where_waited").await else {
+        return;
+    };
+    let a = db.backend(LockStrategy::default(), 4).await;
+    let b = db.backend(LockStrategy::default(), 4).await;
+    past_the_open_window(&a, &b).await;
+    let tokens = fund(&a.stores(), "n", &[10]).await;
+    // Nobody waits: the release stays in its instance.
+    let (sent, withheld) = (a.notifies(), a.wakes_withheld());
+    hold(&a.stores(), "holder", &tokens).await;
+    release(&a.stores(), "holder", &tokens).await;
+    withheld_since(&a, withheld).await;
+    assert_eq!(a.notifies(), sent, "a release nobody waits for was sent");
+    // A select of the other instance waits: its wait is announced, and the
+    // release then reaches it.
+    hold(&a.stores(), "holder-2", &tokens).await;
+    let waiting = waiting_select(&selector(&b.stores(), 3), 10, "waiter").await;
+    release(&a.stores(), "holder-2", &tokens).await;
+    woken(&answered(waiting).await);
+    assert!(a.notifies() > sent, "the release was not sent");
+}
+
+#[tokio::test]
+async fn postgres_a_wait_announced_after_a_release_it_missed_is_caught_up() {
+    let Some(db) = TestDb::create("wakeups::caught_up").await else {
+        return;
+    };
+    let a = db.backend(LockStrategy::default(), 4).await;
+    let b = db.backend(LockStrategy::default(), 4).await;
+    past_the_open_window(&a, &b).await;
+    let tokens = fund(&a.stores(), "c", &[10]).await;
+    hold(&a.stores(), "holder", &tokens).await;
+    let (wallet, chf) = wallet();
+    // A waiter subscribes, reads (the token is held), and is slow to wait: the
+    // release comes between its read and its wait, before any announcement.
+    let mut waiter = holdfast_ports::WakeUps::subscribe(&b, WakeKey::tokens(&wallet, &chf), None);
+    let withheld = a.wakes_withheld();
+    release(&a.stores(), "holder", &tokens).await;
+    // Nobody waited yet: not sent.
+    withheld_since(&a, withheld).await;
+    // Its wait is announced; the releasing instance answers with the key.
+    let end = waiter
+        .wait_until(tokio::time::Instant::now() + Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        end,
+        WaitEnd::Signalled,
+        "the missed release never reached the waiter"
+    );
 }
 
 /// `n` selects that each need more than one released token can give, all

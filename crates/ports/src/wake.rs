@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use holdfast_domain::{Fullness, Others, QueueName, TokenType, TxId, WalletId};
 use tokio::sync::Notify;
@@ -109,6 +109,8 @@ struct Waiter {
     /// before it subscribed (it reads after subscribing). A wake handed on
     /// never reaches a waiter that already looked at what that signal freed.
     round: AtomicU64,
+    /// The deadline of its current (or last) wait.
+    deadline: Mutex<Option<Instant>>,
 }
 
 /// Which wake [`Registry::wake_first`] sends.
@@ -151,10 +153,15 @@ impl Subscription {
     /// the registry counts it in [`Registry::waiting`].
     pub async fn wait_until(&mut self, deadline: Instant) -> WaitEnd {
         self.waiter.passed_over.store(false, Ordering::SeqCst);
+        *self
+            .waiter
+            .deadline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(deadline);
         let _waiting = self
             .registration
             .as_ref()
-            .map(|(registry, _, _)| registry.start_waiting(&self.waiter));
+            .map(|(registry, key, _)| registry.start_waiting(&self.waiter, key, deadline));
         tokio::select! {
             biased;
             () = self.waiter.notify.notified() => {
@@ -328,7 +335,13 @@ pub struct Registry {
     first_waiter: Arc<Notify>,
     /// Notified when a woken waiter is done looking.
     looked: Arc<Notify>,
+    /// Told of every wait that begins ([`Registry::on_wait`]).
+    on_wait: Arc<OnceLock<WaitHook>>,
 }
+
+/// What [`Registry::on_wait`] is told: the key of a wait that begins, and its
+/// deadline.
+pub type WaitHook = Box<dyn Fn(&WakeKey, Instant) + Send + Sync>;
 
 /// Marks one wait (and counts it in [`Registry::waiting`]) while it lives.
 struct Waiting(Arc<AtomicUsize>, Arc<Waiter>);
@@ -477,12 +490,45 @@ impl Registry {
         self.signal(&keys, None)
     }
 
-    fn start_waiting(&self, waiter: &Arc<Waiter>) -> Waiting {
+    fn start_waiting(&self, waiter: &Arc<Waiter>, key: &WakeKey, deadline: Instant) -> Waiting {
         waiter.waiting.store(true, Ordering::SeqCst);
         if self.waiting.fetch_add(1, Ordering::SeqCst) == 0 {
             self.first_waiter.notify_waiters();
         }
+        if let Some(hook) = self.on_wait.get() {
+            hook(key, deadline);
+        }
         Waiting(self.waiting.clone(), waiter.clone())
+    }
+
+    /// Has `hook` told of every wait that begins from now on, with its key and
+    /// deadline (PostgreSQL tells other instances which keys its waiters wait
+    /// for). One hook per registry: a second one is refused (`false`).
+    pub fn on_wait(&self, hook: WaitHook) -> bool {
+        self.on_wait.set(hook).is_ok()
+    }
+
+    /// The keys some subscription waits for now, each with the latest deadline
+    /// of its waits.
+    pub fn waiting_keys(&self) -> Vec<(WakeKey, Instant)> {
+        let state = self.lock();
+        state
+            .waiters
+            .iter()
+            .filter_map(|(key, line)| {
+                line.entries
+                    .iter()
+                    .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
+                    .filter_map(|e| {
+                        *e.waiter
+                            .deadline
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                    })
+                    .max()
+                    .map(|deadline| (key.clone(), deadline))
+            })
+            .collect()
     }
 
     /// Subscriptions registered now (waiting or between waits).
@@ -899,5 +945,38 @@ mod tests {
         registry.signal(&[key("a")], None);
         assert_eq!(waiter.await.expect("waiter"), WaitEnd::Signalled);
         assert_eq!(registry.waiting(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_hook_hears_each_wait_and_the_keys_waited_for_are_known() {
+        let registry = Registry::new();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let into = heard.clone();
+        assert!(registry.on_wait(Box::new(move |key, deadline| {
+            into.lock().expect("heard").push((key.clone(), deadline));
+        })));
+        assert!(
+            !registry.on_wait(Box::new(|_, _| {})),
+            "one hook per registry"
+        );
+        let (near, far) = (soon(), soon() + Duration::from_secs(5));
+        let _idle = registry.subscribe(key("b"), None);
+        let mut first = registry.subscribe(key("a"), None);
+        let mut second = registry.subscribe(key("a"), None);
+        let one = tokio::spawn(async move { first.wait_until(near).await });
+        let two = tokio::spawn(async move { second.wait_until(far).await });
+        registry.until_waiting().await;
+        tokio::task::yield_now().await;
+        assert_eq!(registry.waiting(), 2);
+        let mut heard_now = heard.lock().expect("heard").clone();
+        heard_now.sort_by_key(|(_, deadline)| *deadline);
+        assert_eq!(heard_now, vec![(key("a"), near), (key("a"), far)]);
+        // A subscription between its waits is no wait: only key "a" is waited for.
+        assert_eq!(registry.waiting_keys(), vec![(key("a"), far)]);
+        registry.signal(&[key("a")], None);
+        registry.signal(&[key("a")], None);
+        assert_eq!(one.await.expect("one"), WaitEnd::Signalled);
+        assert_eq!(two.await.expect("two"), WaitEnd::Signalled);
+        assert!(registry.waiting_keys().is_empty());
     }
 }

@@ -123,6 +123,16 @@ impl Interest {
     }
 }
 
+impl Interest {
+    /// Announcements of `keys` did not go out (the `NOTIFY` failed): the next
+    /// wait on each announces it again.
+    pub(crate) fn not_announced(&mut self, keys: &[WakeKey]) {
+        for key in keys {
+            self.announced.remove(key);
+        }
+    }
+}
+
 /// Drops the entries `expired` says are, once `map` has grown to [`PRUNE_AT`].
 fn prune(map: &mut HashMap<WakeKey, Instant>, expired: impl Fn(Instant) -> bool) {
     if map.len() >= PRUNE_AT {

@@ -318,7 +318,7 @@ impl Notifier {
             while let Ok(out) = inbox.try_recv() {
                 batch.push(out);
             }
-            let lines = self.lines(batch);
+            let (lines, announced) = self.lines(batch);
             if lines.is_empty() {
                 continue;
             }
@@ -331,18 +331,21 @@ impl Notifier {
                 .await;
             if let Err(e) = sent {
                 // Other instances' waiters end on their timers: latency, not
-                // correctness.
+                // correctness. This instance's next waits announce again.
+                lock(&self.interest).not_announced(&announced);
                 tracing::warn!(error = %e, lines = lines.len(), "NOTIFY failed; other instances wait for their timers");
             }
         }
     }
 
-    /// The lines to send for `batch`: freed keys another instance waits for,
-    /// keys to catch up on, new announcements, the question.
-    fn lines(&self, batch: Vec<Out>) -> Vec<String> {
+    /// The lines to send for `batch` (freed keys another instance waits for,
+    /// keys to catch up on, new announcements, the question), and the keys
+    /// announced.
+    fn lines(&self, batch: Vec<Out>) -> (Vec<String>, Vec<WakeKey>) {
         let now = Instant::now();
         let mut wakes = BTreeSet::new();
         let mut announcements = Vec::new();
+        let mut announced = Vec::new();
         let mut ask = false;
         let mut interest = lock(&self.interest);
         for out in batch {
@@ -360,6 +363,7 @@ impl Notifier {
                 Out::Waits(key, deadline) => {
                     if let Some(lasting) = interest.waits(&key, deadline, now) {
                         announcements.push(interest_line(&key, lasting));
+                        announced.push(key);
                     }
                 }
                 Out::Ask => ask = true,
@@ -371,7 +375,7 @@ impl Notifier {
         if ask {
             lines.push(ASK.to_owned());
         }
-        lines
+        (lines, announced)
     }
 }
 

@@ -265,11 +265,11 @@ impl PgBackend {
         self.inner.lines_busy.load(Ordering::Relaxed)
     }
 
-    /// `NOTIFY` statements sent so far: keys freed here that another instance
-    /// waited for, announcements of this instance's waits, and the question its
-    /// listener asks when it connects (`docs/wakeups.md`).
-    pub fn notifies(&self) -> u64 {
-        self.inner.wake.counts.notifies.load(Ordering::Relaxed)
+    /// Keys freed here so far and sent to the other instances (`NOTIFY`): keys
+    /// another instance waited for, every key while this one may have missed
+    /// announcements, and catch-ups (`docs/wakeups.md`).
+    pub fn wakes_sent(&self) -> u64 {
+        self.inner.wake.counts.sent.load(Ordering::Relaxed)
     }
 
     /// Keys freed here so far and not sent: no other instance waited for them.

@@ -1,18 +1,25 @@
 //! Which keys other instances wait for, so that a release `NOTIFY`s only where
-//! somebody waits (`docs/wakeups.md`, "Across instances").
+//! somebody waits (`docs/wakeups.md`, "Only where another instance waits").
 //!
 //! - **An instance says what it waits for.** When one of its waits begins, it
-//!   announces the key and how long to keep it (twice the wait's time left, so
-//!   that a run of waits on one key announces rarely); an announcement that an
-//!   earlier one still covers is not sent again.
+//!   announces the key, how long to keep it (twice the wait's time left, so that
+//!   a run of waits on one key announces rarely) and how long ago the waiter may
+//!   have read (its subscription or its previous wait's end). An announcement
+//!   that an earlier one still covers is not sent again.
 //! - **A freed key is sent** while an announcement of another instance covers
-//!   it, and always while this instance may have missed announcements: while its
-//!   `LISTEN` connection is down and for [`OPEN`] after it (re)connects (it then
-//!   asks the others to announce what they wait for).
-//! - **Catching up.** A key freed and not sent is remembered for [`CATCH_UP`]:
-//!   an announcement of it arriving within that is answered with its signal, so a
-//!   waiter whose announcement crossed the release (it read before the release
-//!   and began to wait after it) is still woken.
+//!   it, and every freed key is sent while this instance may miss
+//!   announcements: while its `LISTEN` connection is down; from its (re)connect
+//!   until [`OPEN`] after its question "what do you wait for?" went out; for
+//!   [`LEGACY`] after it heard an instance that announces nothing (an earlier
+//!   version, during a rolling upgrade); and while a payload it sent has not come
+//!   back to its own listener for [`ECHO`] (a listener that hears nothing). An
+//!   instance that holds keys back and heard itself last over [`HEARTBEAT`] ago
+//!   sends a line to hear.
+//! - **Catching up.** A key freed and not sent is remembered: an announcement of
+//!   it whose waiter may have read before that release (within the waiter's age
+//!   and [`CATCH_UP`] for the announcement's way here) is answered with its
+//!   signal, so a waiter whose read came before the release and whose wait came
+//!   after it is still woken.
 //!
 //! Wake-ups stay an optimisation with a timer fallback: whatever this gets
 //! wrong costs latency, never correctness.
@@ -23,14 +30,28 @@ use std::time::Duration;
 use holdfast_ports::WakeKey;
 use tokio::time::Instant;
 
-/// After the listener (re)connects, every freed key is sent for this long: the
-/// other instances answer its question with what they wait for well within it.
+/// Every freed key is sent until this long after the question of a listener
+/// that (re)connected went out: the others answer it well within that.
 pub const OPEN: Duration = Duration::from_secs(2);
 
-/// How long a key freed and not sent is remembered, for an announcement that
-/// crossed it: longer than a waiter takes from its read to its wait under load,
-/// plus the announcement's way here.
+/// Margin for an announcement's way here (the notifier's pace, a statement, the
+/// delivery), added to its waiter's age when catching up.
 pub const CATCH_UP: Duration = Duration::from_secs(1);
+
+/// The longest age an announcement's catch-up reaches back.
+const MAX_AGE: Duration = Duration::from_secs(60);
+
+/// Every freed key is sent for this long after a payload of an instance that
+/// announces nothing.
+pub const LEGACY: Duration = Duration::from_secs(30);
+
+/// A payload sent and not heard back within this: the listener may hear
+/// nothing, so every freed key is sent until it hears one.
+pub const ECHO: Duration = Duration::from_secs(1);
+
+/// An instance holding keys back that heard itself last this long ago sends a
+/// line to hear back.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// An announcement lasts at least this long past its wait's deadline.
 const SLACK: Duration = Duration::from_millis(50);
@@ -43,26 +64,42 @@ const PRUNE_AT: usize = 4096;
 pub(crate) struct Interest {
     /// Keys other instances wait for, until when.
     remote: HashMap<WakeKey, Instant>,
-    /// Keys freed here and not sent, when.
+    /// Keys freed here and not sent, when last.
     unsent: HashMap<WakeKey, Instant>,
     /// This instance's announcements, until when they last.
     announced: HashMap<WakeKey, Instant>,
-    /// Since when the listener is connected; `None` while it is not.
-    listening_since: Option<Instant>,
+    /// Whether the listener is connected.
+    listening: bool,
+    /// When its question since it connected went out; `None` before.
+    asked_at: Option<Instant>,
+    /// When an instance that announces nothing was last heard.
+    legacy_at: Option<Instant>,
+    /// The first payload sent since this instance last heard itself.
+    unheard_since: Option<Instant>,
+    /// When this instance last heard itself (or connected).
+    echo_at: Option<Instant>,
 }
 
 impl Interest {
     /// The listener connected: announcements may have been missed until now, so
-    /// every key is sent for [`OPEN`], and this instance announces its waits
-    /// again.
+    /// every key is sent until [`OPEN`] after its question went out, and this
+    /// instance announces its waits again.
     pub(crate) fn connected(&mut self, now: Instant) {
-        self.listening_since = Some(now);
+        self.listening = true;
+        self.asked_at = None;
         self.announced.clear();
+        self.unheard_since = None;
+        self.echo_at = Some(now);
     }
 
     /// The listener lost its connection: every key is sent until it is back.
     pub(crate) fn disconnected(&mut self) {
-        self.listening_since = None;
+        self.listening = false;
+    }
+
+    /// The question of the listener went out.
+    pub(crate) fn ask_sent(&mut self, now: Instant) {
+        self.asked_at = Some(now);
     }
 
     /// Another instance asked what this one waits for: announce again.
@@ -70,35 +107,76 @@ impl Interest {
         self.announced.clear();
     }
 
+    /// An instance that announces nothing was heard.
+    pub(crate) fn legacy(&mut self, now: Instant) {
+        self.legacy_at = Some(now);
+    }
+
+    /// A payload went out.
+    pub(crate) fn sent(&mut self, now: Instant) {
+        self.unheard_since.get_or_insert(now);
+    }
+
+    /// A payload of this instance came back to its listener.
+    pub(crate) fn echo(&mut self, now: Instant) {
+        self.unheard_since = None;
+        self.echo_at = Some(now);
+    }
+
     /// Whether every freed key is sent now.
     fn open(&self, now: Instant) -> bool {
-        self.listening_since
-            .is_none_or(|since| now.saturating_duration_since(since) < OPEN)
+        let within = |at: Option<Instant>, span| {
+            at.is_some_and(|at| now.saturating_duration_since(at) < span)
+        };
+        !self.listening
+            || self.asked_at.is_none()
+            || within(self.asked_at, OPEN)
+            || within(self.legacy_at, LEGACY)
+            || self
+                .unheard_since
+                .is_some_and(|at| now.saturating_duration_since(at) >= ECHO)
+    }
+
+    /// Whether a payload should go out only to be heard back: keys are held
+    /// back, and this instance heard itself last over [`HEARTBEAT`] ago.
+    pub(crate) fn heartbeat(&self, now: Instant) -> bool {
+        self.unheard_since.is_none()
+            && self
+                .echo_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= HEARTBEAT)
     }
 
     /// `key` was freed here: whether to send it to the other instances. One not
-    /// sent is remembered for [`CATCH_UP`].
+    /// sent is remembered for a later announcement to catch up on.
     pub(crate) fn freed(&mut self, key: &WakeKey, now: Instant) -> bool {
         if self.open(now) || self.remote.get(key).is_some_and(|until| *until > now) {
             return true;
         }
         prune(&mut self.unsent, |at| {
-            now.saturating_duration_since(at) > CATCH_UP
+            now.saturating_duration_since(at) > MAX_AGE + CATCH_UP
         });
         self.unsent.insert(key.clone(), now);
         false
     }
 
-    /// Another instance waits for `key` for `lasting`: whether to send `key` now,
-    /// because it was freed here within [`CATCH_UP`] and not sent.
-    pub(crate) fn heard(&mut self, key: &WakeKey, lasting: Duration, now: Instant) -> bool {
+    /// Another instance waits for `key` for `lasting`, its waiter having read up
+    /// to `age` ago: whether to send `key` now, because it was freed here and
+    /// not sent since then (and [`CATCH_UP`] before, for the way here).
+    pub(crate) fn heard(
+        &mut self,
+        key: &WakeKey,
+        lasting: Duration,
+        age: Duration,
+        now: Instant,
+    ) -> bool {
         let until = now + lasting;
         prune(&mut self.remote, |u| u <= now);
         let kept = self.remote.entry(key.clone()).or_insert(until);
         *kept = (*kept).max(until);
+        let reach = age.min(MAX_AGE) + CATCH_UP;
         self.unsent
             .remove(key)
-            .is_some_and(|at| now.saturating_duration_since(at) <= CATCH_UP)
+            .is_some_and(|at| now.saturating_duration_since(at) <= reach)
     }
 
     /// A wait on `key` until `deadline` began here: how long to announce it for,
@@ -121,9 +199,7 @@ impl Interest {
         self.announced.insert(key.clone(), now + lasting);
         Some(lasting)
     }
-}
 
-impl Interest {
     /// Announcements of `keys` did not go out (the `NOTIFY` failed): the next
     /// wait on each announces it again.
     pub(crate) fn not_announced(&mut self, keys: &[WakeKey]) {
@@ -152,30 +228,66 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    /// Listening for longer than [`OPEN`] at `now`.
+    /// Connected, asked and past [`OPEN`] at the returned instant.
     fn settled() -> (Interest, Instant) {
         let start = Instant::now();
         let mut interest = Interest::default();
         interest.connected(start);
+        interest.ask_sent(start);
         (interest, start + OPEN)
     }
 
     #[test]
-    fn every_key_is_sent_until_the_listener_has_listened_for_a_while() {
+    fn every_key_is_sent_until_the_listener_has_asked_and_listened_for_a_while() {
         let start = Instant::now();
         let mut interest = Interest::default();
         assert!(interest.freed(&key("a"), start), "not listening yet");
         interest.connected(start);
-        assert!(interest.freed(&key("a"), start + OPEN - ms(1)));
-        assert!(!interest.freed(&key("a"), start + OPEN));
+        assert!(
+            interest.freed(&key("a"), start + OPEN * 3),
+            "the question never went out"
+        );
+        interest.ask_sent(start + OPEN);
+        assert!(interest.freed(&key("a"), start + OPEN * 2 - ms(1)));
+        assert!(!interest.freed(&key("a"), start + OPEN * 2));
         interest.disconnected();
-        assert!(interest.freed(&key("a"), start + OPEN + ms(1)));
+        assert!(interest.freed(&key("a"), start + OPEN * 2));
+    }
+
+    #[test]
+    fn every_key_is_sent_for_a_while_after_an_instance_that_announces_nothing() {
+        let (mut interest, now) = settled();
+        interest.legacy(now);
+        assert!(interest.freed(&key("a"), now + LEGACY - ms(1)));
+        assert!(!interest.freed(&key("a"), now + LEGACY));
+    }
+
+    #[test]
+    fn every_key_is_sent_while_what_this_instance_sent_does_not_come_back() {
+        let (mut interest, now) = settled();
+        interest.sent(now);
+        interest.sent(now + ms(500));
+        assert!(!interest.freed(&key("a"), now + ECHO - ms(1)));
+        assert!(
+            interest.freed(&key("a"), now + ECHO),
+            "deaf since the first send"
+        );
+        interest.echo(now + ECHO);
+        assert!(!interest.freed(&key("a"), now + ECHO));
+        // Holding keys back, it asks to hear itself once in a while.
+        assert!(!interest.heartbeat(now + ECHO + HEARTBEAT - ms(1)));
+        assert!(interest.heartbeat(now + ECHO + HEARTBEAT));
+        interest.sent(now + ECHO + HEARTBEAT);
+        assert!(
+            !interest.heartbeat(now + ECHO + HEARTBEAT),
+            "one is on its way"
+        );
     }
 
     #[test]
     fn a_key_is_sent_while_another_instance_waits_for_it() {
         let (mut interest, now) = settled();
-        assert!(!interest.heard(&key("a"), ms(100), now));
+        assert!(!interest.heard(&key("a"), ms(100), ms(0), now));
         assert!(interest.freed(&key("a"), now + ms(99)));
         assert!(
             !interest.freed(&key("b"), now + ms(99)),
@@ -186,25 +298,34 @@ mod tests {
             "the announcement ran out"
         );
         // A shorter announcement does not cut a longer one short.
-        assert!(!interest.heard(&key("c"), ms(500), now));
-        assert!(!interest.heard(&key("c"), ms(10), now));
+        assert!(!interest.heard(&key("c"), ms(500), ms(0), now));
+        assert!(!interest.heard(&key("c"), ms(10), ms(0), now));
         assert!(interest.freed(&key("c"), now + ms(400)));
     }
 
     #[test]
-    fn an_announcement_that_crossed_a_release_is_answered_with_its_key() {
+    fn an_announcement_whose_waiter_read_before_a_release_is_answered_with_its_key() {
         let (mut interest, now) = settled();
         assert!(!interest.freed(&key("a"), now));
         assert!(
-            interest.heard(&key("a"), ms(100), now + CATCH_UP),
+            interest.heard(&key("a"), ms(100), ms(0), now + CATCH_UP),
             "caught up"
         );
-        assert!(!interest.heard(&key("a"), ms(100), now + CATCH_UP), "once");
-        assert!(!interest.freed(&key("b"), now));
         assert!(
-            !interest.heard(&key("b"), ms(100), now + CATCH_UP + ms(1)),
-            "released too long before"
+            !interest.heard(&key("a"), ms(100), ms(0), now + CATCH_UP),
+            "once"
         );
+        // A waiter that read 5 s before its announcement arrived reaches back 5 s.
+        assert!(!interest.freed(&key("b"), now));
+        let later = now + CATCH_UP + ms(5_000);
+        assert!(interest.heard(&key("b"), ms(100), ms(5_000), later));
+        // One that read after the release is not answered.
+        assert!(!interest.freed(&key("c"), now));
+        assert!(!interest.heard(&key("c"), ms(100), ms(5_000), later + ms(1)));
+        // Nor beyond the longest reach.
+        assert!(!interest.freed(&key("d"), now));
+        let much_later = now + MAX_AGE + CATCH_UP + ms(1);
+        assert!(!interest.heard(&key("d"), ms(100), MAX_AGE * 2, much_later));
     }
 
     #[test]
@@ -229,6 +350,13 @@ mod tests {
                 .waits(&key("a"), now + ms(100), now + ms(20))
                 .is_some()
         );
+        // One that did not go out is announced again by the next wait.
+        interest.not_announced(&[key("a")]);
+        assert!(
+            interest
+                .waits(&key("a"), now + ms(100), now + ms(20))
+                .is_some()
+        );
     }
 
     #[test]
@@ -236,11 +364,11 @@ mod tests {
         let (mut interest, now) = settled();
         for i in 0..PRUNE_AT {
             assert!(!interest.freed(&key(&format!("w{i}")), now));
-            assert!(!interest.heard(&key(&format!("r{i}")), ms(1), now));
+            assert!(!interest.heard(&key(&format!("r{i}")), ms(1), ms(0), now));
         }
-        let later = now + CATCH_UP + ms(1);
+        let later = now + MAX_AGE + CATCH_UP + ms(1);
         assert!(!interest.freed(&key("x"), later));
-        assert!(!interest.heard(&key("y"), ms(1), later));
+        assert!(!interest.heard(&key("y"), ms(1), ms(0), later));
         assert_eq!(interest.unsent.len(), 1);
         assert_eq!(interest.remote.len(), 1);
     }

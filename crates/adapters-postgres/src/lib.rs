@@ -43,8 +43,8 @@
 //!   counts statements the server failed.
 //! - Wake-ups cross instances by `NOTIFY` on [`CHANNEL`], sent only for keys
 //!   another instance announced a wait on (every key for [`OPEN`] after a
-//!   listener connects); [`PgBackend::notifies`] and
-//!   [`PgBackend::wakes_withheld`] count what was sent and held back.
+//!   listener asks what the others wait for); [`PgBackend::wakes_sent`] and
+//!   [`PgBackend::wakes_withheld`] count the freed keys sent and held back.
 
 mod backend;
 mod codec;

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use holdfast_domain::{QueueName, TxId};
-use holdfast_ports::{Registry, Subscription, WakeKey, WakeUps};
+use holdfast_ports::{Registry, Subscription, WaitStart, WakeKey, WakeUps};
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -58,8 +58,8 @@ enum Out {
     Freed(WakeKey),
     /// A key sent whatever the interest: an announcement crossed its release.
     CatchUp(WakeKey),
-    /// A wait on the key until the deadline began here: announced.
-    Waits(WakeKey, Instant),
+    /// A wait began here: announced.
+    Waits(WaitStart),
     /// This listener just connected: the others are asked what they wait for.
     Ask,
 }
@@ -67,8 +67,8 @@ enum Out {
 /// What the notifier sent and held back, for tests and operators.
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
-    /// `NOTIFY` statements sent.
-    pub(crate) notifies: AtomicU64,
+    /// Freed keys sent (catch-ups included), by statements that went out.
+    pub(crate) sent: AtomicU64,
     /// Freed keys not sent: no other instance waited for them.
     pub(crate) withheld: AtomicU64,
 }
@@ -130,14 +130,15 @@ impl Wake {
         let (outbox, inbox) = mpsc::unbounded_channel();
         let waits = outbox.clone();
         // The notifier ends only with the instance.
-        registry.on_wait(Box::new(move |key, deadline| {
-            let _ = waits.send(Out::Waits(key.clone(), deadline));
+        registry.on_wait(Box::new(move |start| {
+            let _ = waits.send(Out::Waits(start.clone()));
         }));
         let notifier = Notifier {
             pool,
             instance: instance.clone(),
             interest: interest.clone(),
             counts: counts.clone(),
+            retry: outbox.downgrade(),
         };
         let listener = Listener {
             route,
@@ -204,41 +205,67 @@ fn line(key: &WakeKey) -> String {
     }
 }
 
-/// An announcement as a payload line: `i<TAB>milliseconds<TAB>` and the key's
-/// line. Instances without announcements read no key from it.
-fn interest_line(key: &WakeKey, lasting: Duration) -> String {
-    format!("i\t{}\t{}", lasting.as_millis(), line(key))
+/// An announcement as a payload line: `i<TAB>lasting<TAB>age<TAB>` (both in
+/// milliseconds) and the key's line. Instances without announcements read no
+/// key from it.
+fn interest_line(key: &WakeKey, lasting: Duration, age: Duration) -> String {
+    format!(
+        "i\t{}\t{}\t{}",
+        lasting.as_millis(),
+        age.as_millis(),
+        line(key)
+    )
 }
 
 /// The question "what do you wait for?" as a payload line.
 const ASK: &str = "?";
 
-/// The payloads carrying `lines`, each `instance` then one line per line, at
-/// most [`MAX_PAYLOAD`] bytes each.
+/// A line sent only for its sender to hear it back.
+const HEARTBEAT: &str = "h";
+
+/// After the sender's id on a payload's first line: it announces its waits.
+/// Instances without announcements compare the whole line with their own id.
+const ANNOUNCES: &str = "announces";
+
+/// The payloads carrying `lines`, each the sender's line then one line per
+/// line, at most [`MAX_PAYLOAD`] bytes each.
 fn payloads(instance: &str, lines: &[String]) -> Vec<String> {
+    let first = format!("{instance}\t{ANNOUNCES}");
     let mut out = Vec::new();
-    let mut current = instance.to_owned();
+    let mut current = first.clone();
     for line in lines {
-        if current.len() + 1 + line.len() > MAX_PAYLOAD && current.len() > instance.len() {
-            out.push(std::mem::replace(&mut current, instance.to_owned()));
+        if current.len() + 1 + line.len() > MAX_PAYLOAD && current.len() > first.len() {
+            out.push(std::mem::replace(&mut current, first.clone()));
         }
         current.push('\n');
         current.push_str(line);
     }
-    if current.len() > instance.len() {
+    if current.len() > first.len() {
         out.push(current);
     }
     out
+}
+
+/// A wait announced by another instance.
+#[derive(Debug, PartialEq)]
+struct Announced {
+    key: WakeKey,
+    /// How long to keep it.
+    lasting: Duration,
+    /// How long before it was sent its waiter may have read.
+    age: Duration,
 }
 
 /// What a payload says.
 #[derive(Debug, Default, PartialEq)]
 struct Message<'a> {
     sender: &'a str,
+    /// The sender announces nothing (an earlier version).
+    legacy: bool,
     /// Keys freed.
     wakes: Vec<WakeKey>,
-    /// Keys the sender waits for, and how long to keep each.
-    interests: Vec<(WakeKey, Duration)>,
+    /// Waits of the sender.
+    interests: Vec<Announced>,
     /// The sender asks what the others wait for.
     ask: bool,
 }
@@ -256,19 +283,26 @@ fn key_of<'a>(mut fields: impl Iterator<Item = &'a str>) -> Option<WakeKey> {
 /// know are skipped.
 fn parse(payload: &str) -> Option<Message<'_>> {
     let mut lines = payload.split('\n');
+    let first = lines.next()?;
+    let (sender, legacy) = match first.split_once('\t') {
+        Some((sender, ANNOUNCES)) => (sender, false),
+        _ => (first, true),
+    };
     let mut message = Message {
-        sender: lines.next()?,
+        sender,
+        legacy,
         ..Message::default()
     };
     for line in lines {
         if line == ASK {
             message.ask = true;
         } else if let Some(rest) = line.strip_prefix("i\t") {
-            let Some((ms, key)) = rest.split_once('\t') else {
-                continue;
-            };
-            if let (Ok(ms), Some(key)) = (ms.parse::<u64>(), key_of(key.split('\t'))) {
-                message.interests.push((key, Duration::from_millis(ms)));
+            let mut fields = rest.splitn(3, '\t');
+            let ms = |field: Option<&str>| field?.parse::<u64>().ok().map(Duration::from_millis);
+            let (lasting, age) = (ms(fields.next()), ms(fields.next()));
+            let key = fields.next().and_then(|key| key_of(key.split('\t')));
+            if let (Some(lasting), Some(age), Some(key)) = (lasting, age, key) {
+                message.interests.push(Announced { key, lasting, age });
             }
         } else if let Some(key) = key_of(line.split('\t')) {
             message.wakes.push(key);
@@ -303,6 +337,8 @@ struct Notifier {
     instance: String,
     interest: Shared,
     counts: Arc<Counts>,
+    /// Its own inbox, for a question to ask again.
+    retry: mpsc::WeakUnboundedSender<Out>,
 }
 
 impl Notifier {
@@ -318,35 +354,58 @@ impl Notifier {
             while let Ok(out) = inbox.try_recv() {
                 batch.push(out);
             }
-            let (lines, announced) = self.lines(batch);
+            let Batch {
+                lines,
+                wakes,
+                announced,
+                ask,
+            } = self.lines(batch);
             if lines.is_empty() {
                 continue;
             }
             last_sent = Some(Instant::now());
-            self.counts.notifies.fetch_add(1, Ordering::Relaxed);
             let sent = sqlx::query(NOTIFY)
                 .bind(CHANNEL)
                 .bind(payloads(&self.instance, &lines))
                 .execute(&self.pool)
                 .await;
-            if let Err(e) = sent {
-                // Other instances' waiters end on their timers: latency, not
-                // correctness. This instance's next waits announce again.
-                lock(&self.interest).not_announced(&announced);
-                tracing::warn!(error = %e, lines = lines.len(), "NOTIFY failed; other instances wait for their timers");
+            match sent {
+                Ok(_) => {
+                    self.counts.sent.fetch_add(wakes, Ordering::Relaxed);
+                    let mut interest = lock(&self.interest);
+                    let now = Instant::now();
+                    interest.sent(now);
+                    if ask {
+                        interest.ask_sent(now);
+                    }
+                }
+                Err(e) => {
+                    // Other instances' waiters end on their timers: latency, not
+                    // correctness. This instance's next waits announce again,
+                    // and its question is asked again (every key is sent
+                    // meanwhile).
+                    lock(&self.interest).not_announced(&announced);
+                    if let Some(retry) = self.retry.upgrade().filter(|_| ask) {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(FIRST_PAUSE).await;
+                            let _ = retry.send(Out::Ask);
+                        });
+                    }
+                    tracing::warn!(error = %e, lines = lines.len(), "NOTIFY failed; other instances wait for their timers");
+                }
             }
         }
     }
 
-    /// The lines to send for `batch` (freed keys another instance waits for,
-    /// keys to catch up on, new announcements, the question), and the keys
-    /// announced.
-    fn lines(&self, batch: Vec<Out>) -> (Vec<String>, Vec<WakeKey>) {
+    /// What to send for `batch`: freed keys another instance waits for, keys
+    /// to catch up on, new announcements, the question, a heartbeat.
+    fn lines(&self, batch: Vec<Out>) -> Batch {
         let now = Instant::now();
         let mut wakes = BTreeSet::new();
         let mut announcements = Vec::new();
         let mut announced = Vec::new();
         let mut ask = false;
+        let mut withheld = false;
         let mut interest = lock(&self.interest);
         for out in batch {
             match out {
@@ -354,29 +413,51 @@ impl Notifier {
                     if interest.freed(&key, now) {
                         wakes.insert(key);
                     } else {
+                        withheld = true;
                         self.counts.withheld.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 Out::CatchUp(key) => {
                     wakes.insert(key);
                 }
-                Out::Waits(key, deadline) => {
-                    if let Some(lasting) = interest.waits(&key, deadline, now) {
-                        announcements.push(interest_line(&key, lasting));
-                        announced.push(key);
+                Out::Waits(start) => {
+                    if let Some(lasting) = interest.waits(&start.key, start.deadline, now) {
+                        let age = now.saturating_duration_since(start.since);
+                        announcements.push(interest_line(&start.key, lasting, age));
+                        announced.push(start.key);
                     }
                 }
                 Out::Ask => ask = true,
             }
         }
+        let heartbeat = withheld && interest.heartbeat(now);
         drop(interest);
         let mut lines: Vec<String> = wakes.iter().map(line).collect();
         lines.extend(announcements);
         if ask {
             lines.push(ASK.to_owned());
         }
-        (lines, announced)
+        if heartbeat && lines.is_empty() {
+            lines.push(HEARTBEAT.to_owned());
+        }
+        Batch {
+            wakes: u64::try_from(wakes.len()).unwrap_or(u64::MAX),
+            lines,
+            announced,
+            ask,
+        }
     }
+}
+
+/// What one statement of the notifier sends.
+struct Batch {
+    lines: Vec<String>,
+    /// How many freed keys it sends.
+    wakes: u64,
+    /// The keys it announces.
+    announced: Vec<WakeKey>,
+    /// Whether it asks what the others wait for.
+    ask: bool,
 }
 
 /// Hears the other instances on its own connection.
@@ -474,27 +555,32 @@ impl Listener {
     }
 
     fn announce_waits(&self) {
-        for (key, deadline) in self.registry.waiting_keys() {
-            let _ = self.outbox.send(Out::Waits(key, deadline));
+        for start in self.registry.waiting_keys() {
+            let _ = self.outbox.send(Out::Waits(start));
         }
     }
 
-    /// A notification of another instance: wake this instance's waiters of the
-    /// keys it freed, note what it waits for (catching up on keys freed here
-    /// meanwhile), answer its question.
+    /// A notification: this instance's own is heard back; another instance's
+    /// wakes this instance's waiters of the keys it freed, says what it waits
+    /// for (catching up on keys freed here meanwhile) and may ask what this
+    /// one waits for.
     fn heard(&self, payload: &str) {
         let Some(message) = parse(payload) else {
             return;
         };
+        let now = Instant::now();
         if message.sender == self.instance {
+            lock(&self.interest).echo(now);
             return;
+        }
+        if message.legacy {
+            lock(&self.interest).legacy(now);
         }
         self.registry.signal(&message.wakes, None);
         if !message.interests.is_empty() {
-            let now = Instant::now();
             let mut interest = lock(&self.interest);
-            for (key, lasting) in message.interests {
-                if interest.heard(&key, lasting, now) {
+            for Announced { key, lasting, age } in message.interests {
+                if interest.heard(&key, lasting, age, now) {
                     let _ = self.outbox.send(Out::CatchUp(key));
                 }
             }
@@ -522,19 +608,25 @@ mod tests {
             keys.insert(tokens(&format!("wallet with spaces {i}"), "coin:α"));
         }
         let waits = [
-            (tokens("w", "t"), Duration::from_millis(40)),
-            (
-                WakeKey::Queue(QueueName::new("q").expect("queue")),
-                Duration::from_secs(7200),
-            ),
+            Announced {
+                key: tokens("w", "t"),
+                lasting: Duration::from_millis(40),
+                age: Duration::from_millis(3),
+            },
+            Announced {
+                key: WakeKey::Queue(QueueName::new("q").expect("queue")),
+                lasting: Duration::from_secs(7200),
+                age: Duration::ZERO,
+            },
         ];
         let mut lines: Vec<String> = keys.iter().map(line).collect();
         lines.extend(
             waits
                 .iter()
-                .map(|(key, lasting)| interest_line(key, *lasting)),
+                .map(|a| interest_line(&a.key, a.lasting, a.age)),
         );
         lines.push(ASK.to_owned());
+        lines.push(HEARTBEAT.to_owned());
         let sent = payloads("me", &lines);
         assert!(sent.len() > 1, "{} payloads", sent.len());
         let mut back = BTreeSet::new();
@@ -543,7 +635,7 @@ mod tests {
         for payload in &sent {
             assert!(payload.len() <= MAX_PAYLOAD, "{}", payload.len());
             let message = parse(payload).expect("parsed");
-            assert_eq!(message.sender, "me");
+            assert_eq!((message.sender, message.legacy), ("me", false));
             back.extend(message.wakes);
             interests.extend(message.interests);
             asked |= message.ask;
@@ -556,7 +648,8 @@ mod tests {
     #[test]
     fn foreign_payloads_name_no_keys() {
         let message =
-            parse("someone\nhello world\nt\tonly-wallet\ni\tsoon\tq\tmain\ni\t5").expect("parsed");
+            parse("someone\tannounces\nhello world\nt\tonly-wallet\ni\tsoon\t1\tq\tmain\ni\t5\t5")
+                .expect("parsed");
         assert_eq!(
             message,
             Message {
@@ -566,12 +659,30 @@ mod tests {
         );
     }
 
-    /// What an instance before announcements read from a payload: its keys of
-    /// `t` and `q` lines, three and two fields.
-    fn keys_read_before_announcements(payload: &str) -> Vec<WakeKey> {
-        payload
-            .split('\n')
-            .skip(1)
+    #[test]
+    fn a_payload_of_an_earlier_version_is_read_as_one_that_announces_nothing() {
+        let message = parse("old\nt\tw\tt\nq\tmain").expect("parsed");
+        assert_eq!(
+            message,
+            Message {
+                sender: "old",
+                legacy: true,
+                wakes: vec![
+                    tokens("w", "t"),
+                    WakeKey::Queue(QueueName::new("main").expect("queue"))
+                ],
+                ..Message::default()
+            }
+        );
+    }
+
+    /// What an instance of an earlier version read from a payload: its first
+    /// line whole (the sender), and the keys of `t` and `q` lines of three and
+    /// two fields.
+    fn read_by_an_earlier_version(payload: &str) -> (&str, Vec<WakeKey>) {
+        let mut lines = payload.split('\n');
+        let sender = lines.next().expect("a first line");
+        let keys = lines
             .filter_map(|line| {
                 let mut fields = line.split('\t');
                 match (fields.next()?, fields.next()?, fields.next()) {
@@ -580,22 +691,30 @@ mod tests {
                     _ => None,
                 }
             })
-            .collect()
+            .collect();
+        (sender, keys)
     }
 
     #[test]
-    fn instances_before_announcements_read_only_the_freed_keys() {
+    fn an_earlier_version_reads_only_the_freed_keys_from_another_sender() {
         let freed = tokens("w", "t");
         let lines = [
             line(&freed),
-            interest_line(&tokens("x", "t"), Duration::from_millis(9)),
+            interest_line(&tokens("x", "t"), Duration::from_millis(9), Duration::ZERO),
             interest_line(
                 &WakeKey::Queue(QueueName::new("q").expect("queue")),
                 Duration::from_millis(9),
+                Duration::ZERO,
             ),
             ASK.to_owned(),
+            HEARTBEAT.to_owned(),
         ];
         let sent = payloads("me", &lines);
-        assert_eq!(keys_read_before_announcements(&sent[0]), vec![freed]);
+        let (sender, keys) = read_by_an_earlier_version(&sent[0]);
+        assert_ne!(
+            sender, "me",
+            "an earlier version with this id would skip it as its own"
+        );
+        assert_eq!(keys, vec![freed]);
     }
 }

@@ -42,7 +42,9 @@ pub use queues::{CasOutcome, Ingested, MockQueueStore, QueueStore};
 pub use statuses::{MockTxStatusStore, TxStatusStore};
 pub use strategy::{LockStrategy, UnknownStrategy};
 pub use tokens::{BandQuery, CandidateQuery, MockTokenStore, NewToken, TokenStore};
-pub use wake::{MockWakeUps, Registry, Subscription, WaitEnd, WaitHook, WakeKey, WakeUps};
+pub use wake::{
+    MockWakeUps, Registry, Subscription, WaitEnd, WaitHook, WaitStart, WakeKey, WakeUps,
+};
 
 /// One backend's ports, as the app wires them. An adapter returns one of these
 /// from its open/connect function; every field may point at the same object.

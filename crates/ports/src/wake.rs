@@ -109,8 +109,23 @@ struct Waiter {
     /// before it subscribed (it reads after subscribing). A wake handed on
     /// never reaches a waiter that already looked at what that signal freed.
     round: AtomicU64,
-    /// The deadline of its current (or last) wait.
-    deadline: Mutex<Option<Instant>>,
+    /// When it subscribed or its last wait ended, and its current (or last)
+    /// wait's deadline.
+    times: Mutex<Times>,
+}
+
+/// See [`Waiter::times`].
+#[derive(Default)]
+struct Times {
+    since: Option<Instant>,
+    deadline: Option<Instant>,
+}
+
+impl Waiter {
+    fn times(&self) -> MutexGuard<'_, Times> {
+        // Nothing panics while holding it; poisoned times are still whole.
+        self.times.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Which wake [`Registry::wake_first`] sends.
@@ -153,16 +168,20 @@ impl Subscription {
     /// the registry counts it in [`Registry::waiting`].
     pub async fn wait_until(&mut self, deadline: Instant) -> WaitEnd {
         self.waiter.passed_over.store(false, Ordering::SeqCst);
-        *self
-            .waiter
-            .deadline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(deadline);
-        let _waiting = self
-            .registration
-            .as_ref()
-            .map(|(registry, key, _)| registry.start_waiting(&self.waiter, key, deadline));
-        tokio::select! {
+        let since = {
+            let mut times = self.waiter.times();
+            times.deadline = Some(deadline);
+            times.since.unwrap_or_else(Instant::now)
+        };
+        let _waiting = self.registration.as_ref().map(|(registry, key, _)| {
+            let start = WaitStart {
+                key: key.clone(),
+                deadline,
+                since,
+            };
+            registry.start_waiting(&self.waiter, &start)
+        });
+        let end = tokio::select! {
             biased;
             () = self.waiter.notify.notified() => {
                 // Looking until it says so (or is dropped, which hands the wake
@@ -172,7 +191,10 @@ impl Subscription {
                 WaitEnd::Signalled
             }
             () = tokio::time::sleep_until(deadline) => WaitEnd::Timer,
-        }
+        };
+        // It reads again after its wait.
+        self.waiter.times().since = Some(Instant::now());
+        end
     }
 
     /// Whether, during its last wait, a signal of the key woke a waiter that
@@ -339,9 +361,22 @@ pub struct Registry {
     on_wait: Arc<OnceLock<WaitHook>>,
 }
 
-/// What [`Registry::on_wait`] is told: the key of a wait that begins, and its
-/// deadline.
-pub type WaitHook = Box<dyn Fn(&WakeKey, Instant) + Send + Sync>;
+/// What [`Registry::on_wait`] is told of each wait that begins.
+pub type WaitHook = Box<dyn Fn(&WaitStart) + Send + Sync>;
+
+/// A wait that began ([`Registry::on_wait`]), or the waits on one key
+/// ([`Registry::waiting_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitStart {
+    /// What it waits for.
+    pub key: WakeKey,
+    /// When it ends on its timer (the latest, for the waits on a key).
+    pub deadline: Instant,
+    /// When it subscribed or its waiter's previous wait ended, whichever is
+    /// later (the earliest, for the waits on a key): it read after this, so a
+    /// signal sent since may concern what it read.
+    pub since: Instant,
+}
 
 /// Marks one wait (and counts it in [`Registry::waiting`]) while it lives.
 struct Waiting(Arc<AtomicUsize>, Arc<Waiter>);
@@ -381,6 +416,7 @@ impl Registry {
         // It reads after subscribing: what earlier signals freed it will see,
         // so their wakes, handed on, are not for it.
         waiter.round.store(state.last_round, Ordering::SeqCst);
+        waiter.times().since = Some(Instant::now());
         state
             .waiters
             .entry(key.clone())
@@ -490,43 +526,47 @@ impl Registry {
         self.signal(&keys, None)
     }
 
-    fn start_waiting(&self, waiter: &Arc<Waiter>, key: &WakeKey, deadline: Instant) -> Waiting {
+    fn start_waiting(&self, waiter: &Arc<Waiter>, start: &WaitStart) -> Waiting {
         waiter.waiting.store(true, Ordering::SeqCst);
         if self.waiting.fetch_add(1, Ordering::SeqCst) == 0 {
             self.first_waiter.notify_waiters();
         }
         if let Some(hook) = self.on_wait.get() {
-            hook(key, deadline);
+            hook(start);
         }
         Waiting(self.waiting.clone(), waiter.clone())
     }
 
-    /// Has `hook` told of every wait that begins from now on, with its key and
-    /// deadline (PostgreSQL tells other instances which keys its waiters wait
-    /// for). One hook per registry: a second one is refused (`false`).
+    /// Has `hook` told of every wait that begins from now on (PostgreSQL tells
+    /// other instances which keys its waiters wait for). One hook per registry:
+    /// a second one is refused (`false`).
     pub fn on_wait(&self, hook: WaitHook) -> bool {
         self.on_wait.set(hook).is_ok()
     }
 
     /// The keys some subscription waits for now, each with the latest deadline
-    /// of its waits.
-    pub fn waiting_keys(&self) -> Vec<(WakeKey, Instant)> {
+    /// and the earliest `since` of its waits.
+    pub fn waiting_keys(&self) -> Vec<WaitStart> {
         let state = self.lock();
         state
             .waiters
             .iter()
             .filter_map(|(key, line)| {
-                line.entries
+                let times = line
+                    .entries
                     .iter()
                     .filter(|e| e.waiter.waiting.load(Ordering::SeqCst))
                     .filter_map(|e| {
-                        *e.waiter
-                            .deadline
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                    })
-                    .max()
-                    .map(|deadline| (key.clone(), deadline))
+                        let times = e.waiter.times();
+                        Some((times.deadline?, times.since?))
+                    });
+                let (deadline, since) =
+                    times.reduce(|(d1, s1), (d2, s2)| (d1.max(d2), s1.min(s2)))?;
+                Some(WaitStart {
+                    key: key.clone(),
+                    deadline,
+                    since,
+                })
             })
             .collect()
     }
@@ -952,27 +992,49 @@ mod tests {
         let registry = Registry::new();
         let heard = Arc::new(Mutex::new(Vec::new()));
         let into = heard.clone();
-        assert!(registry.on_wait(Box::new(move |key, deadline| {
-            into.lock().expect("heard").push((key.clone(), deadline));
+        assert!(registry.on_wait(Box::new(move |start| {
+            into.lock().expect("heard").push(start.clone());
         })));
-        assert!(
-            !registry.on_wait(Box::new(|_, _| {})),
-            "one hook per registry"
-        );
-        let (near, far) = (soon(), soon() + Duration::from_secs(5));
+        assert!(!registry.on_wait(Box::new(|_| {})), "one hook per registry");
+        let subscribed = Instant::now();
         let _idle = registry.subscribe(key("b"), None);
         let mut first = registry.subscribe(key("a"), None);
         let mut second = registry.subscribe(key("a"), None);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // The first waits once and is woken: its next wait began after it.
+        let near = soon();
+        let one = tokio::spawn(async move {
+            assert_eq!(first.wait_until(near).await, WaitEnd::Signalled);
+            first
+        });
+        registry.until_waiting().await;
+        registry.signal(&[key("a")], None);
+        let mut first = one.await.expect("first");
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let woken_at = Instant::now();
+        let (near, far) = (soon(), soon() + Duration::from_secs(5));
         let one = tokio::spawn(async move { first.wait_until(near).await });
         let two = tokio::spawn(async move { second.wait_until(far).await });
-        registry.until_waiting().await;
-        tokio::task::yield_now().await;
-        assert_eq!(registry.waiting(), 2);
-        let mut heard_now = heard.lock().expect("heard").clone();
-        heard_now.sort_by_key(|(_, deadline)| *deadline);
-        assert_eq!(heard_now, vec![(key("a"), near), (key("a"), far)]);
+        while registry.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let mut starts = heard.lock().expect("heard").clone();
+        starts.sort_by_key(|start| start.deadline);
+        let at = |deadline, since| WaitStart {
+            key: key("a"),
+            deadline,
+            since,
+        };
+        assert_eq!(starts.len(), 3);
+        assert_eq!(
+            starts[1..],
+            [
+                at(near, woken_at - Duration::from_millis(10)),
+                at(far, subscribed)
+            ]
+        );
         // A subscription between its waits is no wait: only key "a" is waited for.
-        assert_eq!(registry.waiting_keys(), vec![(key("a"), far)]);
+        assert_eq!(registry.waiting_keys(), vec![at(far, subscribed)]);
         registry.signal(&[key("a")], None);
         registry.signal(&[key("a")], None);
         assert_eq!(one.await.expect("one"), WaitEnd::Signalled);

@@ -692,6 +692,11 @@ const BACKEND_SPECIFIC_FILES: &[(&str, &str, &str)] = &[
     ),
     (
         POSTGRES_SRC,
+        "interest.rs",
+        "which keys other instances wait for, so that NOTIFY goes only there; SQLite's instances share a file and poll data_version, sending nothing",
+    ),
+    (
+        POSTGRES_SRC,
         "durability.rs",
         "whether replication settings can lose an acknowledged commit; SQLite has no replication",
     ),
@@ -954,6 +959,7 @@ const PG_ROUTE: &str = "crates/adapters-postgres/src/route.rs";
 const PG_SESSION: &str = "crates/adapters-postgres/src/session.rs";
 const PG_TOKENS: &str = "crates/adapters-postgres/src/tokens.rs";
 const PG_WAKE: &str = "crates/adapters-postgres/src/wake.rs";
+const PG_INTEREST: &str = "crates/adapters-postgres/src/interest.rs";
 const SQLITE_BACKEND: &str = "crates/adapters-sqlite/src/backend.rs";
 const SQLITE_CODEC: &str = "crates/adapters-sqlite/src/codec.rs";
 const SQLITE_LOCKOUT: &str = "crates/adapters-sqlite/src/lockout.rs";
@@ -1087,6 +1093,54 @@ pub const ADAPTER_CONSTANTS: &[AdapterConstant] = &[
         "MAX_PAUSE",
         Basis::Tuned("docs/wakeups.md"),
         "the listener's longest reconnect pause",
+    ),
+    constant(
+        PG_INTEREST,
+        "OPEN",
+        Basis::Tuned("docs/wakeups.md"),
+        "every key sent after a new listener's question",
+    ),
+    constant(
+        PG_INTEREST,
+        "CATCH_UP",
+        Basis::Tuned("docs/wakeups.md"),
+        "margin for an announcement's way",
+    ),
+    constant(
+        PG_INTEREST,
+        "MAX_AGE",
+        Basis::Tuned("docs/wakeups.md"),
+        "how far back a catch-up reaches",
+    ),
+    constant(
+        PG_INTEREST,
+        "LEGACY",
+        Basis::Tuned("docs/wakeups.md"),
+        "every key sent after hearing an earlier version",
+    ),
+    constant(
+        PG_INTEREST,
+        "ECHO",
+        Basis::Tuned("docs/wakeups.md"),
+        "an instance's own payload not heard back: every key sent",
+    ),
+    constant(
+        PG_INTEREST,
+        "HEARTBEAT",
+        Basis::Tuned("docs/wakeups.md"),
+        "a line sent to hear oneself while holding keys back",
+    ),
+    constant(
+        PG_INTEREST,
+        "SLACK",
+        Basis::Tuned("docs/wakeups.md"),
+        "an announcement's time past its wait's deadline",
+    ),
+    constant(
+        PG_INTEREST,
+        "PRUNE_AT",
+        Basis::Bound,
+        "entries a map of announcements or held-back keys holds before expired ones go",
     ),
     constant(
         SQLITE_CODEC,

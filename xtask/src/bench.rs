@@ -930,6 +930,13 @@ mod tests {
         );
     }
 
+    /// The line of `md` that starts with `prefix`.
+    fn row_of<'a>(md: &'a str, prefix: &str) -> &'a str {
+        md.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix:?} in {md}"))
+    }
+
     #[test]
     fn the_repeated_ratios_are_shown_per_run_and_as_their_median() {
         let report = |holdfast: f64, naive: f64, raw: f64| {
@@ -948,13 +955,8 @@ mod tests {
                 {"backend": "postgres", "preset": "hot-wallets", "seed": 2, "ratios": ratios(&report(110.0, 100.0, 0.6))},
             ],
         });
-        let md = markdown(&results);
-        let row = md
-            .lines()
-            .find(|l| l.starts_with("| postgres | hot-wallets | 0.90x"))
-            .unwrap_or_else(|| panic!("no row in {md}"));
         assert_eq!(
-            row,
+            row_of(&markdown(&results), "| postgres | hot-wallets | 0.90x"),
             "| postgres | hot-wallets | 0.90x, 1.20x, 1.10x | 1.10x | 50%, 70%, 60% | 60% |"
         );
         assert_eq!(median(vec![3.0, 1.0, 4.0, 2.0]), Some(2.5));
@@ -978,12 +980,8 @@ mod tests {
             },
         });
         let md = markdown(&results);
-        let row = md
-            .lines()
-            .find(|l| l.starts_with("| random_improve |"))
-            .unwrap_or_else(|| panic!("no row in {md}"));
         assert_eq!(
-            row,
+            row_of(&md, "| random_improve |"),
             "| random_improve | 1 | 0 | 2 | 2 | 1 | 1 | 1 | 25.0% | 1 | 0.00001200 | 0.50 | 1.25 |"
         );
         assert!(md.contains("Payment history payments.csv on sqlite: 3 lines"));

@@ -280,11 +280,9 @@ async fn postgres_three_replicas_wake_each_other() {
 
 #[tokio::test]
 async fn postgres_a_killed_listener_costs_only_latency() {
-    let Some(db) = TestDb::create("wakeups::killed_listener").await else {
+    let Some((db, a, b)) = two_instances("wakeups::killed_listener").await else {
         return;
     };
-    let a = db.backend(LockStrategy::default(), 4).await;
-    let b = db.backend(LockStrategy::default(), 4).await;
     // Two tokens, twelve selects of each one, settled at once: contended all along.
     fund(&a.stores(), "k", &[1, 1]).await;
     let config = SelectionConfig {
@@ -357,6 +355,14 @@ async fn postgres_a_killed_listener_costs_only_latency() {
     }
 }
 
+/// A fresh database (dropped with its `TestDb`) and two instances of it.
+async fn two_instances(name: &str) -> Option<(TestDb, PgBackend, PgBackend)> {
+    let db = TestDb::create(name).await?;
+    let a = db.backend(LockStrategy::default(), 4).await;
+    let b = db.backend(LockStrategy::default(), 4).await;
+    Some((db, a, b))
+}
+
 /// Waits until both listeners have listened for longer than [`OPEN`]: each
 /// then sends a freed key only where the other waits for it.
 async fn past_the_open_window(a: &PgBackend, b: &PgBackend) {
@@ -380,11 +386,9 @@ async fn withheld_since(backend: &PgBackend, before: u64) {
 
 #[tokio::test]
 async fn postgres_a_release_is_sent_only_where_another_instance_waits() {
-    let Some(db) = TestDb::create("wakeups::sent_where_waited").await else {
+    let Some((_db, a, b)) = two_instances("wakeups::sent_where_waited").await else {
         return;
     };
-    let a = db.backend(LockStrategy::default(), 4).await;
-    let b = db.backend(LockStrategy::default(), 4).await;
     past_the_open_window(&a, &b).await;
     let tokens = fund(&a.stores(), "n", &[10]).await;
     // Nobody waits: the release stays in its instance.
@@ -404,11 +408,9 @@ async fn postgres_a_release_is_sent_only_where_another_instance_waits() {
 
 #[tokio::test]
 async fn postgres_a_wait_announced_after_a_release_it_missed_is_caught_up() {
-    let Some(db) = TestDb::create("wakeups::caught_up").await else {
+    let Some((_db, a, b)) = two_instances("wakeups::caught_up").await else {
         return;
     };
-    let a = db.backend(LockStrategy::default(), 4).await;
-    let b = db.backend(LockStrategy::default(), 4).await;
     past_the_open_window(&a, &b).await;
     let tokens = fund(&a.stores(), "c", &[10]).await;
     hold(&a.stores(), "holder", &tokens).await;

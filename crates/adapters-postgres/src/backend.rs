@@ -190,7 +190,12 @@ impl PgBackend {
         let health = Arc::new(Health::new());
         let pool = session::pool(&route, &options, health.clone());
         let wake = if options.wakeups {
-            Wake::across_instances(pool.clone(), route.clone(), health.clone())
+            Wake::across_instances(
+                pool.clone(),
+                route.clone(),
+                health.clone(),
+                options.wake_where_waited,
+            )
         } else {
             Wake::in_process()
         };

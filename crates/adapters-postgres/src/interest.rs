@@ -59,17 +59,66 @@ const SLACK: Duration = Duration::from_millis(50);
 /// Entries a map holds before expired ones are dropped.
 const PRUNE_AT: usize = 4096;
 
+/// Keys with an instant each, whose expired entries are dropped once the map
+/// has doubled since it was last pruned (at least [`PRUNE_AT`]): amortised, a
+/// busy map is not scanned at every insert.
+#[derive(Debug, Default)]
+struct Timed {
+    map: HashMap<WakeKey, Instant>,
+    prune_at: usize,
+}
+
+impl Timed {
+    fn get(&self, key: &WakeKey) -> Option<Instant> {
+        self.map.get(key).copied()
+    }
+
+    /// Sets `key` to `at` (or to the later of it and the one kept, if
+    /// `latest`), first dropping what `expired` says are once the map has grown.
+    fn insert(
+        &mut self,
+        key: &WakeKey,
+        at: Instant,
+        latest: bool,
+        expired: impl Fn(Instant) -> bool,
+    ) {
+        if self.map.len() >= self.prune_at.max(PRUNE_AT) {
+            self.map.retain(|_, at| !expired(*at));
+            self.prune_at = self.map.len() * 2;
+        }
+        let kept = self.map.entry(key.clone()).or_insert(at);
+        *kept = if latest { (*kept).max(at) } else { at };
+    }
+
+    fn remove(&mut self, key: &WakeKey) -> Option<Instant> {
+        self.map.remove(key)
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
 /// The interest of other instances, and this one's announcements.
 #[derive(Debug, Default)]
 pub(crate) struct Interest {
+    /// Every freed key is sent (`postgres.wake_where_waited = false`).
+    everywhere: bool,
     /// Keys other instances wait for, until when.
-    remote: HashMap<WakeKey, Instant>,
+    remote: Timed,
     /// Keys freed here and not sent, when last.
-    unsent: HashMap<WakeKey, Instant>,
+    unsent: Timed,
     /// This instance's announcements, until when they last.
-    announced: HashMap<WakeKey, Instant>,
+    announced: Timed,
     /// Whether the listener is connected.
     listening: bool,
+    /// Counts the listener's connections: a question belongs to one.
+    generation: u64,
     /// When its question since it connected went out; `None` before.
     asked_at: Option<Instant>,
     /// When an instance that announces nothing was last heard.
@@ -78,18 +127,32 @@ pub(crate) struct Interest {
     unheard_since: Option<Instant>,
     /// When this instance last heard itself (or connected).
     echo_at: Option<Instant>,
+    /// Its payloads heard back so far.
+    echoes: u64,
 }
 
 impl Interest {
+    /// Sending every freed key (`everywhere`), or only where another instance
+    /// waits.
+    pub(crate) fn new(everywhere: bool) -> Self {
+        Interest {
+            everywhere,
+            ..Interest::default()
+        }
+    }
+
     /// The listener connected: announcements may have been missed until now, so
     /// every key is sent until [`OPEN`] after its question went out, and this
-    /// instance announces its waits again.
-    pub(crate) fn connected(&mut self, now: Instant) {
+    /// instance announces its waits again. The connection's generation, for its
+    /// question.
+    pub(crate) fn connected(&mut self, now: Instant) -> u64 {
         self.listening = true;
+        self.generation += 1;
         self.asked_at = None;
         self.announced.clear();
         self.unheard_since = None;
         self.echo_at = Some(now);
+        self.generation
     }
 
     /// The listener lost its connection: every key is sent until it is back.
@@ -97,9 +160,12 @@ impl Interest {
         self.listening = false;
     }
 
-    /// The question of the listener went out.
-    pub(crate) fn ask_sent(&mut self, now: Instant) {
-        self.asked_at = Some(now);
+    /// The question of the listener's connection `generation` went out (one of
+    /// an earlier connection says nothing of the current one).
+    pub(crate) fn ask_sent(&mut self, generation: u64, now: Instant) {
+        if generation == self.generation {
+            self.asked_at = Some(now);
+        }
     }
 
     /// Another instance asked what this one waits for: announce again.
@@ -112,15 +178,26 @@ impl Interest {
         self.legacy_at = Some(now);
     }
 
-    /// A payload went out.
-    pub(crate) fn sent(&mut self, now: Instant) {
-        self.unheard_since.get_or_insert(now);
+    /// Payloads of this instance heard back so far: read before a send, for
+    /// [`Interest::sent`].
+    pub(crate) fn echoes(&self) -> u64 {
+        self.echoes
+    }
+
+    /// A payload went out, sent when `echoes` had been heard back: one heard back
+    /// since (its own, come back before the send was answered) shows the
+    /// listener hears.
+    pub(crate) fn sent(&mut self, echoes: u64, now: Instant) {
+        if self.echoes == echoes {
+            self.unheard_since.get_or_insert(now);
+        }
     }
 
     /// A payload of this instance came back to its listener.
     pub(crate) fn echo(&mut self, now: Instant) {
         self.unheard_since = None;
         self.echo_at = Some(now);
+        self.echoes += 1;
     }
 
     /// Whether every freed key is sent now.
@@ -128,7 +205,8 @@ impl Interest {
         let within = |at: Option<Instant>, span| {
             at.is_some_and(|at| now.saturating_duration_since(at) < span)
         };
-        !self.listening
+        self.everywhere
+            || !self.listening
             || self.asked_at.is_none()
             || within(self.asked_at, OPEN)
             || within(self.legacy_at, LEGACY)
@@ -149,13 +227,12 @@ impl Interest {
     /// `key` was freed here: whether to send it to the other instances. One not
     /// sent is remembered for a later announcement to catch up on.
     pub(crate) fn freed(&mut self, key: &WakeKey, now: Instant) -> bool {
-        if self.open(now) || self.remote.get(key).is_some_and(|until| *until > now) {
+        if self.open(now) || self.remote.get(key).is_some_and(|until| until > now) {
             return true;
         }
-        prune(&mut self.unsent, |at| {
+        self.unsent.insert(key, now, false, |at| {
             now.saturating_duration_since(at) > MAX_AGE + CATCH_UP
         });
-        self.unsent.insert(key.clone(), now);
         false
     }
 
@@ -169,10 +246,8 @@ impl Interest {
         age: Duration,
         now: Instant,
     ) -> bool {
-        let until = now + lasting;
-        prune(&mut self.remote, |u| u <= now);
-        let kept = self.remote.entry(key.clone()).or_insert(until);
-        *kept = (*kept).max(until);
+        self.remote
+            .insert(key, now + lasting, true, |until| until <= now);
         let reach = age.min(MAX_AGE) + CATCH_UP;
         self.unsent
             .remove(key)
@@ -190,13 +265,13 @@ impl Interest {
         if self
             .announced
             .get(key)
-            .is_some_and(|until| *until >= deadline)
+            .is_some_and(|until| until >= deadline)
         {
             return None;
         }
         let lasting = deadline.saturating_duration_since(now) * 2 + SLACK;
-        prune(&mut self.announced, |u| u <= now);
-        self.announced.insert(key.clone(), now + lasting);
+        self.announced
+            .insert(key, now + lasting, false, |until| until <= now);
         Some(lasting)
     }
 
@@ -206,13 +281,6 @@ impl Interest {
         for key in keys {
             self.announced.remove(key);
         }
-    }
-}
-
-/// Drops the entries `expired` says are, once `map` has grown to [`PRUNE_AT`].
-fn prune(map: &mut HashMap<WakeKey, Instant>, expired: impl Fn(Instant) -> bool) {
-    if map.len() >= PRUNE_AT {
-        map.retain(|_, at| !expired(*at));
     }
 }
 
@@ -232,8 +300,8 @@ mod tests {
     fn settled() -> (Interest, Instant) {
         let start = Instant::now();
         let mut interest = Interest::default();
-        interest.connected(start);
-        interest.ask_sent(start);
+        let generation = interest.connected(start);
+        interest.ask_sent(generation, start);
         (interest, start + OPEN)
     }
 
@@ -242,16 +310,31 @@ mod tests {
         let start = Instant::now();
         let mut interest = Interest::default();
         assert!(interest.freed(&key("a"), start), "not listening yet");
-        interest.connected(start);
+        let first = interest.connected(start);
         assert!(
             interest.freed(&key("a"), start + OPEN * 3),
             "the question never went out"
         );
-        interest.ask_sent(start + OPEN);
+        interest.ask_sent(first, start + OPEN);
         assert!(interest.freed(&key("a"), start + OPEN * 2 - ms(1)));
         assert!(!interest.freed(&key("a"), start + OPEN * 2));
         interest.disconnected();
         assert!(interest.freed(&key("a"), start + OPEN * 2));
+        // Connected again: the first connection's question says nothing of it.
+        let second = interest.connected(start + OPEN * 2);
+        interest.ask_sent(first, start + OPEN * 2);
+        assert!(interest.freed(&key("a"), start + OPEN * 5));
+        interest.ask_sent(second, start + OPEN * 5);
+        assert!(!interest.freed(&key("a"), start + OPEN * 6));
+    }
+
+    #[test]
+    fn every_key_is_sent_when_the_setting_says_so() {
+        let start = Instant::now();
+        let mut interest = Interest::new(true);
+        let generation = interest.connected(start);
+        interest.ask_sent(generation, start);
+        assert!(interest.freed(&key("a"), start + OPEN * 10));
     }
 
     #[test]
@@ -265,8 +348,9 @@ mod tests {
     #[test]
     fn every_key_is_sent_while_what_this_instance_sent_does_not_come_back() {
         let (mut interest, now) = settled();
-        interest.sent(now);
-        interest.sent(now + ms(500));
+        let echoes = interest.echoes();
+        interest.sent(echoes, now);
+        interest.sent(echoes, now + ms(500));
         assert!(!interest.freed(&key("a"), now + ECHO - ms(1)));
         assert!(
             interest.freed(&key("a"), now + ECHO),
@@ -274,10 +358,15 @@ mod tests {
         );
         interest.echo(now + ECHO);
         assert!(!interest.freed(&key("a"), now + ECHO));
+        // Its payload came back before its send was answered: it hears.
+        let echoes = interest.echoes();
+        interest.echo(now + ECHO);
+        interest.sent(echoes, now + ECHO);
+        assert!(!interest.freed(&key("a"), now + ECHO * 3));
         // Holding keys back, it asks to hear itself once in a while.
         assert!(!interest.heartbeat(now + ECHO + HEARTBEAT - ms(1)));
         assert!(interest.heartbeat(now + ECHO + HEARTBEAT));
-        interest.sent(now + ECHO + HEARTBEAT);
+        interest.sent(interest.echoes(), now + ECHO + HEARTBEAT);
         assert!(
             !interest.heartbeat(now + ECHO + HEARTBEAT),
             "one is on its way"
@@ -371,5 +460,14 @@ mod tests {
         assert!(!interest.heard(&key("y"), ms(1), ms(0), later));
         assert_eq!(interest.unsent.len(), 1);
         assert_eq!(interest.remote.len(), 1);
+        // Pruned once, a map grows to twice what was left before it is scanned
+        // again: live entries are not scanned at every insert.
+        for i in 0..PRUNE_AT {
+            assert!(!interest.freed(&key(&format!("v{i}")), later));
+        }
+        assert_eq!(interest.unsent.len(), PRUNE_AT + 1);
+        assert!(!interest.freed(&key("z"), later));
+        assert_eq!(interest.unsent.len(), PRUNE_AT + 2, "all live: kept");
+        assert_eq!(interest.unsent.prune_at, PRUNE_AT * 2);
     }
 }

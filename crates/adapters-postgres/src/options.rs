@@ -47,6 +47,11 @@ pub struct PgOptions {
     /// free tokens or slots, one `LISTEN` connection per instance; default on).
     /// Off, waiters of this instance are still woken by its own writes.
     pub wakeups: bool,
+    /// With wake-ups: whether a freed key is sent only to instances that
+    /// announced a wait on it (default on; `docs/wakeups.md`). Off, every freed
+    /// key is sent, as instances of earlier versions do: for a rolling upgrade
+    /// from one, whose waiters announce nothing.
+    pub wake_where_waited: bool,
 }
 
 impl Default for PgOptions {
@@ -66,6 +71,7 @@ impl Default for PgOptions {
             idle_in_transaction_timeout: Duration::from_secs(5),
             keepalive_idle: Duration::from_secs(10),
             wakeups: true,
+            wake_where_waited: true,
         }
     }
 }

@@ -60,8 +60,9 @@ enum Out {
     CatchUp(WakeKey),
     /// A wait began here: announced.
     Waits(WaitStart),
-    /// This listener just connected: the others are asked what they wait for.
-    Ask,
+    /// This listener just connected (its connection's generation): the others
+    /// are asked what they wait for.
+    Ask(u64),
 }
 
 /// What the notifier sent and held back, for tests and operators.
@@ -120,13 +121,19 @@ impl Wake {
 
     /// Signals across instances: spawns the notifier (on `pool`) and the listener
     /// (on its own connection to `route`'s current host, whose loss it reports to
-    /// `health`: it is the first to see a server restart).
-    pub(crate) fn across_instances(pool: PgPool, route: Arc<Route>, health: Arc<Health>) -> Wake {
+    /// `health`: it is the first to see a server restart). Freed keys go only
+    /// where another instance waits if `where_waited`, else everywhere.
+    pub(crate) fn across_instances(
+        pool: PgPool,
+        route: Arc<Route>,
+        health: Arc<Health>,
+        where_waited: bool,
+    ) -> Wake {
         let registry = Registry::new();
         let instance = instance_id();
         let listening = Arc::new(AtomicBool::new(false));
         let counts = Arc::new(Counts::default());
-        let interest = Arc::new(Mutex::new(Interest::default()));
+        let interest = Arc::new(Mutex::new(Interest::new(!where_waited)));
         let (outbox, inbox) = mpsc::unbounded_channel();
         let waits = outbox.clone();
         // The notifier ends only with the instance.
@@ -344,6 +351,7 @@ struct Notifier {
 impl Notifier {
     async fn run(self, mut inbox: mpsc::UnboundedReceiver<Out>) {
         let mut last_sent: Option<Instant> = None;
+        let mut pause = FIRST_PAUSE;
         while let Some(first) = inbox.recv().await {
             // The first key after a quiet spell goes at once; keys that follow
             // within COALESCE of a send are gathered for the next one.
@@ -354,110 +362,139 @@ impl Notifier {
             while let Ok(out) = inbox.try_recv() {
                 batch.push(out);
             }
-            let Batch {
-                lines,
-                wakes,
-                announced,
-                ask,
-            } = self.lines(batch);
-            if lines.is_empty() {
+            let batch = self.weigh(batch);
+            if batch.is_empty() {
                 continue;
             }
             last_sent = Some(Instant::now());
-            let sent = sqlx::query(NOTIFY)
-                .bind(CHANNEL)
-                .bind(payloads(&self.instance, &lines))
-                .execute(&self.pool)
-                .await;
-            match sent {
-                Ok(_) => {
-                    self.counts.sent.fetch_add(wakes, Ordering::Relaxed);
-                    let mut interest = lock(&self.interest);
-                    let now = Instant::now();
-                    interest.sent(now);
-                    if ask {
-                        interest.ask_sent(now);
-                    }
-                }
+            match self.send(&batch).await {
+                Ok(()) => pause = FIRST_PAUSE,
                 Err(e) => {
                     // Other instances' waiters end on their timers: latency, not
-                    // correctness. This instance's next waits announce again,
-                    // and its question is asked again (every key is sent
-                    // meanwhile).
-                    lock(&self.interest).not_announced(&announced);
-                    if let Some(retry) = self.retry.upgrade().filter(|_| ask) {
-                        tokio::spawn(async move {
-                            tokio::time::sleep(FIRST_PAUSE).await;
-                            let _ = retry.send(Out::Ask);
-                        });
-                    }
-                    tracing::warn!(error = %e, lines = lines.len(), "NOTIFY failed; other instances wait for their timers");
+                    // correctness. The announcements and the question go again
+                    // after a pause (every key is sent until the question
+                    // went out).
+                    let keys: Vec<WakeKey> =
+                        batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
+                    lock(&self.interest).not_announced(&keys);
+                    self.again(batch, pause);
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    tracing::warn!(error = %e, "NOTIFY failed; other instances wait for their timers");
                 }
             }
         }
     }
 
-    /// What to send for `batch`: freed keys another instance waits for, keys
-    /// to catch up on, new announcements, the question, a heartbeat.
-    fn lines(&self, batch: Vec<Out>) -> Batch {
+    /// Sends `batch` in one statement on a connection of the pool. The waits'
+    /// ages are taken once the connection is at hand, just before it goes.
+    async fn send(&self, batch: &Batch) -> Result<(), sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
         let now = Instant::now();
-        let mut wakes = BTreeSet::new();
-        let mut announcements = Vec::new();
-        let mut announced = Vec::new();
-        let mut ask = false;
+        let mut lines: Vec<String> = batch.wakes.iter().map(line).collect();
+        lines.extend(batch.waits.iter().map(|(start, lasting)| {
+            interest_line(
+                &start.key,
+                *lasting,
+                now.saturating_duration_since(start.since),
+            )
+        }));
+        if !batch.asks.is_empty() {
+            lines.push(ASK.to_owned());
+        }
+        if lines.is_empty() {
+            lines.push(HEARTBEAT.to_owned());
+        }
+        let echoes = lock(&self.interest).echoes();
+        sqlx::query(NOTIFY)
+            .bind(CHANNEL)
+            .bind(payloads(&self.instance, &lines))
+            .execute(&mut *conn)
+            .await?;
+        let wakes = u64::try_from(batch.wakes.len()).unwrap_or(u64::MAX);
+        self.counts.sent.fetch_add(wakes, Ordering::Relaxed);
+        let mut interest = lock(&self.interest);
+        interest.sent(echoes, now);
+        for generation in &batch.asks {
+            interest.ask_sent(*generation, now);
+        }
+        Ok(())
+    }
+
+    /// Hands the failed `batch`'s waits (those not over yet) and questions back
+    /// to the notifier after `pause`.
+    fn again(&self, batch: Batch, pause: Duration) {
+        let Some(retry) = self.retry.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let outs: Vec<Out> = batch
+            .waits
+            .into_iter()
+            .filter(|(start, _)| start.deadline > now)
+            .map(|(start, _)| Out::Waits(start))
+            .chain(batch.asks.into_iter().map(Out::Ask))
+            .collect();
+        if outs.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            tokio::time::sleep(pause).await;
+            for out in outs {
+                let _ = retry.send(out);
+            }
+        });
+    }
+
+    /// What to send of `batch`: freed keys another instance waits for, keys to
+    /// catch up on, new announcements, the questions, a heartbeat.
+    fn weigh(&self, batch: Vec<Out>) -> Batch {
+        let now = Instant::now();
+        let mut weighed = Batch::default();
         let mut withheld = false;
         let mut interest = lock(&self.interest);
         for out in batch {
             match out {
                 Out::Freed(key) => {
                     if interest.freed(&key, now) {
-                        wakes.insert(key);
+                        weighed.wakes.insert(key);
                     } else {
                         withheld = true;
                         self.counts.withheld.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 Out::CatchUp(key) => {
-                    wakes.insert(key);
+                    weighed.wakes.insert(key);
                 }
                 Out::Waits(start) => {
                     if let Some(lasting) = interest.waits(&start.key, start.deadline, now) {
-                        let age = now.saturating_duration_since(start.since);
-                        announcements.push(interest_line(&start.key, lasting, age));
-                        announced.push(start.key);
+                        weighed.waits.push((start, lasting));
                     }
                 }
-                Out::Ask => ask = true,
+                Out::Ask(generation) => weighed.asks.push(generation),
             }
         }
-        let heartbeat = withheld && interest.heartbeat(now);
-        drop(interest);
-        let mut lines: Vec<String> = wakes.iter().map(line).collect();
-        lines.extend(announcements);
-        if ask {
-            lines.push(ASK.to_owned());
-        }
-        if heartbeat && lines.is_empty() {
-            lines.push(HEARTBEAT.to_owned());
-        }
-        Batch {
-            wakes: u64::try_from(wakes.len()).unwrap_or(u64::MAX),
-            lines,
-            announced,
-            ask,
-        }
+        weighed.heartbeat = withheld && interest.heartbeat(now);
+        weighed
     }
 }
 
 /// What one statement of the notifier sends.
+#[derive(Default)]
 struct Batch {
-    lines: Vec<String>,
-    /// How many freed keys it sends.
-    wakes: u64,
-    /// The keys it announces.
-    announced: Vec<WakeKey>,
-    /// Whether it asks what the others wait for.
-    ask: bool,
+    /// Freed keys.
+    wakes: BTreeSet<WakeKey>,
+    /// Waits announced, each for how long.
+    waits: Vec<(WaitStart, Duration)>,
+    /// The questions, by their connection's generation.
+    asks: Vec<u64>,
+    /// A line only to be heard back.
+    heartbeat: bool,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.wakes.is_empty() && self.waits.is_empty() && self.asks.is_empty() && !self.heartbeat
+    }
 }
 
 /// Hears the other instances on its own connection.
@@ -490,9 +527,10 @@ impl Listener {
                     loop {
                         match listener.try_recv().await {
                             Ok(Some(notification)) => self.heard(notification.payload()),
-                            // The connection dropped and was made again: signals were
-                            // lost, and the pool's connections may be as broken as
-                            // this one was.
+                            // The connection dropped and was made again (sqlx listens
+                            // again before it answers so): signals and announcements
+                            // were lost, and the pool's connections may be as broken
+                            // as this one was.
                             Ok(None) => {
                                 self.health.broken();
                                 self.caught_up();
@@ -547,10 +585,10 @@ impl Listener {
     /// while, the others are asked what they wait for, and this instance's
     /// waits are announced.
     fn caught_up(&self) {
-        lock(&self.interest).connected(Instant::now());
+        let generation = lock(&self.interest).connected(Instant::now());
         self.registry.signal_all();
         // The notifier ends only with the instance.
-        let _ = self.outbox.send(Out::Ask);
+        let _ = self.outbox.send(Out::Ask(generation));
         self.announce_waits();
     }
 

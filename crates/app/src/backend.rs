@@ -148,6 +148,7 @@ impl crate::Config {
                     idle_in_transaction_timeout: ms(p.idle_in_transaction_timeout_ms),
                     keepalive_idle: ms(p.keepalive_idle_ms),
                     wakeups: self.selection.wakeups,
+                    wake_where_waited: p.wake_where_waited,
                 }
             },
         }

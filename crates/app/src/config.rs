@@ -191,6 +191,8 @@ settings! {
             "PostgreSQL: every session's `idle_in_transaction_session_timeout`: the server ends a session that sits inside a transaction this long (a frozen replica), releasing its locks (1 to 3600000 ms).";
         keepalive_idle_ms: u64 = 10_000, "HOLDFAST_PG_KEEPALIVE_IDLE_MS",
             "PostgreSQL: every session's `tcp_keepalives_idle` (whole seconds): the server probes a silent client after this long and ends the session of one that vanished (1000 to 3600000 ms).";
+        wake_where_waited: bool = true, "HOLDFAST_PG_WAKE_WHERE_WAITED",
+            "PostgreSQL: send a freed key (`NOTIFY`) only to instances that announced a wait on it; false sends every freed key, as instances of earlier versions do (set it on the new instances during a rolling upgrade from such a version, whose waiters announce nothing).";
     }
 }
 

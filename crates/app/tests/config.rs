@@ -152,7 +152,7 @@ fn every_key_is_settable_from_its_environment_variable() {
         "HOLDFAST_PG_LOCK_STRATEGY" => "on_conflict",
         "HOLDFAST_SELECTION_POLICY" => "smallest_first",
         "HOLDFAST_BLACKLIST" | "HOLDFAST_ASCENDING" | "HOLDFAST_PREFER_EXACT" => "true",
-        "HOLDFAST_WAKEUPS" => "false",
+        "HOLDFAST_WAKEUPS" | "HOLDFAST_PG_WAKE_WHERE_WAITED" => "false",
         _ => "3",
     };
     for k in KEYS {

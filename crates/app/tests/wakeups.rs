@@ -384,13 +384,23 @@ async fn withheld_since(backend: &PgBackend, before: u64) {
     }
 }
 
+/// One token of 10 added through `backend`, once its notifier has held back
+/// the key the addition freed (nobody waits): what it weighs next is what the
+/// test does.
+async fn funded(backend: &PgBackend, tag: &str) -> Vec<TokenId> {
+    let withheld = backend.wakes_withheld();
+    let tokens = fund(&backend.stores(), tag, &[10]).await;
+    withheld_since(backend, withheld).await;
+    tokens
+}
+
 #[tokio::test]
 async fn postgres_a_release_is_sent_only_where_another_instance_waits() {
     let Some((_db, a, b)) = two_instances("wakeups::sent_where_waited").await else {
         return;
     };
     past_the_open_window(&a, &b).await;
-    let tokens = fund(&a.stores(), "n", &[10]).await;
+    let tokens = funded(&a, "n").await;
     // Nobody waits: the release stays in its instance.
     let (sent, withheld) = (a.wakes_sent(), a.wakes_withheld());
     hold(&a.stores(), "holder", &tokens).await;
@@ -412,7 +422,7 @@ async fn postgres_a_wait_announced_after_a_release_it_missed_is_caught_up() {
         return;
     };
     past_the_open_window(&a, &b).await;
-    let tokens = fund(&a.stores(), "c", &[10]).await;
+    let tokens = funded(&a, "c").await;
     hold(&a.stores(), "holder", &tokens).await;
     let (wallet, chf) = wallet();
     // A waiter subscribes, reads (the token is held), and is slow to wait: the

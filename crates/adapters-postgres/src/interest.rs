@@ -21,6 +21,10 @@
 //!   signal, so a waiter whose read came before the release and whose wait came
 //!   after it is still woken.
 //!
+//! With `postgres.wake_where_waited = false` every freed key is sent (for a
+//! rolling upgrade from a version that announces nothing); the instance still
+//! announces its waits and answers questions.
+//!
 //! Wake-ups stay an optimisation with a timer fallback: whatever this gets
 //! wrong costs latency, never correctness.
 
@@ -160,6 +164,12 @@ impl Interest {
         self.listening = false;
     }
 
+    /// Whether a question of the listener's connection `generation` is still
+    /// worth asking (one of an earlier connection is not).
+    pub(crate) fn current(&self, generation: u64) -> bool {
+        generation == self.generation
+    }
+
     /// The question of the listener's connection `generation` went out (one of
     /// an earlier connection says nothing of the current one).
     pub(crate) fn ask_sent(&mut self, generation: u64, now: Instant) {
@@ -249,9 +259,15 @@ impl Interest {
         self.remote
             .insert(key, now + lasting, true, |until| until <= now);
         let reach = age.min(MAX_AGE) + CATCH_UP;
-        self.unsent
-            .remove(key)
-            .is_some_and(|at| now.saturating_duration_since(at) <= reach)
+        // Kept when out of reach: another waiter may have read earlier.
+        let caught = self
+            .unsent
+            .get(key)
+            .is_some_and(|at| now.saturating_duration_since(at) <= reach);
+        if caught {
+            self.unsent.remove(key);
+        }
+        caught
     }
 
     /// A wait on `key` until `deadline` began here: how long to announce it for,
@@ -275,8 +291,9 @@ impl Interest {
         Some(lasting)
     }
 
-    /// Announcements of `keys` did not go out (the `NOTIFY` failed): the next
-    /// wait on each announces it again.
+    /// Announcements of `keys` did not go out (the `NOTIFY` failed): they may be
+    /// announced again (the notifier hands them back after a pause, and a new
+    /// wait on each announces it).
     pub(crate) fn not_announced(&mut self, keys: &[WakeKey]) {
         for key in keys {
             self.announced.remove(key);
@@ -411,6 +428,8 @@ mod tests {
         // One that read after the release is not answered.
         assert!(!interest.freed(&key("c"), now));
         assert!(!interest.heard(&key("c"), ms(100), ms(5_000), later + ms(1)));
+        // ... but another that read before it still is.
+        assert!(interest.heard(&key("c"), ms(100), ms(6_000), later + ms(1)));
         // Nor beyond the longest reach.
         assert!(!interest.freed(&key("d"), now));
         let much_later = now + MAX_AGE + CATCH_UP + ms(1);

@@ -414,8 +414,10 @@ impl Notifier {
         self.counts.sent.fetch_add(wakes, Ordering::Relaxed);
         let mut interest = lock(&self.interest);
         interest.sent(echoes, now);
+        // The others may answer from now on: the open window counts from here.
+        let answered_from = Instant::now();
         for generation in &batch.asks {
-            interest.ask_sent(*generation, now);
+            interest.ask_sent(*generation, answered_from);
         }
         Ok(())
     }
@@ -465,12 +467,19 @@ impl Notifier {
                 Out::CatchUp(key) => {
                     weighed.wakes.insert(key);
                 }
+                // A wait already over (handed back after a failure) is not
+                // announced.
+                Out::Waits(start) if start.deadline <= now => {}
                 Out::Waits(start) => {
                     if let Some(lasting) = interest.waits(&start.key, start.deadline, now) {
                         weighed.waits.push((start, lasting));
                     }
                 }
-                Out::Ask(generation) => weighed.asks.push(generation),
+                Out::Ask(generation) if interest.current(generation) => {
+                    weighed.asks.push(generation);
+                }
+                // A question of an earlier connection of the listener.
+                Out::Ask(_) => {}
             }
         }
         weighed.heartbeat = withheld && interest.heartbeat(now);

@@ -344,7 +344,7 @@ struct Notifier {
     instance: String,
     interest: Shared,
     counts: Arc<Counts>,
-    /// Its own inbox, for a question to ask again.
+    /// Its own inbox, for announcements and questions to send again.
     retry: mpsc::WeakUnboundedSender<Out>,
 }
 
@@ -371,9 +371,9 @@ impl Notifier {
                 Ok(()) => pause = FIRST_PAUSE,
                 Err(e) => {
                     // Other instances' waiters end on their timers: latency, not
-                    // correctness. The announcements and the question go again
-                    // after a pause (every key is sent until the question
-                    // went out).
+                    // correctness. The announcements and a question go again
+                    // after a pause (while a question has not gone out, every
+                    // key is sent).
                     let keys: Vec<WakeKey> =
                         batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
                     lock(&self.interest).not_announced(&keys);

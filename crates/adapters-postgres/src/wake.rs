@@ -422,17 +422,15 @@ impl Notifier {
         Ok(())
     }
 
-    /// Hands the failed `batch`'s waits (those not over yet) and questions back
-    /// to the notifier after `pause`.
+    /// Hands the failed `batch`'s waits and questions back to the notifier
+    /// after `pause` (it weighs them again: a wait over by then is dropped).
     fn again(&self, batch: Batch, pause: Duration) {
         let Some(retry) = self.retry.upgrade() else {
             return;
         };
-        let now = Instant::now();
         let outs: Vec<Out> = batch
             .waits
             .into_iter()
-            .filter(|(start, _)| start.deadline > now)
             .map(|(start, _)| Out::Waits(start))
             .chain(batch.asks.into_iter().map(Out::Ask))
             .collect();

@@ -199,15 +199,8 @@ mod tests {
     /// readers keep SQLite's default.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_writer_keeps_savepoint_journals_in_memory() {
-        let dir = std::env::temp_dir().join(format!(
-            "holdfast-pragmas-{}-{}",
-            std::process::id(),
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let location = Location::File(dir.join("pragmas.db"));
+        let dir = tempfile::tempdir().expect("temp dir");
+        let location = Location::File(dir.path().join("pragmas.db"));
         let pool =
             std::sync::Arc::new(open_pool(&location, &SqliteOptions::default()).expect("opens"));
         let pragmas = |tx: &rusqlite::Transaction<'_>| -> Result<[i64; 3], StoreFault> {
@@ -221,7 +214,6 @@ mod tests {
         let writer = pool.write(pragmas).await.expect("the writer's");
         let reader = pool.read(pragmas).await.expect("a reader's");
         drop(pool);
-        let _ = std::fs::remove_dir_all(&dir);
         // temp_store 2 is MEMORY, 0 SQLite's default; synchronous 2 is FULL.
         assert_eq!(writer, [2, 2, 1]);
         assert_eq!(reader, [0, 2, 1]);

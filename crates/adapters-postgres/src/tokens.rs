@@ -241,14 +241,40 @@ const SELECT_TOKEN: &str = "
            (EXTRACT(EPOCH FROM spent_at) * 1000)::bigint
     FROM tokens WHERE tx_id = $1 AND idx = $2";
 
-const LIST_TOKENS: &str = "
-    SELECT tx_id, idx, wallet, token_type, amount::text, spendable, spent_by,
-           (EXTRACT(EPOCH FROM spent_at) * 1000)::bigint
-    FROM tokens t
-    WHERE wallet = $1 AND spent_by IS NULL AND ($2::text IS NULL OR token_type = $2)
-    -- t.amount, not the amount::text output column: numeric order, not text order.
-    ORDER BY t.amount, t.tx_id, t.idx
-    LIMIT $3";
+/// The unspent tokens of wallet `$1`, spendable or not, in (amount, tx_id, idx)
+/// order, at most `$limit`: the wallet's ranges of the two partial indexes that
+/// hold unspent rows (`tokens_candidates` and `tokens_unspendable`), merged. One
+/// condition `spent_by IS NULL` matches neither index, so it read the whole table
+/// (31 ms for a wallet of 3,334 tokens in a table of 226k; 4-9 ms this way).
+macro_rules! list_tokens {
+    ($of_type:literal, $limit:literal) => {
+        concat!(
+            "SELECT u.tx_id, u.idx, u.wallet, u.token_type, u.amount::text, u.spendable,
+                    u.spent_by, (EXTRACT(EPOCH FROM u.spent_at) * 1000)::bigint
+             FROM ((SELECT t.* FROM tokens t
+                    WHERE t.wallet = $1",
+            $of_type,
+            " AND ",
+            spendable!(),
+            "
+                    ORDER BY t.amount, t.tx_id, t.idx LIMIT ",
+            $limit,
+            ")
+                   UNION ALL
+                   (SELECT t.* FROM tokens t
+                    WHERE t.wallet = $1",
+            $of_type,
+            " AND NOT t.spendable AND t.spent_by IS NULL
+                    ORDER BY t.amount, t.tx_id, t.idx LIMIT ",
+            $limit,
+            ")) AS u
+             -- u.amount, not the amount::text output column: numeric order.
+             ORDER BY u.amount, u.tx_id, u.idx
+             LIMIT ",
+            $limit
+        )
+    };
+}
 
 /// The spendable, unspent sum of wallet `$1` and type `$2`, locks ignored, less the
 /// tokens consumer `$3` (when not null) has selected.
@@ -346,6 +372,37 @@ impl PgBackend {
     pub async fn explain_candidate_bands(&self, query: &BandQuery) -> Result<String, StoreFault> {
         explain(self, band_statement(query, true)).await
     }
+
+    /// The plan PostgreSQL chooses for `list_tokens` of `wallet` (of `token_type`
+    /// when given, `limit` rows), as `EXPLAIN` text: it should read the wallet's
+    /// ranges of `tokens_candidates` and `tokens_unspendable`, not scan `tokens`.
+    pub async fn explain_list_tokens(
+        &self,
+        wallet: &WalletId,
+        token_type: Option<&TokenType>,
+        limit: usize,
+    ) -> Result<String, StoreFault> {
+        explain(self, list_statement(wallet, token_type, limit, true)).await
+    }
+}
+
+/// The statement of a listing of `wallet`'s unspent tokens (of `token_type` when
+/// given), at most `n` (its `EXPLAIN` when `explain`).
+fn list_statement<'q>(
+    wallet: &'q WalletId,
+    token_type: Option<&'q TokenType>,
+    n: usize,
+    explain: bool,
+) -> Statement<'q> {
+    match token_type {
+        Some(token_type) => {
+            sqlx::query(text!(explain, list_tokens!(" AND t.token_type = $2", "$3")))
+                .bind(wallet.as_str())
+                .bind(token_type.as_str())
+        }
+        None => sqlx::query(text!(explain, list_tokens!("", "$2"))).bind(wallet.as_str()),
+    }
+    .bind(limit(n))
 }
 
 /// Runs an `EXPLAIN` statement and joins its lines.
@@ -685,11 +742,7 @@ impl TokenStore for PgBackend {
     ) -> Result<Vec<Token>, TokenStoreError> {
         let found = self
             .retried(|| {
-                sqlx::query(LIST_TOKENS)
-                    .bind(wallet.as_str())
-                    .bind(token_type.as_ref().map(TokenType::as_str))
-                    .bind(limit(n))
-                    .fetch_all(self.pool())
+                list_statement(wallet, token_type.as_ref(), n, false).fetch_all(self.pool())
             })
             .await
             .map_err(|e| fault(&e))?;

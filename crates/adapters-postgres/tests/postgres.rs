@@ -40,7 +40,7 @@ async fn lock_rows(conn: &mut PgConnection) -> BTreeMap<TokenId, TxId> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn candidate_query_scans_the_partial_index_without_sorting_100k_tokens() {
+async fn candidate_reads_and_listings_scan_the_partial_indexes_of_150k_tokens() {
     let Some(db) = TestDb::create("candidate_query_scans_the_partial_index").await else {
         return;
     };
@@ -141,6 +141,22 @@ async fn candidate_query_scans_the_partial_index_without_sorting_100k_tokens() {
             "{which}: expected a scan of tokens_candidates:\n{plan}"
         );
         assert!(!plan.contains("Sort"), "{which}: expected no sort:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan on tokens"),
+            "{which}: expected no sequential scan:\n{plan}"
+        );
+    }
+    // A listing reads the wallet's ranges of the two indexes of unspent rows,
+    // not the table, whether or not it names a type.
+    let small = wallet("w7");
+    for (which, of_type) in [("a listing of one type", Some(&t)), ("a listing", None)] {
+        let plan = backend
+            .explain_list_tokens(&small, of_type, 100)
+            .await
+            .expect("explain listing");
+        for index in ["tokens_candidates", "tokens_unspendable"] {
+            assert!(plan.contains(index), "{which}: expected {index}:\n{plan}");
+        }
         assert!(
             !plan.contains("Seq Scan on tokens"),
             "{which}: expected no sequential scan:\n{plan}"

@@ -205,6 +205,27 @@ pub(crate) fn refuse_overflowing_outputs(
 pub(crate) const TOKEN_COLUMNS: &str =
     "tx, output, wallet, token_type, amount, spendable, spent_by, spent_at";
 
+/// The unspent tokens of wallet `?1` (`of_type` adds the type `?2`), spendable or
+/// not, in (amount, tx, output) order, at most `?3`: the wallet's ranges of the
+/// two partial indexes that hold unspent rows (`tokens_candidates` and
+/// `tokens_unspendable`), merged. One condition `spent_by IS NULL` matches
+/// neither index, so it read the whole table.
+fn list_tokens_sql(of_type: &str) -> String {
+    let range = |spendable: u8| {
+        format!(
+            "SELECT * FROM (SELECT {TOKEN_COLUMNS} FROM tokens
+                            WHERE wallet = ?1{of_type} AND spendable = {spendable}
+                              AND spent_by IS NULL
+                            ORDER BY amount, tx, output LIMIT +?3)"
+        )
+    };
+    format!(
+        "{} UNION ALL {} ORDER BY amount, tx, output LIMIT +?3",
+        range(1),
+        range(0)
+    )
+}
+
 fn limit_to_sql(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
@@ -527,12 +548,12 @@ impl TokenStore for SqliteBackend {
         let wallet = wallet.clone();
         self.pool
             .read(move |tx| {
-                let sql = format!(
-                    "SELECT {TOKEN_COLUMNS} FROM tokens
-                     WHERE wallet = ?1 AND (?2 IS NULL OR token_type = ?2) AND spent_by IS NULL
-                     ORDER BY amount, tx, output LIMIT +?3"
-                );
-                let mut stmt = tx.prepare_cached(&sql).db()?;
+                let of_type = if token_type.is_some() {
+                    " AND token_type = ?2"
+                } else {
+                    ""
+                };
+                let mut stmt = tx.prepare_cached(&list_tokens_sql(of_type)).db()?;
                 let mut rows = stmt
                     .query(params![
                         wallet.as_str(),
@@ -742,6 +763,21 @@ mod tests {
                     .any(|s| s.starts_with("SEARCH l USING") && s.contains("(tx=? AND output=?)")),
                 "the anti-join probes the locks primary key:\n{text}"
             );
+        }
+    }
+
+    #[test]
+    fn listings_search_the_two_indexes_of_unspent_rows() {
+        for of_type in ["", " AND token_type = ?2"] {
+            let sql = list_tokens_sql(of_type);
+            let text = plan(&sql).join("\n");
+            for index in ["tokens_candidates", "tokens_unspendable"] {
+                assert!(
+                    text.contains(&format!("SEARCH tokens USING INDEX {index} (wallet=?")),
+                    "{sql}\n--\n{text}"
+                );
+            }
+            assert!(!text.contains("SCAN tokens"), "{sql}\n--\n{text}");
         }
     }
 }

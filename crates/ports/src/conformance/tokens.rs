@@ -711,13 +711,17 @@ pub async fn balance_ignores_locks_excludes_spent_and_unspendable(db: &dyn TestD
     );
 }
 
-/// `list_tokens` returns unspent tokens, ascending, filtered by type, limited.
+/// `list_tokens` returns unspent tokens, spendable or not, in one ascending order
+/// (amount, then id), filtered by type, limited.
 pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
     let s = db.stores();
     let mut eur = chf("w", "eur", 0, 2);
     eur.token_type = token_type("EUR");
     let mut off = chf("w", "off", 0, 4);
     off.spendable = false;
+    // Not spendable, and tied in amount with a:0: after it, by id.
+    let mut tied = chf("w", "b", 0, 3);
+    tied.spendable = false;
     add(
         &s,
         &[
@@ -725,6 +729,7 @@ pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
             chf("w", "a", 1, 1),
             eur,
             off,
+            tied,
             chf("w", "sp", 0, 5),
         ],
     )
@@ -752,17 +757,33 @@ pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
             (token_id("a", 1), 1),
             (token_id("eur", 0), 2),
             (token_id("a", 0), 3),
+            (token_id("b", 0), 3),
             (token_id("off", 0), 4),
         ],
         "unspent tokens of all types (non-spendable included), ascending"
     );
-    let chf_only = s
+    for (n, expected) in [
+        (2, vec![token_id("a", 1), token_id("a", 0)]),
+        (
+            3,
+            vec![token_id("a", 1), token_id("a", 0), token_id("b", 0)],
+        ),
+    ] {
+        let chf_only = s
+            .tokens
+            .list_tokens(&wallet("w"), Some(token_type("CHF")), n)
+            .await
+            .expect("list");
+        let got: Vec<TokenId> = chf_only.iter().map(|t| t.id.clone()).collect();
+        assert_eq!(got, expected, "the first {n} CHF tokens");
+    }
+    let first = s
         .tokens
-        .list_tokens(&wallet("w"), Some(token_type("CHF")), 2)
+        .list_tokens(&wallet("w"), None, 1)
         .await
         .expect("list");
-    let got: Vec<TokenId> = chf_only.iter().map(|t| t.id.clone()).collect();
-    assert_eq!(got, vec![token_id("a", 1), token_id("a", 0)]);
+    assert_eq!(first.len(), 1, "at most the limit");
+    assert_eq!(first[0].id, token_id("a", 1));
     let spent = s
         .tokens
         .token(&token_id("sp", 0))

@@ -41,7 +41,8 @@ async fn lock_rows(conn: &mut PgConnection) -> BTreeMap<TokenId, TxId> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn candidate_reads_and_listings_scan_the_partial_indexes_of_150k_tokens() {
-    let Some(db) = TestDb::create("candidate_query_scans_the_partial_index").await else {
+    let Some(db) = TestDb::create("candidate_reads_and_listings_scan_the_partial_indexes").await
+    else {
         return;
     };
     let backend = db.backend(LockStrategy::OnConflict, 2).await;
@@ -157,6 +158,16 @@ async fn candidate_reads_and_listings_scan_the_partial_indexes_of_150k_tokens() 
         for index in ["tokens_candidates", "tokens_unspendable"] {
             assert!(plan.contains(index), "{which}: expected {index}:\n{plan}");
         }
+        let by_wallet = plan
+            .lines()
+            .filter(|line| {
+                line.contains("Index Cond: ((wallet = ") || line.contains("Index Cond: (wallet = ")
+            })
+            .count();
+        assert_eq!(
+            by_wallet, 2,
+            "{which}: both ranges found by wallet:\n{plan}"
+        );
         assert!(
             !plan.contains("Seq Scan on tokens"),
             "{which}: expected no sequential scan:\n{plan}"

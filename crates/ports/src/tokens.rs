@@ -121,8 +121,10 @@ pub trait TokenStore: Send + Sync {
         consumer: &TxId,
     ) -> Result<Quantity, TokenStoreError>;
 
-    /// Unspent tokens of a wallet (of one type, or all), in ascending quantity, at
-    /// most `limit`.
+    /// Unspent tokens of a wallet (of one type, or all), spendable or not, in
+    /// ascending quantity (ties by id), at most `limit`. The adapters read the
+    /// wallet's own index entries: a listing costs what the wallet holds, not
+    /// what the table holds.
     async fn list_tokens(
         &self,
         wallet: &WalletId,

@@ -717,19 +717,25 @@ pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
     let s = db.stores();
     let mut eur = chf("w", "eur", 0, 2);
     eur.token_type = token_type("EUR");
-    let mut off = chf("w", "off", 0, 4);
-    off.spendable = false;
-    // Not spendable, and tied in amount with a:0: after it, by id.
-    let mut tied = chf("w", "b", 0, 3);
-    tied.spendable = false;
+    // Not spendable: between spendable ones, and tied in amount with eur:0 and
+    // d:0 (ties go by id, whichever is spendable).
+    let [mut n, mut b, mut off] = [
+        chf("w", "n", 0, 2),
+        chf("w", "b", 0, 3),
+        chf("w", "off", 0, 4),
+    ];
+    for token in [&mut n, &mut b, &mut off] {
+        token.spendable = false;
+    }
     add(
         &s,
         &[
-            chf("w", "a", 0, 3),
+            chf("w", "d", 0, 3),
             chf("w", "a", 1, 1),
             eur,
+            n,
+            b,
             off,
-            tied,
             chf("w", "sp", 0, 5),
         ],
     )
@@ -756,19 +762,22 @@ pub async fn list_tokens_filters_orders_and_limits(db: &dyn TestDatabase) {
         vec![
             (token_id("a", 1), 1),
             (token_id("eur", 0), 2),
-            (token_id("a", 0), 3),
+            (token_id("n", 0), 2),
             (token_id("b", 0), 3),
+            (token_id("d", 0), 3),
             (token_id("off", 0), 4),
         ],
         "unspent tokens of all types (non-spendable included), ascending"
     );
-    for (n, expected) in [
-        (2, vec![token_id("a", 1), token_id("a", 0)]),
-        (
-            3,
-            vec![token_id("a", 1), token_id("a", 0), token_id("b", 0)],
-        ),
-    ] {
+    let chf_first = [
+        token_id("a", 1),
+        token_id("n", 0),
+        token_id("b", 0),
+        token_id("d", 0),
+        token_id("off", 0),
+    ];
+    for n in [2, 3, 4] {
+        let expected = chf_first[..n].to_vec();
         let chf_only = s
             .tokens
             .list_tokens(&wallet("w"), Some(token_type("CHF")), n)

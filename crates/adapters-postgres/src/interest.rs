@@ -42,8 +42,9 @@ pub const OPEN: Duration = Duration::from_secs(2);
 /// delivery), added to its waiter's age when catching up.
 pub const CATCH_UP: Duration = Duration::from_secs(1);
 
-/// The longest age an announcement's catch-up reaches back.
-const MAX_AGE: Duration = Duration::from_secs(60);
+/// The longest age an announcement's catch-up reaches back, and how long after
+/// its release a key whose `NOTIFY` failed is sent again.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Every freed key is sent for this long after a payload of an instance that
 /// announces nothing.

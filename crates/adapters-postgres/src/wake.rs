@@ -20,7 +20,7 @@
 //!   keys its waits begin on, and sends a freed key only while another instance
 //!   waits for it (or while it may have missed announcements).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use crate::PgBackend;
 use crate::hosts::TargetSessionAttrs;
-use crate::interest::Interest;
+use crate::interest::{Interest, MAX_AGE};
 use crate::route::Route;
 use crate::session::Health;
 
@@ -58,6 +58,9 @@ enum Out {
     Freed(WakeKey),
     /// A key sent whatever the interest: an announcement crossed its release.
     CatchUp(WakeKey),
+    /// A key of a failed statement, freed (or caught up) at `freed`: sent
+    /// again whatever the interest, until [`MAX_AGE`] after `freed`.
+    Resend { key: WakeKey, freed: Instant },
     /// A wait began here: announced.
     Waits(WaitStart),
     /// This listener just connected (its connection's generation): the others
@@ -344,7 +347,7 @@ struct Notifier {
     instance: String,
     interest: Shared,
     counts: Arc<Counts>,
-    /// Its own inbox, for announcements and questions to send again.
+    /// Its own inbox, for what a failed statement sends again.
     retry: mpsc::WeakUnboundedSender<Out>,
 }
 
@@ -370,10 +373,10 @@ impl Notifier {
             match self.send(&batch).await {
                 Ok(()) => pause = FIRST_PAUSE,
                 Err(e) => {
-                    // Other instances' waiters end on their timers: latency, not
-                    // correctness. The announcements and a question go again
-                    // after a pause (while a question has not gone out, every
-                    // key is sent).
+                    // Until it goes, other instances' waiters wait: latency, not
+                    // correctness. The freed keys, the announcements and a
+                    // question go again after a pause (while a question has not
+                    // gone out, every key is sent).
                     let keys: Vec<WakeKey> =
                         batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
                     lock(&self.interest).not_announced(&keys);
@@ -390,7 +393,7 @@ impl Notifier {
     async fn send(&self, batch: &Batch) -> Result<(), sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let now = Instant::now();
-        let mut lines: Vec<String> = batch.wakes.iter().map(line).collect();
+        let mut lines: Vec<String> = batch.wakes.keys().map(line).collect();
         lines.extend(batch.waits.iter().map(|(start, lasting)| {
             interest_line(
                 &start.key,
@@ -422,16 +425,19 @@ impl Notifier {
         Ok(())
     }
 
-    /// Hands the failed `batch`'s waits and questions back to the notifier
-    /// after `pause` (it weighs them again: a wait over by then is dropped).
+    /// Hands the failed `batch` back to the notifier after `pause`: its freed
+    /// keys and catch-ups as catch-ups (a waiter it was for may still wait; one
+    /// that no longer does costs at most a spurious wake-up), its waits and
+    /// questions to be weighed again (a wait over by then is dropped).
     fn again(&self, batch: Batch, pause: Duration) {
         let Some(retry) = self.retry.upgrade() else {
             return;
         };
         let outs: Vec<Out> = batch
-            .waits
+            .wakes
             .into_iter()
-            .map(|(start, _)| Out::Waits(start))
+            .map(|(key, freed)| Out::Resend { key, freed })
+            .chain(batch.waits.into_iter().map(|(start, _)| Out::Waits(start)))
             .chain(batch.asks.into_iter().map(Out::Ask))
             .collect();
         if outs.is_empty() {
@@ -456,14 +462,17 @@ impl Notifier {
             match out {
                 Out::Freed(key) => {
                     if interest.freed(&key, now) {
-                        weighed.wakes.insert(key);
+                        weighed.wake(key, now);
                     } else {
                         withheld = true;
                         self.counts.withheld.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Out::CatchUp(key) => {
-                    weighed.wakes.insert(key);
+                Out::CatchUp(key) => weighed.wake(key, now),
+                Out::Resend { key, freed } => {
+                    if now.saturating_duration_since(freed) <= MAX_AGE {
+                        weighed.wake(key, freed);
+                    }
                 }
                 // A wait already over (handed back after a failure) is not
                 // announced.
@@ -488,8 +497,8 @@ impl Notifier {
 /// What one statement of the notifier sends.
 #[derive(Default)]
 struct Batch {
-    /// Freed keys.
-    wakes: BTreeSet<WakeKey>,
+    /// Freed keys, each with when it was freed (the latest, when several).
+    wakes: BTreeMap<WakeKey, Instant>,
     /// Waits announced, each for how long.
     waits: Vec<(WaitStart, Duration)>,
     /// The questions, by their connection's generation.
@@ -499,6 +508,12 @@ struct Batch {
 }
 
 impl Batch {
+    /// Adds `key`, freed at `freed`.
+    fn wake(&mut self, key: WakeKey, freed: Instant) {
+        let at = self.wakes.entry(key).or_insert(freed);
+        *at = (*at).max(freed);
+    }
+
     fn is_empty(&self) -> bool {
         self.wakes.is_empty() && self.waits.is_empty() && self.asks.is_empty() && !self.heartbeat
     }
@@ -639,10 +654,45 @@ impl Listener {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn tokens(wallet: &str, token_type: &str) -> WakeKey {
         WakeKey::tokens_of(wallet, token_type).expect("valid ids")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_statements_keys_go_again_until_a_minute_after_their_release() {
+        let (outbox, _inbox) = mpsc::unbounded_channel();
+        let notifier = Notifier {
+            pool: PgPoolOptions::new()
+                .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+                .expect("a lazy pool"),
+            instance: "i".to_owned(),
+            interest: Arc::new(Mutex::new(Interest::new(false))),
+            counts: Arc::default(),
+            retry: outbox.downgrade(),
+        };
+        let (key, freed) = (tokens("w", "t"), Instant::now());
+        let again = |freed| Out::Resend {
+            key: key.clone(),
+            freed,
+        };
+        assert_eq!(
+            notifier.weigh(vec![again(freed)]).wakes.get(&key),
+            Some(&freed)
+        );
+        tokio::time::advance(MAX_AGE).await;
+        assert!(notifier.weigh(vec![again(freed)]).wakes.contains_key(&key));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(
+            notifier.weigh(vec![again(freed)]).is_empty(),
+            "sent again past MAX_AGE"
+        );
+        // Caught up since: the window counts from the later signal.
+        let batch = notifier.weigh(vec![again(freed), Out::CatchUp(key.clone())]);
+        assert_eq!(batch.wakes.get(&key), Some(&Instant::now()));
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! when another instance frees its tokens, without its backoff timer; a woken
 //! waiter that cannot use what was freed hands the wake on; a held admission
 //! head is woken when a slot frees; a lost PostgreSQL listener costs only
-//! latency; and a PostgreSQL release is sent only where another instance waits,
-//! a wait announced after a release it missed included.
+//! latency; a PostgreSQL release is sent only where another instance waits, a
+//! wait announced after a release it missed included; and a release whose
+//! `NOTIFY` the server refused is sent again.
 //!
 //! Every waiting select here has a backoff uniform in [0, 60 s): a wait that a
 //! signal did not end would end on that timer, which the select's counters show
@@ -13,13 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use holdfast::{SelectReport, TokenSelector};
-use holdfast_adapters_postgres::{CATCH_UP, LockStrategy, OPEN, PgBackend};
+use holdfast_adapters_postgres::{CATCH_UP, LockStrategy, OPEN, PgBackend, PgOptions};
 use holdfast_adapters_sqlite::{SqliteBackend, SqliteOptions};
 use holdfast_domain::{
     BuildOutcome, QueueName, Reply, RevisionUri, SelectionConfig, Timestamp, TokenId, TokenType,
     WalletId,
 };
 use holdfast_ports::{NewToken, Stores, WaitEnd, WakeKey};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::task::JoinHandle;
 
 use crate::common::{self, TempDb, TokioClock, q, tx};
@@ -467,6 +469,88 @@ async fn postgres_an_instance_that_listens_later_learns_the_waits_under_way() {
     release(&c.stores(), "holder", &tokens).await;
     woken(&answered(waiting).await);
     assert_eq!(c.wakes_withheld(), withheld, "the release was held back");
+}
+
+/// `url` as login role `role` with `password` (the server's host and database
+/// kept).
+fn as_role(url: &str, role: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{role}:{password}@{host}")
+}
+
+/// Runs `sql` on `conn`.
+async fn run(conn: &mut PgConnection, sql: String) {
+    sqlx::raw_sql(AssertSqlSafe(sql.clone()))
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+#[tokio::test]
+async fn postgres_a_release_whose_notify_failed_is_sent_again() {
+    let Some(db) = TestDb::create("wakeups::notify_failed").await else {
+        return;
+    };
+    // The releasing instance logs in as a role without superuser rights (the
+    // database's owner), so that the server can refuse it `pg_notify`; the
+    // waiting one as the superuser, which it cannot refuse.
+    let role = format!("{}_releaser", db.name);
+    let mut admin = db.connection().await;
+    run(
+        &mut admin,
+        format!("CREATE ROLE \"{role}\" LOGIN PASSWORD 'releaser'"),
+    )
+    .await;
+    run(
+        &mut admin,
+        format!("ALTER DATABASE \"{}\" OWNER TO \"{role}\"", db.name),
+    )
+    .await;
+    let a = PgBackend::connect(
+        &as_role(&db.url, &role, "releaser"),
+        PgOptions {
+            max_connections: 4,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("connect as the releasing role");
+    let b = db.backend(LockStrategy::default(), 4).await;
+    past_the_open_window(&a, &b).await;
+    let tokens = funded(&a, "f").await;
+    hold(&a.stores(), "holder", &tokens).await;
+    let waiting = waiting_select(&selector(&b.stores(), 7), 10, "waiter").await;
+    // The fault: every NOTIFY of the releasing instance is refused while it
+    // releases and for a while after (the freed key, or the catch-up that
+    // answers the wait's announcement, fails with it).
+    run(
+        &mut admin,
+        "REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC".to_owned(),
+    )
+    .await;
+    let sent = a.wakes_sent();
+    release(&a.stores(), "holder", &tokens).await;
+    // sleep: the fault lasts through the first send and three retries (after 50,
+    // 100 and 200 ms).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(a.wakes_sent(), sent, "a NOTIFY went out while refused");
+    run(
+        &mut admin,
+        "GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO PUBLIC".to_owned(),
+    )
+    .await;
+    // The key goes again after the pause, and the waiter wakes: not on its
+    // backoff timer.
+    woken(&answered(waiting).await);
+    assert!(a.wakes_sent() > sent, "the release was never sent");
+    drop((a, b, admin));
+    let admin_url = db.admin_url.clone();
+    drop(db);
+    // A role outlives its databases: dropped once its database is gone (a
+    // failed run leaves it on the test server).
+    let mut server = PgConnection::connect(&admin_url).await.expect("connect");
+    run(&mut server, format!("DROP ROLE \"{role}\"")).await;
 }
 
 /// `n` selects that each need more than one released token can give, all

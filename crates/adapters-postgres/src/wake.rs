@@ -355,17 +355,36 @@ impl Notifier {
     async fn run(self, mut inbox: mpsc::UnboundedReceiver<Out>) {
         let mut last_sent: Option<Instant> = None;
         let mut pause = FIRST_PAUSE;
-        while let Some(first) = inbox.recv().await {
+        // The freed keys of failed statements, each once with when it was
+        // freed (the latest), and when they go again unless a send comes first.
+        let mut unsent: BTreeMap<WakeKey, Instant> = BTreeMap::new();
+        let mut retry_at: Option<Instant> = None;
+        loop {
+            let first = tokio::select! {
+                out = inbox.recv() => match out {
+                    Some(out) => Some(out),
+                    None => break,
+                },
+                () = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)),
+                    if retry_at.is_some() => None,
+            };
             // The first key after a quiet spell goes at once; keys that follow
             // within COALESCE of a send are gathered for the next one.
             if let Some(last) = last_sent {
                 tokio::time::sleep_until(last + COALESCE).await;
             }
-            let mut batch = vec![first];
+            let mut outs: Vec<Out> = first.into_iter().collect();
             while let Ok(out) = inbox.try_recv() {
-                batch.push(out);
+                outs.push(out);
             }
-            let batch = self.weigh(batch);
+            // Whatever goes next takes the unsent keys along.
+            retry_at = None;
+            outs.extend(
+                std::mem::take(&mut unsent)
+                    .into_iter()
+                    .map(|(key, freed)| Out::Resend { key, freed }),
+            );
+            let batch = self.weigh(outs);
             if batch.is_empty() {
                 continue;
             }
@@ -374,15 +393,20 @@ impl Notifier {
                 Ok(()) => pause = FIRST_PAUSE,
                 Err(e) => {
                     // Until it goes, other instances' waiters wait: latency, not
-                    // correctness. The freed keys, the announcements and a
-                    // question go again after a pause (while a question has not
+                    // correctness. The freed keys go again after a pause with
+                    // the next statement; the announcements and a question are
+                    // handed back to be weighed again (while a question has not
                     // gone out, every key is sent).
                     let keys: Vec<WakeKey> =
                         batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
                     lock(&self.interest).not_announced(&keys);
+                    if !batch.wakes.is_empty() {
+                        unsent = batch.wakes.clone();
+                        retry_at = Some(Instant::now() + pause);
+                    }
                     self.again(batch, pause);
                     pause = (pause * 2).min(MAX_PAUSE);
-                    tracing::warn!(error = %e, "NOTIFY failed; other instances wait for their timers");
+                    tracing::warn!(error = %e, "NOTIFY failed; sent again after a pause");
                 }
             }
         }
@@ -425,19 +449,16 @@ impl Notifier {
         Ok(())
     }
 
-    /// Hands the failed `batch` back to the notifier after `pause`: its freed
-    /// keys and catch-ups as catch-ups (a waiter it was for may still wait; one
-    /// that no longer does costs at most a spurious wake-up), its waits and
-    /// questions to be weighed again (a wait over by then is dropped).
+    /// Hands the failed `batch`'s waits and questions back to the notifier
+    /// after `pause` (it weighs them again: a wait over by then is dropped).
     fn again(&self, batch: Batch, pause: Duration) {
         let Some(retry) = self.retry.upgrade() else {
             return;
         };
         let outs: Vec<Out> = batch
-            .wakes
+            .waits
             .into_iter()
-            .map(|(key, freed)| Out::Resend { key, freed })
-            .chain(batch.waits.into_iter().map(|(start, _)| Out::Waits(start)))
+            .map(|(start, _)| Out::Waits(start))
             .chain(batch.asks.into_iter().map(Out::Ask))
             .collect();
         if outs.is_empty() {
@@ -456,7 +477,7 @@ impl Notifier {
     fn weigh(&self, batch: Vec<Out>) -> Batch {
         let now = Instant::now();
         let mut weighed = Batch::default();
-        let mut withheld = false;
+        let mut held = Vec::new();
         let mut interest = lock(&self.interest);
         for out in batch {
             match out {
@@ -464,14 +485,15 @@ impl Notifier {
                     if interest.freed(&key, now) {
                         weighed.wake(key, now);
                     } else {
-                        withheld = true;
-                        self.counts.withheld.fetch_add(1, Ordering::Relaxed);
+                        held.push(key);
                     }
                 }
                 Out::CatchUp(key) => weighed.wake(key, now),
                 Out::Resend { key, freed } => {
                     if now.saturating_duration_since(freed) <= MAX_AGE {
                         weighed.wake(key, freed);
+                    } else {
+                        tracing::debug!(?key, "a key whose NOTIFY failed is no longer sent");
                     }
                 }
                 // A wait already over (handed back after a failure) is not
@@ -489,7 +511,11 @@ impl Notifier {
                 Out::Ask(_) => {}
             }
         }
-        weighed.heartbeat = withheld && interest.heartbeat(now);
+        // A key held back that goes anyway (caught up, or sent again) is sent.
+        held.retain(|key| !weighed.wakes.contains_key(key));
+        let withheld = u64::try_from(held.len()).unwrap_or(u64::MAX);
+        self.counts.withheld.fetch_add(withheld, Ordering::Relaxed);
+        weighed.heartbeat = withheld > 0 && interest.heartbeat(now);
         weighed
     }
 }

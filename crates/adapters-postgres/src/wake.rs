@@ -347,7 +347,7 @@ struct Notifier {
     instance: String,
     interest: Shared,
     counts: Arc<Counts>,
-    /// Its own inbox, for what a failed statement sends again.
+    /// Its own inbox, for the waits and questions a failed statement hands back.
     retry: mpsc::WeakUnboundedSender<Out>,
 }
 
@@ -355,8 +355,12 @@ impl Notifier {
     async fn run(self, mut inbox: mpsc::UnboundedReceiver<Out>) {
         let mut last_sent: Option<Instant> = None;
         let mut pause = FIRST_PAUSE;
-        // The freed keys of failed statements, each once with when it was
-        // freed (the latest), and when they go again unless a send comes first.
+        // The end of the current pause after a failure: statements that fail
+        // before it do not lengthen the next one.
+        let mut paused_until: Option<Instant> = None;
+        // The freed keys of failed statements, each once with when it was last
+        // freed or caught up, and when they go again unless a statement goes
+        // first.
         let mut unsent: BTreeMap<WakeKey, Instant> = BTreeMap::new();
         let mut retry_at: Option<Instant> = None;
         loop {
@@ -384,29 +388,40 @@ impl Notifier {
                     .into_iter()
                     .map(|(key, freed)| Out::Resend { key, freed }),
             );
-            let batch = self.weigh(outs);
+            let mut batch = self.weigh(outs);
             if batch.is_empty() {
                 continue;
             }
             last_sent = Some(Instant::now());
             match self.send(&batch).await {
-                Ok(()) => pause = FIRST_PAUSE,
+                Ok(()) => {
+                    pause = FIRST_PAUSE;
+                    paused_until = None;
+                }
                 Err(e) => {
                     // Until it goes, other instances' waiters wait: latency, not
-                    // correctness. The freed keys go again after a pause with
-                    // the next statement; the announcements and a question are
-                    // handed back to be weighed again (while a question has not
-                    // gone out, every key is sent).
+                    // correctness. The freed keys go with the next statement, at
+                    // the latest at the end of the pause; the announcements and
+                    // a question are handed back then to be weighed again (while
+                    // a question has not gone out, every key is sent).
+                    let now = Instant::now();
+                    let until = match paused_until {
+                        Some(until) if now < until => until,
+                        _ => {
+                            let until = now + pause;
+                            pause = (pause * 2).min(MAX_PAUSE);
+                            *paused_until.insert(until)
+                        }
+                    };
                     let keys: Vec<WakeKey> =
                         batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
                     lock(&self.interest).not_announced(&keys);
                     if !batch.wakes.is_empty() {
-                        unsent = batch.wakes.clone();
-                        retry_at = Some(Instant::now() + pause);
+                        unsent = std::mem::take(&mut batch.wakes);
+                        retry_at = Some(until);
                     }
-                    self.again(batch, pause);
-                    pause = (pause * 2).min(MAX_PAUSE);
-                    tracing::warn!(error = %e, "NOTIFY failed; sent again after a pause");
+                    self.again(batch, until);
+                    tracing::warn!(error = %e, "NOTIFY failed; its keys, waits and question go again after a pause");
                 }
             }
         }
@@ -449,9 +464,9 @@ impl Notifier {
         Ok(())
     }
 
-    /// Hands the failed `batch`'s waits and questions back to the notifier
-    /// after `pause` (it weighs them again: a wait over by then is dropped).
-    fn again(&self, batch: Batch, pause: Duration) {
+    /// Hands the failed `batch`'s waits and questions back to the notifier at
+    /// `until` (it weighs them again: a wait over by then is dropped).
+    fn again(&self, batch: Batch, until: Instant) {
         let Some(retry) = self.retry.upgrade() else {
             return;
         };
@@ -465,7 +480,7 @@ impl Notifier {
             return;
         }
         tokio::spawn(async move {
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep_until(until).await;
             for out in outs {
                 let _ = retry.send(out);
             }

@@ -494,7 +494,8 @@ async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     };
     // The releasing instance logs in as a role without superuser rights (the
     // database's owner), so that the server can refuse it `pg_notify`; the
-    // waiting one as the superuser, which it cannot refuse.
+    // waiting one as the superuser, which it cannot refuse. (So the test server's
+    // URL must be a superuser's, as the throwaway cluster's is.)
     let role = format!("{}_releaser", db.name);
     let mut admin = db.connection().await;
     run(

@@ -359,18 +359,17 @@ impl Notifier {
         // before it do not lengthen the next one.
         let mut paused_until: Option<Instant> = None;
         // The freed keys of failed statements, each once with when it was last
-        // freed or caught up, and when they go again unless a statement goes
-        // first.
+        // freed or caught up: they go with the next statement, at the latest at
+        // the end of the pause.
         let mut unsent: BTreeMap<WakeKey, Instant> = BTreeMap::new();
-        let mut retry_at: Option<Instant> = None;
         loop {
             let first = tokio::select! {
                 out = inbox.recv() => match out {
                     Some(out) => Some(out),
                     None => break,
                 },
-                () = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)),
-                    if retry_at.is_some() => None,
+                () = tokio::time::sleep_until(paused_until.unwrap_or_else(Instant::now)),
+                    if !unsent.is_empty() => None,
             };
             // The first key after a quiet spell goes at once; keys that follow
             // within COALESCE of a send are gathered for the next one.
@@ -382,7 +381,6 @@ impl Notifier {
                 outs.push(out);
             }
             // Whatever goes next takes the unsent keys along.
-            retry_at = None;
             outs.extend(
                 std::mem::take(&mut unsent)
                     .into_iter()
@@ -416,10 +414,7 @@ impl Notifier {
                     let keys: Vec<WakeKey> =
                         batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
                     lock(&self.interest).not_announced(&keys);
-                    if !batch.wakes.is_empty() {
-                        unsent = std::mem::take(&mut batch.wakes);
-                        retry_at = Some(until);
-                    }
+                    unsent = std::mem::take(&mut batch.wakes);
                     self.again(batch, until);
                     tracing::warn!(error = %e, "NOTIFY failed; its keys, waits and question go again after a pause");
                 }

@@ -21,11 +21,11 @@ use holdfast_domain::{
     WalletId,
 };
 use holdfast_ports::{NewToken, Stores, WaitEnd, WakeKey};
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
 
 use crate::common::{self, TempDb, TokioClock, q, tx};
-use crate::pg_support::TestDb;
+use crate::pg_support::{TestDb, exec};
 
 /// Long backoffs: only a wake-up can answer a waiting select within the test.
 fn patient() -> SelectionConfig {
@@ -375,15 +375,38 @@ async fn past_the_open_window(a: &PgBackend, b: &PgBackend) {
     tokio::time::sleep(OPEN + Duration::from_secs(1)).await;
 }
 
-/// Waits (at most 20 s) until `backend`'s notifier has held back a freed key
-/// since it had held back `before`.
-async fn withheld_since(backend: &PgBackend, before: u64) {
+/// Waits (at most 20 s) until `count` has gone past `before`: the notifier
+/// counts a key once it has weighed it, or once its statement has gone, which
+/// may be after the waiter it woke has answered.
+async fn counted_since(count: impl Fn() -> u64, before: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while backend.wakes_withheld() <= before {
-        assert!(Instant::now() < deadline, "the release was never held back");
-        // sleep: poll interval until the notifier has weighed the release, bounded by the deadline.
+    while count() <= before {
+        assert!(Instant::now() < deadline, "{what}");
+        // sleep: poll interval until the notifier has counted the key, bounded by the deadline.
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Waits until `backend`'s notifier has held back a freed key since it had
+/// held back `before`.
+async fn withheld_since(backend: &PgBackend, before: u64) {
+    counted_since(
+        || backend.wakes_withheld(),
+        before,
+        "the release was never held back",
+    )
+    .await;
+}
+
+/// Waits until `backend`'s notifier has sent a freed key since it had sent
+/// `before`.
+async fn sent_since(backend: &PgBackend, before: u64) {
+    counted_since(
+        || backend.wakes_sent(),
+        before,
+        "the release was never sent",
+    )
+    .await;
 }
 
 /// One token of 10 added through `backend`, once its notifier has held back
@@ -415,7 +438,7 @@ async fn postgres_a_release_is_sent_only_where_another_instance_waits() {
     let waiting = waiting_select(&selector(&b.stores(), 3), 10, "waiter").await;
     release(&a.stores(), "holder-2", &tokens).await;
     woken(&answered(waiting).await);
-    assert!(a.wakes_sent() > sent, "the release was not sent");
+    sent_since(&a, sent).await;
 }
 
 #[tokio::test]
@@ -479,14 +502,6 @@ fn as_role(url: &str, role: &str, password: &str) -> String {
     format!("{scheme}://{role}:{password}@{host}")
 }
 
-/// Runs `sql` on `conn`.
-async fn run(conn: &mut PgConnection, sql: String) {
-    sqlx::raw_sql(AssertSqlSafe(sql.clone()))
-        .execute(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
 #[tokio::test]
 async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     let Some(db) = TestDb::create("wakeups::notify_failed").await else {
@@ -498,12 +513,12 @@ async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     // URL must be a superuser's, as the throwaway cluster's is.)
     let role = format!("{}_releaser", db.name);
     let mut admin = db.connection().await;
-    run(
+    exec(
         &mut admin,
         format!("CREATE ROLE \"{role}\" LOGIN PASSWORD 'releaser'"),
     )
     .await;
-    run(
+    exec(
         &mut admin,
         format!("ALTER DATABASE \"{}\" OWNER TO \"{role}\"", db.name),
     )
@@ -525,9 +540,9 @@ async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     // The fault: every NOTIFY of the releasing instance is refused while it
     // releases and for a while after (the freed key, or the catch-up that
     // answers the wait's announcement, fails with it).
-    run(
+    exec(
         &mut admin,
-        "REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC".to_owned(),
+        "REVOKE EXECUTE ON FUNCTION pg_notify(text, text) FROM PUBLIC",
     )
     .await;
     let sent = a.wakes_sent();
@@ -536,31 +551,22 @@ async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     // 100 and 200 ms).
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(a.wakes_sent(), sent, "a NOTIFY went out while refused");
-    run(
+    exec(
         &mut admin,
-        "GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO PUBLIC".to_owned(),
+        "GRANT EXECUTE ON FUNCTION pg_notify(text, text) TO PUBLIC",
     )
     .await;
     // The key goes again after the pause, and the waiter wakes: not on its
     // backoff timer.
     woken(&answered(waiting).await);
-    // The waiter may answer before the sender has counted its statement.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while a.wakes_sent() <= sent {
-        assert!(
-            Instant::now() < deadline,
-            "the release was never counted as sent"
-        );
-        // sleep: poll interval until the notifier has counted its statement, bounded by the deadline.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    sent_since(&a, sent).await;
     drop((a, b, admin));
     let admin_url = db.admin_url.clone();
     drop(db);
     // A role outlives its databases: dropped once its database is gone (a
     // failed run leaves it on the test server).
     let mut server = PgConnection::connect(&admin_url).await.expect("connect");
-    run(&mut server, format!("DROP ROLE \"{role}\"")).await;
+    exec(&mut server, format!("DROP ROLE \"{role}\"")).await;
 }
 
 /// `n` selects that each need more than one released token can give, all

@@ -179,8 +179,9 @@ impl Drop for TestDb {
 }
 
 /// Runs one statement on a plain connection; a failure fails the test, naming it.
-pub async fn exec(conn: &mut PgConnection, sql: &'static str) {
-    sqlx::query(sql)
+pub async fn exec(conn: &mut PgConnection, sql: impl Into<String>) {
+    let sql = sql.into();
+    sqlx::query(AssertSqlSafe(sql.as_str()))
         .execute(&mut *conn)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));

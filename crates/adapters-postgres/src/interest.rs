@@ -239,12 +239,20 @@ impl Interest {
     /// sent is remembered for a later announcement to catch up on.
     pub(crate) fn freed(&mut self, key: &WakeKey, now: Instant) -> bool {
         if self.open(now) || self.remote.get(key).is_some_and(|until| until > now) {
+            // An earlier release held back is answered by this one.
+            self.unsent.remove(key);
             return true;
         }
         self.unsent.insert(key, now, false, |at| {
             now.saturating_duration_since(at) > MAX_AGE + CATCH_UP
         });
         false
+    }
+
+    /// `key`, held back by [`Interest::freed`], goes out anyway (caught up, or
+    /// sent again after a failure): no announcement is owed it any more.
+    pub(crate) fn goes(&mut self, key: &WakeKey) {
+        self.unsent.remove(key);
     }
 
     /// Another instance waits for `key` for `lasting`, its waiter having read up
@@ -431,6 +439,16 @@ mod tests {
         assert!(!interest.heard(&key("c"), ms(100), ms(5_000), later + ms(1)));
         // ... but another that read before it still is.
         assert!(interest.heard(&key("c"), ms(100), ms(6_000), later + ms(1)));
+        // A release held back, then one sent (another instance waits): the
+        // announcement of a later waiter is not answered with the first.
+        assert!(!interest.freed(&key("e"), now));
+        let then = now + CATCH_UP + ms(1);
+        assert!(
+            !interest.heard(&key("e"), ms(100), ms(0), then),
+            "out of reach"
+        );
+        assert!(interest.freed(&key("e"), then + ms(1)));
+        assert!(!interest.heard(&key("e"), ms(100), ms(5_000), then + ms(2)));
         // Nor beyond the longest reach.
         assert!(!interest.freed(&key("d"), now));
         let much_later = now + MAX_AGE + CATCH_UP + ms(1);

@@ -521,8 +521,16 @@ impl Notifier {
                 Out::Ask(_) => {}
             }
         }
-        // A key held back that goes anyway (caught up, or sent again) is sent.
-        held.retain(|key| !weighed.wakes.contains_key(key));
+        // A key held back that goes anyway (caught up, or sent again) is sent,
+        // stamped with this release, and owed no later announcement.
+        held.retain(|key| {
+            if !weighed.wakes.contains_key(key) {
+                return true;
+            }
+            interest.goes(key);
+            weighed.wake(key.clone(), now);
+            false
+        });
         let withheld = u64::try_from(held.len()).unwrap_or(u64::MAX);
         self.counts.withheld.fetch_add(withheld, Ordering::Relaxed);
         weighed.heartbeat = withheld > 0 && interest.heartbeat(now);
@@ -698,18 +706,25 @@ mod tests {
         WakeKey::tokens_of(wallet, token_type).expect("valid ids")
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_failed_statements_keys_go_again_until_a_minute_after_their_release() {
-        let (outbox, _inbox) = mpsc::unbounded_channel();
+    /// A notifier whose pool never connects (weighing needs none), and its inbox.
+    fn notifier(interest: &Shared) -> (Notifier, mpsc::UnboundedReceiver<Out>) {
+        let (outbox, inbox) = mpsc::unbounded_channel();
         let notifier = Notifier {
             pool: PgPoolOptions::new()
                 .connect_lazy("postgres://nobody@127.0.0.1:1/none")
                 .expect("a lazy pool"),
             instance: "i".to_owned(),
-            interest: Arc::new(Mutex::new(Interest::new(false))),
+            interest: interest.clone(),
             counts: Arc::default(),
             retry: outbox.downgrade(),
         };
+        (notifier, inbox)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_statements_keys_go_again_until_a_minute_after_their_release() {
+        let interest = Arc::new(Mutex::new(Interest::new(false)));
+        let (notifier, _inbox) = notifier(&interest);
         let (key, freed) = (tokens("w", "t"), Instant::now());
         let again = |freed| Out::Resend {
             key: key.clone(),
@@ -729,6 +744,53 @@ mod tests {
         // Caught up since: the window counts from the later signal.
         let batch = notifier.weigh(vec![again(freed), Out::CatchUp(key.clone())]);
         assert_eq!(batch.wakes.get(&key), Some(&Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_held_back_that_goes_anyway_is_not_sent_again_for_an_announcement() {
+        let interest = Arc::new(Mutex::new(Interest::new(false)));
+        let (notifier, _inbox) = notifier(&interest);
+        // Listening, asked, and past the time every key is sent.
+        {
+            let mut interest = lock(&interest);
+            let generation = interest.connected(Instant::now());
+            interest.ask_sent(generation, Instant::now());
+        }
+        tokio::time::advance(crate::interest::OPEN).await;
+        let key = tokens("w", "t");
+        let earlier = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // Freed here while nobody waits for it: held back...
+        assert!(notifier.weigh(vec![Out::Freed(key.clone())]).is_empty());
+        // ... but freed again beside a resend of a failed statement: it goes,
+        // stamped with the later release.
+        let resend = Out::Resend {
+            key: key.clone(),
+            freed: earlier,
+        };
+        let batch = notifier.weigh(vec![Out::Freed(key.clone()), resend]);
+        assert_eq!(batch.wakes.get(&key), Some(&Instant::now()));
+        assert_eq!(notifier.counts.withheld.load(Ordering::Relaxed), 1);
+        // Another instance's announcement of a wait on it is not answered with
+        // it again: it went out.
+        let heard =
+            lock(&interest).heard(&key, Duration::from_secs(1), Duration::ZERO, Instant::now());
+        assert!(!heard, "sent once more for an announcement");
+        // Likewise beside a catch-up of the same key.
+        let other = tokens("w2", "t");
+        assert!(notifier.weigh(vec![Out::Freed(other.clone())]).is_empty());
+        let batch = notifier.weigh(vec![Out::Freed(other.clone()), Out::CatchUp(other.clone())]);
+        assert!(batch.wakes.contains_key(&other));
+        let heard = lock(&interest).heard(
+            &other,
+            Duration::from_secs(1),
+            Duration::ZERO,
+            Instant::now(),
+        );
+        assert!(
+            !heard,
+            "sent once more for an announcement after a catch-up"
+        );
     }
 
     #[test]

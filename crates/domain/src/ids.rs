@@ -64,14 +64,14 @@ macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// Validates `input`: non-empty, at most [`MAX_ID_LEN`] bytes, no control characters.
             pub fn new(input: impl Into<String>) -> Result<Self, IdError> {
                 let input = input.into();
                 validate($kind, &input)?;
-                Ok($name(input))
+                Ok($name(input.into()))
             }
 
             /// The identifier as text.

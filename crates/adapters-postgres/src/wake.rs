@@ -706,10 +706,11 @@ mod tests {
         WakeKey::tokens_of(wallet, token_type).expect("valid ids")
     }
 
-    /// A notifier whose pool never connects (weighing needs none), and its inbox.
-    fn notifier(interest: &Shared) -> (Notifier, mpsc::UnboundedReceiver<Out>) {
-        let (outbox, inbox) = mpsc::unbounded_channel();
-        let notifier = Notifier {
+    /// A notifier whose pool never connects and whose inbox is gone: weighing
+    /// needs neither.
+    fn notifier(interest: &Shared) -> Notifier {
+        let (outbox, _) = mpsc::unbounded_channel();
+        Notifier {
             pool: PgPoolOptions::new()
                 .connect_lazy("postgres://nobody@127.0.0.1:1/none")
                 .expect("a lazy pool"),
@@ -717,14 +718,13 @@ mod tests {
             interest: interest.clone(),
             counts: Arc::default(),
             retry: outbox.downgrade(),
-        };
-        (notifier, inbox)
+        }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_statements_keys_go_again_until_a_minute_after_their_release() {
         let interest = Arc::new(Mutex::new(Interest::new(false)));
-        let (notifier, _inbox) = notifier(&interest);
+        let notifier = notifier(&interest);
         let (key, freed) = (tokens("w", "t"), Instant::now());
         let again = |freed| Out::Resend {
             key: key.clone(),
@@ -749,7 +749,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_key_held_back_that_goes_anyway_is_not_sent_again_for_an_announcement() {
         let interest = Arc::new(Mutex::new(Interest::new(false)));
-        let (notifier, _inbox) = notifier(&interest);
+        let notifier = notifier(&interest);
         // Listening, asked, and past the time every key is sent.
         {
             let mut interest = lock(&interest);

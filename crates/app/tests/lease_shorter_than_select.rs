@@ -17,18 +17,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use common::{q, tx};
 use holdfast::TokenSelector;
 use holdfast_adapters_postgres::LockStrategy;
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
-    ClaimVerdict, LeaseConfig, SelectRequest, SelectionConfig, SweepRule, Timestamp, Token,
-    TokenId, TokenType, TxId, TxStatus, WalletId,
+    ClaimVerdict, LeaseConfig, SelectRequest, SelectionConfig, SweepRule, Timestamp, TokenId,
+    TokenType, TxId, WalletId,
 };
-use holdfast_ports::{
-    Clock, Confirmation, LockInfo, LockStore, LockStoreError, NewToken, Output, Stores, SweepReport,
-};
+use holdfast_ports::{Clock, LockStore, LockStoreError, NewToken, Stores, forward_lock_store};
 use pg_support::TestDb;
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -121,83 +118,25 @@ struct SlowFirstClaim {
     delayed: AtomicBool,
 }
 
-#[async_trait]
-impl LockStore for SlowFirstClaim {
-    async fn claim(
-        &self,
-        c: &TxId,
-        t: &TokenId,
-        at: Timestamp,
-    ) -> Result<ClaimVerdict, LockStoreError> {
-        self.inner.claim(c, t, at).await
-    }
-    async fn claim_window(
-        &self,
-        c: &TxId,
-        t: &[TokenId],
-        at: Timestamp,
-    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        let verdicts = self.inner.claim_window(c, t, at).await;
-        if !self.delayed.swap(true, Ordering::SeqCst) {
-            self.clock.0.fetch_add(12_000, Ordering::SeqCst);
-            let swept = self.inner.sweep(rule_at(self.clock.now())).await?;
-            assert_eq!(swept.expired, 2, "the sweep takes both locks: {swept:?}");
+forward_lock_store! {
+    impl LockStore for SlowFirstClaim {
+        async fn claim_window(
+            &self,
+            c: &TxId,
+            t: &[TokenId],
+            at: Timestamp,
+        ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
+            let verdicts = self.inner.claim_window(c, t, at).await;
+            if !self.delayed.swap(true, Ordering::SeqCst) {
+                self.clock.0.fetch_add(12_000, Ordering::SeqCst);
+                let swept = self.inner.sweep(rule_at(self.clock.now())).await?;
+                assert_eq!(swept.expired, 2, "the sweep takes both locks: {swept:?}");
+            }
+            verdicts
         }
-        verdicts
     }
-    async fn renew(
-        &self,
-        c: &TxId,
-        t: &[TokenId],
-        at: Timestamp,
-    ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.renew(c, t, at).await
-    }
-    async fn release_consumer(
-        &self,
-        c: &TxId,
-        at: Timestamp,
-        record: bool,
-    ) -> Result<u64, LockStoreError> {
-        self.inner.release_consumer(c, at, record).await
-    }
-    async fn release_tokens(&self, c: &TxId, t: &[TokenId]) -> Result<u64, LockStoreError> {
-        self.inner.release_tokens(c, t).await
-    }
-    async fn spend_consumer(
-        &self,
-        c: &TxId,
-        at: Timestamp,
-        record: bool,
-    ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.spend_consumer(c, at, record).await
-    }
-    async fn confirm(
-        &self,
-        c: &TxId,
-        outputs: &[Output],
-        at: Timestamp,
-    ) -> Result<Confirmation, LockStoreError> {
-        self.inner.confirm(c, outputs, at).await
-    }
-    async fn selected(&self, c: &TxId) -> Result<Vec<Token>, LockStoreError> {
-        self.inner.selected(c).await
-    }
-    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.inner.unsettled_owned().await
-    }
-    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.inner.unsettled().await
-    }
-    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
-        self.inner.sweep(rule).await
-    }
-    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
-        self.inner.list_locks().await
-    }
-    fn round_trips(&self) -> u64 {
-        self.inner.round_trips()
-    }
+    forward to inner: claim, renew, release_consumer, release_tokens, spend_consumer, confirm,
+        selected, unsettled_owned, unsettled, sweep, list_locks, round_trips
 }
 
 #[tokio::test]

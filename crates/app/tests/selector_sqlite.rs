@@ -6,16 +6,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use async_trait::async_trait;
 use holdfast::{SelectError, Settlement, SystemClock, TokenSelector};
 use holdfast_adapters_sqlite::SqliteBackend;
 use holdfast_domain::{
-    ClaimVerdict, PersistPolicy, Precision, Quantity, SelectionConfig, SelectionPolicy,
-    SettlementStatus, SweepRule, Timestamp, Token, TokenId, TokenType, TxId, TxStatus, WalletId,
+    PersistPolicy, Precision, Quantity, SelectionConfig, SelectionPolicy, SettlementStatus,
+    Timestamp, TokenId, TokenType, TxId, TxStatus, WalletId,
 };
 use holdfast_ports::{
-    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, NewToken, Output,
-    ReadAndClaim, ReadWithClaim, StoreFault, SweepReport,
+    CandidateRead, Chooser, LockStore, LockStoreError, NewToken, ReadAndClaim, StoreFault,
+    forward_lock_store,
 };
 
 fn q(v: u128) -> Quantity {
@@ -95,95 +94,27 @@ struct LostCommit {
     lost: AtomicBool,
 }
 
-#[async_trait]
-impl LockStore for LostCommit {
-    async fn claim(
-        &self,
-        c: &TxId,
-        t: &TokenId,
-        at: Timestamp,
-    ) -> Result<ClaimVerdict, LockStoreError> {
-        self.inner.claim(c, t, at).await
-    }
-    async fn claim_window(
-        &self,
-        c: &TxId,
-        t: &[TokenId],
-        at: Timestamp,
-    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        self.inner.claim_window(c, t, at).await
-    }
-    async fn read_and_claim(
-        &self,
-        c: &TxId,
-        read: &CandidateRead,
-        at: Timestamp,
-        choose: Chooser,
-    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
-        let done = self.inner.read_and_claim(c, read, at, choose).await?;
-        if !self.lost.swap(true, Ordering::SeqCst) {
-            return Err(LockStoreError::Fault(StoreFault::Unavailable(
-                "connection lost after COMMIT was sent".to_owned(),
-            )));
+forward_lock_store! {
+    impl LockStore for LostCommit {
+        async fn read_and_claim(
+            &self,
+            c: &TxId,
+            read: &CandidateRead,
+            at: Timestamp,
+            choose: Chooser,
+        ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+            let done = self.inner.read_and_claim(c, read, at, choose).await?;
+            if !self.lost.swap(true, Ordering::SeqCst) {
+                return Err(LockStoreError::Fault(StoreFault::Unavailable(
+                    "connection lost after COMMIT was sent".to_owned(),
+                )));
+            }
+            Ok(done)
         }
-        Ok(done)
     }
-    fn read_with_claim(&self) -> ReadWithClaim {
-        self.inner.read_with_claim()
-    }
-    async fn renew(
-        &self,
-        c: &TxId,
-        t: &[TokenId],
-        at: Timestamp,
-    ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.renew(c, t, at).await
-    }
-    async fn release_consumer(
-        &self,
-        c: &TxId,
-        at: Timestamp,
-        record: bool,
-    ) -> Result<u64, LockStoreError> {
-        self.inner.release_consumer(c, at, record).await
-    }
-    async fn release_tokens(&self, c: &TxId, t: &[TokenId]) -> Result<u64, LockStoreError> {
-        self.inner.release_tokens(c, t).await
-    }
-    async fn spend_consumer(
-        &self,
-        c: &TxId,
-        at: Timestamp,
-        record: bool,
-    ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.spend_consumer(c, at, record).await
-    }
-    async fn confirm(
-        &self,
-        c: &TxId,
-        outputs: &[Output],
-        at: Timestamp,
-    ) -> Result<Confirmation, LockStoreError> {
-        self.inner.confirm(c, outputs, at).await
-    }
-    async fn selected(&self, c: &TxId) -> Result<Vec<Token>, LockStoreError> {
-        self.inner.selected(c).await
-    }
-    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.inner.unsettled_owned().await
-    }
-    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.inner.unsettled().await
-    }
-    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
-        self.inner.sweep(rule).await
-    }
-    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
-        self.inner.list_locks().await
-    }
-    fn round_trips(&self) -> u64 {
-        self.inner.round_trips()
-    }
+    forward to inner: claim, claim_window, read_with_claim, renew, release_consumer,
+        release_tokens, spend_consumer, confirm, selected, unsettled_owned, unsettled, sweep,
+        list_locks, round_trips
 }
 
 /// A read-and-claim that committed but answered an error leaves the select not

@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod delivery;
 pub mod error;
+mod forward;
 pub mod locks;
 pub mod queues;
 pub mod statuses;
@@ -24,6 +25,13 @@ pub mod wake;
 pub mod conformance;
 
 use std::sync::Arc;
+
+// For `forward_lock_store!`: the paths its expansion names, whatever the
+// caller's own dependencies.
+#[doc(hidden)]
+pub use async_trait::async_trait as __async_trait;
+#[doc(hidden)]
+pub use holdfast_domain as __domain;
 
 pub use clock::{Clock, MockClock};
 pub use delivery::{

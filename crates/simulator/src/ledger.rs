@@ -6,13 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use async_trait::async_trait;
-use holdfast_domain::{
-    ClaimVerdict, SweepRule, Timestamp, Token, TokenId, TxId, TxStatus, WalletId,
-};
+use holdfast_domain::{ClaimVerdict, Timestamp, TokenId, TxId};
 use holdfast_ports::{
-    CandidateRead, Chooser, Confirmation, LockInfo, LockStore, LockStoreError, Output,
-    ReadAndClaim, ReadWithClaim, SweepReport,
+    CandidateRead, Chooser, LockStore, LockStoreError, ReadAndClaim, forward_lock_store,
 };
 
 /// Claims and conflicts of one token.
@@ -109,132 +105,50 @@ impl CountingLockStore {
     }
 }
 
-#[async_trait]
-impl LockStore for CountingLockStore {
-    async fn claim(
-        &self,
-        consumer: &TxId,
-        token: &TokenId,
-        at: Timestamp,
-    ) -> Result<ClaimVerdict, LockStoreError> {
-        let verdict = self.inner.claim(consumer, token, at).await?;
-        self.ledger.record(&[(token.clone(), verdict)]);
-        Ok(verdict)
-    }
-
-    async fn claim_window(
-        &self,
-        consumer: &TxId,
-        tokens: &[TokenId],
-        at: Timestamp,
-    ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
-        let verdicts = self.inner.claim_window(consumer, tokens, at).await?;
-        self.ledger.record(&verdicts);
-        Ok(verdicts)
-    }
-
-    async fn read_and_claim(
-        &self,
-        consumer: &TxId,
-        read: &CandidateRead,
-        at: Timestamp,
-        choose: Chooser,
-    ) -> Result<Option<ReadAndClaim>, LockStoreError> {
-        let answer = self
-            .inner
-            .read_and_claim(consumer, read, at, choose)
-            .await?;
-        if let Some(done) = &answer {
-            self.ledger.record(&done.verdicts);
+forward_lock_store! {
+    impl LockStore for CountingLockStore {
+        async fn claim(
+            &self,
+            consumer: &TxId,
+            token: &TokenId,
+            at: Timestamp,
+        ) -> Result<ClaimVerdict, LockStoreError> {
+            let verdict = self.inner.claim(consumer, token, at).await?;
+            self.ledger.record(&[(token.clone(), verdict)]);
+            Ok(verdict)
         }
-        Ok(answer)
-    }
 
-    fn read_with_claim(&self) -> ReadWithClaim {
-        self.inner.read_with_claim()
-    }
+        async fn claim_window(
+            &self,
+            consumer: &TxId,
+            tokens: &[TokenId],
+            at: Timestamp,
+        ) -> Result<Vec<(TokenId, ClaimVerdict)>, LockStoreError> {
+            let verdicts = self.inner.claim_window(consumer, tokens, at).await?;
+            self.ledger.record(&verdicts);
+            Ok(verdicts)
+        }
 
-    async fn release_consumer(
-        &self,
-        consumer: &TxId,
-        at: Timestamp,
-        record_status: bool,
-    ) -> Result<u64, LockStoreError> {
-        self.inner
-            .release_consumer(consumer, at, record_status)
-            .await
+        async fn read_and_claim(
+            &self,
+            consumer: &TxId,
+            read: &CandidateRead,
+            at: Timestamp,
+            choose: Chooser,
+        ) -> Result<Option<ReadAndClaim>, LockStoreError> {
+            let answer = self
+                .inner
+                .read_and_claim(consumer, read, at, choose)
+                .await?;
+            if let Some(done) = &answer {
+                self.ledger.record(&done.verdicts);
+            }
+            Ok(answer)
+        }
     }
-
-    async fn renew(
-        &self,
-        consumer: &TxId,
-        tokens: &[TokenId],
-        at: Timestamp,
-    ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.renew(consumer, tokens, at).await
-    }
-
-    async fn selected(&self, consumer: &TxId) -> Result<Vec<Token>, LockStoreError> {
-        self.inner.selected(consumer).await
-    }
-
-    async fn unsettled_owned(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.inner.unsettled_owned().await
-    }
-
-    async fn unsettled(&self) -> Result<Vec<(TxId, Option<TxStatus>)>, LockStoreError> {
-        self.inner.unsettled().await
-    }
-
-    async fn release_tokens(
-        &self,
-        consumer: &TxId,
-        tokens: &[TokenId],
-    ) -> Result<u64, LockStoreError> {
-        self.inner.release_tokens(consumer, tokens).await
-    }
-
-    async fn spend_consumer(
-        &self,
-        consumer: &TxId,
-        at: Timestamp,
-        record_status: bool,
-    ) -> Result<Vec<TokenId>, LockStoreError> {
-        self.inner.spend_consumer(consumer, at, record_status).await
-    }
-
-    async fn confirm(
-        &self,
-        consumer: &TxId,
-        outputs: &[Output],
-        at: Timestamp,
-    ) -> Result<Confirmation, LockStoreError> {
-        self.inner.confirm(consumer, outputs, at).await
-    }
-
-    async fn confirm_with_change(
-        &self,
-        consumer: &TxId,
-        outputs: &[Output],
-        change_to: &WalletId,
-        at: Timestamp,
-    ) -> Result<(Confirmation, Vec<Output>), LockStoreError> {
-        self.inner
-            .confirm_with_change(consumer, outputs, change_to, at)
-            .await
-    }
-
-    async fn sweep(&self, rule: SweepRule) -> Result<SweepReport, LockStoreError> {
-        self.inner.sweep(rule).await
-    }
-
-    async fn list_locks(&self) -> Result<Vec<LockInfo>, LockStoreError> {
-        self.inner.list_locks().await
-    }
-
-    fn round_trips(&self) -> u64 {
-        self.inner.round_trips()
-    }
+    forward to inner: read_with_claim, release_consumer, renew, selected, unsettled_owned,
+        unsettled, release_tokens, spend_consumer, confirm, confirm_with_change, sweep,
+        list_locks, round_trips
 }
 
 #[cfg(test)]

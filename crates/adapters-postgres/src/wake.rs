@@ -358,10 +358,10 @@ impl Notifier {
         // The end of the current pause after a failure: statements that fail
         // before it do not lengthen the next one.
         let mut paused_until: Option<Instant> = None;
-        // The freed keys of failed statements, each once with when it was last
-        // freed or caught up: they go with the next statement, at the latest at
-        // the end of the pause.
-        let mut unsent: BTreeMap<WakeKey, Instant> = BTreeMap::new();
+        // The freed keys of failed statements (not the keys `Interest` holds
+        // back), each once with when it was last freed or caught up: they go
+        // with the next statement, at the latest at the end of the pause.
+        let mut failed: BTreeMap<WakeKey, Instant> = BTreeMap::new();
         loop {
             let first = tokio::select! {
                 out = inbox.recv() => match out {
@@ -369,7 +369,7 @@ impl Notifier {
                     None => break,
                 },
                 () = tokio::time::sleep_until(paused_until.unwrap_or_else(Instant::now)),
-                    if !unsent.is_empty() => None,
+                    if !failed.is_empty() => None,
             };
             // The first key after a quiet spell goes at once; keys that follow
             // within COALESCE of a send are gathered for the next one.
@@ -380,9 +380,9 @@ impl Notifier {
             while let Ok(out) = inbox.try_recv() {
                 outs.push(out);
             }
-            // Whatever goes next takes the unsent keys along.
+            // Whatever goes next takes the failed statements' keys along.
             outs.extend(
-                std::mem::take(&mut unsent)
+                std::mem::take(&mut failed)
                     .into_iter()
                     .map(|(key, freed)| Out::Resend { key, freed }),
             );
@@ -414,7 +414,7 @@ impl Notifier {
                     let keys: Vec<WakeKey> =
                         batch.waits.iter().map(|(w, _)| w.key.clone()).collect();
                     lock(&self.interest).not_announced(&keys);
-                    unsent = std::mem::take(&mut batch.wakes);
+                    failed = std::mem::take(&mut batch.wakes);
                     self.again(batch, until);
                     tracing::warn!(error = %e, "NOTIFY failed; its keys, waits and question go again after a pause");
                 }

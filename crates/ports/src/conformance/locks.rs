@@ -263,6 +263,74 @@ pub async fn window_verdicts_in_order(db: &dyn TestDatabase) {
     );
 }
 
+/// Windows of every size from one to six tokens, repeats among them, get the
+/// verdicts a window of many does (an adapter may claim small windows with a
+/// statement of their own): free tokens won, a token named again or held by
+/// another contended, spent, missing or not spendable stale; only the won are
+/// held, by the claimer.
+pub async fn small_windows_verdicts(db: &dyn TestDatabase) {
+    use ClaimVerdict::{Contended, Stale, Won};
+    let s = db.stores();
+    let mut off = chf("w", "off", 0, 1);
+    off.spendable = false;
+    let mut tokens = vec![chf("w", "held", 0, 3), chf("w", "sp", 0, 4), off];
+    for size in 1..=6 {
+        // Named to sort after the others: a statement that drops the last
+        // distinct token of a window would answer the free ones stale.
+        tokens.extend((0..2).map(|i| chf("w", &format!("z{size}"), i, 1)));
+    }
+    add(&s, &tokens).await;
+    s.locks
+        .claim(&tx("other"), &token_id("held", 0), T0)
+        .await
+        .expect("claim");
+    s.locks
+        .claim(&tx("spender"), &token_id("sp", 0), T0)
+        .await
+        .expect("claim");
+    s.locks
+        .spend_consumer(&tx("spender"), T0, true)
+        .await
+        .expect("spend");
+    let mut want_held = BTreeMap::from([(token_id("held", 0), tx("other"))]);
+    for size in 1..=6 {
+        let free = format!("z{size}");
+        let all = [
+            (token_id(&free, 1), Won),
+            (token_id("held", 0), Contended),
+            (token_id(&free, 1), Contended),
+            (token_id("sp", 0), Stale),
+            (token_id(&free, 0), Won),
+            (token_id("missing", 7), Stale),
+        ];
+        let forward: Vec<_> = all[..size].to_vec();
+        let me = tx(&format!("me{size}"));
+        let window: Vec<TokenId> = forward.iter().map(|(t, _)| t.clone()).collect();
+        let got = s
+            .locks
+            .claim_window(&me, &window, at(5))
+            .await
+            .expect("claim_window");
+        assert_eq!(got, forward, "a window of {size}");
+        for (token, verdict) in &forward {
+            if *verdict == Won {
+                want_held.insert(token.clone(), me.clone());
+            }
+        }
+        let off_window = vec![token_id("off", 0); size];
+        let want_off = vec![(token_id("off", 0), Stale); size];
+        assert_eq!(
+            s.locks
+                .claim_window(&me, &off_window, at(5))
+                .await
+                .expect("claim_window"),
+            want_off,
+            "a window of {size} naming a token that is not spendable"
+        );
+    }
+    assert_eq!(holders(&s).await, want_held);
+}
+
 /// A window of more than [`MAX_WINDOW`] tokens is refused before anything is
 /// claimed; a window of exactly [`MAX_WINDOW`] is accepted.
 pub async fn window_larger_than_max_is_rejected(db: &dyn TestDatabase) {

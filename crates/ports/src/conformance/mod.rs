@@ -116,6 +116,7 @@ macro_rules! conformance_tests {
             locks::sixteen_claimers_one_winner,
             locks::overlapping_windows_one_winner_per_token,
             locks::window_verdicts_in_order,
+            locks::small_windows_verdicts,
             locks::window_larger_than_max_is_rejected,
             locks::window_claim_is_one_round_trip,
             locks::release_consumer_frees_exactly_its_locks,

@@ -166,35 +166,48 @@ fn claim_line(wallet: &WalletId, token_type: &TokenType) -> ClaimLine {
     }
 }
 
-/// The candidates of a window claim: two arrays.
-macro_rules! candidate_arrays {
-    () => {
+/// A window claim's candidates as two arrays: the `candidates` CTE, and the
+/// token rows they name (`FROM` up to the start of a condition).
+macro_rules! arrays {
+    (candidates) => {
         "SELECT c.tx_id, c.idx FROM UNNEST($1::text[], $2::bigint[]) AS c(tx_id, idx)"
+    };
+    (rows) => {
+        "FROM tokens t
+         JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
+         WHERE "
     };
 }
 
-/// The candidates of a small window claim: [`SMALL_WINDOW`] ids as scalars, the
-/// last one repeated to fill.
-macro_rules! candidate_scalars {
-    () => {
+/// A small window claim's candidates as [`SMALL_WINDOW`] pairs of scalars, the
+/// last repeated to fill, as `arrays` gives them. The rows are found by an
+/// `IN` list of the keys (index probes, or one scan of `tokens` under a plan
+/// made while it looked empty), not by a join with the candidates.
+macro_rules! scalars {
+    (candidates) => {
         "SELECT DISTINCT c.tx_id, c.idx FROM (VALUES ($1::text, $2::bigint),
              ($6::text, $7::bigint), ($8::text, $9::bigint), ($10::text, $11::bigint))
              AS c(tx_id, idx)"
     };
+    (rows) => {
+        "FROM tokens t
+         WHERE (t.tx_id, t.idx) IN (($1::text, $2::bigint), ($6::text, $7::bigint),
+                                    ($8::text, $9::bigint), ($10::text, $11::bigint))
+           AND "
+    };
 }
 
 macro_rules! window_sql {
-    ($candidates:expr, $spendable_lock:literal, $eligible:expr, $source:literal) => {
+    ($from:ident, $spendable_lock:literal, $eligible:expr, $source:literal) => {
         concat!(
             "WITH candidates AS (
                  ",
-            $candidates,
+            $from!(candidates),
             "
              ),
              spendable AS (
-                 SELECT t.tx_id, t.idx FROM tokens t
-                 JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
-                 WHERE ",
+                 SELECT t.tx_id, t.idx ",
+            $from!(rows),
             spendable!(),
             $spendable_lock,
             "
@@ -227,11 +240,12 @@ macro_rules! window_sql {
     };
 }
 
-/// The window claim of `insert` and `on_conflict`, under `$candidates`.
+/// The window claim of `insert` and `on_conflict`, candidates given as `$from`
+/// says.
 macro_rules! window_insert_sql {
-    ($candidates:expr) => {
+    ($from:ident) => {
         window_sql!(
-            $candidates,
+            $from,
             "
                  ORDER BY t.tx_id, t.idx
                  FOR SHARE OF t",
@@ -241,17 +255,16 @@ macro_rules! window_insert_sql {
     };
 }
 
-/// The window claim of `skip_locked`, under `$candidates`.
+/// The window claim of `skip_locked`, candidates given as `$from` says.
 macro_rules! window_skip_locked_sql {
-    ($candidates:expr) => {
+    ($from:ident) => {
         window_sql!(
-            $candidates,
+            $from,
             "",
             concat!(
                 "eligible AS (
-         SELECT t.tx_id, t.idx FROM tokens t
-         JOIN candidates c ON t.tx_id = c.tx_id AND t.idx = c.idx
-         WHERE ",
+         SELECT t.tx_id, t.idx ",
+                $from!(rows),
                 spendable!(),
                 "
          ORDER BY t.tx_id, t.idx
@@ -266,13 +279,13 @@ macro_rules! window_skip_locked_sql {
 /// The window claim of `insert` and `on_conflict`: the still-spendable candidates
 /// are share-locked in key order (re-checked after waiting for a settlement), then
 /// claimed.
-pub const WINDOW: &str = window_insert_sql!(candidate_arrays!());
+pub const WINDOW: &str = window_insert_sql!(arrays);
 
 /// The window claim of `skip_locked`: token rows locked `FOR UPDATE SKIP LOCKED`
 /// first; only rows this claimer locked are inserted.
 /// The `spendable` read takes no lock here: it only tells a walked-past row
 /// (contended) from a spent one (stale).
-pub const WINDOW_SKIP_LOCKED: &str = window_skip_locked_sql!(candidate_arrays!());
+pub const WINDOW_SKIP_LOCKED: &str = window_skip_locked_sql!(arrays);
 
 /// At most this many distinct tokens are claimed by [`WINDOW_SMALL`] and
 /// [`WINDOW_SMALL_SKIP_LOCKED`] rather than by the array statements.
@@ -287,11 +300,11 @@ pub(crate) const SMALL_WINDOW: usize = 4;
 /// [`WINDOW`] over [`SMALL_WINDOW`] scalar ids: `($1, $2)`, `($6, $7)`, `($8,
 /// $9)`, `($10, $11)`, the last id repeated to fill; `$3` to `$5` as in
 /// [`WINDOW`].
-pub(crate) const WINDOW_SMALL: &str = window_insert_sql!(candidate_scalars!());
+pub(crate) const WINDOW_SMALL: &str = window_insert_sql!(scalars);
 
 /// [`WINDOW_SKIP_LOCKED`] over [`SMALL_WINDOW`] scalar ids, bound as for
 /// [`WINDOW_SMALL`].
-pub(crate) const WINDOW_SMALL_SKIP_LOCKED: &str = window_skip_locked_sql!(candidate_scalars!());
+pub(crate) const WINDOW_SMALL_SKIP_LOCKED: &str = window_skip_locked_sql!(scalars);
 
 /// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` ran out).
 fn lock_not_available(e: &sqlx::Error) -> bool {

@@ -10,8 +10,11 @@ use holdfast_ports::Stores;
 use holdfast_ports::conformance::{Backend, BackendError, TestDatabase};
 use support::TestDb;
 
-/// Fresh PostgreSQL databases, opened with one lock strategy.
-struct Postgres(LockStrategy);
+/// Fresh PostgreSQL databases, opened with one lock strategy; with `generic`,
+/// every session on them uses generic plans from its first call
+/// (`plan_cache_mode = force_generic_plan`), the plans a connection keeps after
+/// five calls of a statement whose generic plan looks as cheap as a custom one.
+struct Postgres(LockStrategy, bool);
 
 struct Database {
     first: PgBackend,
@@ -36,6 +39,17 @@ impl Backend for Postgres {
     async fn fresh(&self) -> Result<Box<dyn TestDatabase>, BackendError> {
         let admin = support::server_url("conformance").ok_or("no PostgreSQL server")?;
         let db = TestDb::create_on(&admin, &format!("conformance/{}", self.0)).await;
+        if self.1 {
+            let mut conn = db.connection().await;
+            support::exec(
+                &mut conn,
+                format!(
+                    "ALTER DATABASE \"{}\" SET plan_cache_mode = force_generic_plan",
+                    db.name
+                ),
+            )
+            .await;
+        }
         let first = db.backend(self.0, 4).await;
         Ok(Box::new(Database {
             first,
@@ -53,15 +67,49 @@ impl Backend for Postgres {
 
 mod insert {
     use super::*;
-    holdfast_ports::conformance_tests!(Postgres(LockStrategy::Insert));
+    holdfast_ports::conformance_tests!(Postgres(LockStrategy::Insert, false));
 }
 
 mod on_conflict {
     use super::*;
-    holdfast_ports::conformance_tests!(Postgres(LockStrategy::OnConflict));
+    holdfast_ports::conformance_tests!(Postgres(LockStrategy::OnConflict, false));
 }
 
 mod skip_locked {
     use super::*;
-    holdfast_ports::conformance_tests!(Postgres(LockStrategy::SkipLocked));
+    holdfast_ports::conformance_tests!(Postgres(LockStrategy::SkipLocked, false));
+}
+
+/// The claims under generic plans, as a connection runs them after its fifth
+/// call: windows small enough for the scalar statement and larger ones.
+mod generic_plans {
+    use super::*;
+    use holdfast_ports::conformance::{fresh, locks};
+
+    async fn claims(strategy: LockStrategy) {
+        let backend = Postgres(strategy, true);
+        if let Some(reason) = holdfast_ports::conformance::Backend::skip_reason(&backend) {
+            eprintln!("SKIPPED: generic plans under {strategy}: {reason}");
+            return;
+        }
+        locks::claim_verdicts_stale_vs_contended(&*fresh(&backend).await).await;
+        locks::small_windows_verdicts(&*fresh(&backend).await).await;
+        locks::window_verdicts_in_order(&*fresh(&backend).await).await;
+        locks::overlapping_windows_one_winner_per_token(&*fresh(&backend).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn insert() {
+        claims(LockStrategy::Insert).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn on_conflict() {
+        claims(LockStrategy::OnConflict).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn skip_locked() {
+        claims(LockStrategy::SkipLocked).await;
+    }
 }

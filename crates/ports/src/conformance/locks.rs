@@ -199,6 +199,23 @@ pub async fn overlapping_windows_one_winner_per_token(db: &dyn TestDatabase) {
     );
 }
 
+/// Token `held:0` claimed by `other`, and `sp:0` claimed and spent by
+/// `spender` (both already added).
+async fn held_and_spent(s: &Stores) {
+    s.locks
+        .claim(&tx("other"), &token_id("held", 0), T0)
+        .await
+        .expect("claim");
+    s.locks
+        .claim(&tx("spender"), &token_id("sp", 0), T0)
+        .await
+        .expect("claim");
+    s.locks
+        .spend_consumer(&tx("spender"), T0, true)
+        .await
+        .expect("spend");
+}
+
 /// A window reports a verdict per token, in the order given: free tokens won,
 /// tokens locked by others or named twice contended, spent/missing/non-spendable stale.
 pub async fn window_verdicts_in_order(db: &dyn TestDatabase) {
@@ -216,18 +233,7 @@ pub async fn window_verdicts_in_order(db: &dyn TestDatabase) {
         ],
     )
     .await;
-    s.locks
-        .claim(&tx("other"), &token_id("held", 0), T0)
-        .await
-        .expect("claim");
-    s.locks
-        .claim(&tx("spender"), &token_id("sp", 0), T0)
-        .await
-        .expect("claim");
-    s.locks
-        .spend_consumer(&tx("spender"), T0, true)
-        .await
-        .expect("spend");
+    held_and_spent(&s).await;
     let window = vec![
         token_id("f", 1),
         token_id("held", 0),
@@ -280,18 +286,7 @@ pub async fn small_windows_verdicts(db: &dyn TestDatabase) {
         tokens.extend((0..2).map(|i| chf("w", &format!("z{size}"), i, 1)));
     }
     add(&s, &tokens).await;
-    s.locks
-        .claim(&tx("other"), &token_id("held", 0), T0)
-        .await
-        .expect("claim");
-    s.locks
-        .claim(&tx("spender"), &token_id("sp", 0), T0)
-        .await
-        .expect("claim");
-    s.locks
-        .spend_consumer(&tx("spender"), T0, true)
-        .await
-        .expect("spend");
+    held_and_spent(&s).await;
     let mut want_held = BTreeMap::from([(token_id("held", 0), tx("other"))]);
     for size in 1..=6 {
         let free = format!("z{size}");

@@ -273,7 +273,7 @@ pub async fn window_verdicts_in_order(db: &dyn TestDatabase) {
 /// verdicts a window of many does (an adapter may claim small windows with a
 /// statement of their own): free tokens won, a token named again or held by
 /// another contended, spent, missing or not spendable stale; only the won are
-/// held, by the claimer.
+/// held, by the claimer, and recorded as its selections.
 pub async fn small_windows_verdicts(db: &dyn TestDatabase) {
     use ClaimVerdict::{Contended, Stale, Won};
     let s = db.stores();
@@ -307,11 +307,18 @@ pub async fn small_windows_verdicts(db: &dyn TestDatabase) {
             .await
             .expect("claim_window");
         assert_eq!(got, forward, "a window of {size}");
-        for (token, verdict) in &forward {
-            if *verdict == Won {
-                want_held.insert(token.clone(), me.clone());
-            }
-        }
+        let won: BTreeSet<TokenId> = forward
+            .iter()
+            .filter(|(_, verdict)| *verdict == Won)
+            .map(|(token, _)| token.clone())
+            .collect();
+        let selected = s.locks.selected(&me).await.expect("selected");
+        assert_eq!(
+            selected.into_iter().map(|t| t.id).collect::<BTreeSet<_>>(),
+            won,
+            "a window of {size}: the tokens won are recorded as selected"
+        );
+        want_held.extend(won.into_iter().map(|token| (token, me.clone())));
         let off_window = vec![token_id("off", 0); size];
         let want_off = vec![(token_id("off", 0), Stale); size];
         assert_eq!(

@@ -21,7 +21,6 @@ use holdfast_domain::{
     WalletId,
 };
 use holdfast_ports::{NewToken, Stores, WaitEnd, WakeKey};
-use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
 
 use crate::common::{self, TempDb, TokioClock, q, tx};
@@ -511,13 +510,8 @@ async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     // database's owner), so that the server can refuse it `pg_notify`; the
     // waiting one as the superuser, which it cannot refuse. (So the test server's
     // URL must be a superuser's, as the throwaway cluster's is.)
-    let role = format!("{}_releaser", db.name);
+    let role = db.login_role("releaser", "releaser").await;
     let mut admin = db.connection().await;
-    exec(
-        &mut admin,
-        format!("CREATE ROLE \"{role}\" LOGIN PASSWORD 'releaser'"),
-    )
-    .await;
     exec(
         &mut admin,
         format!("ALTER DATABASE \"{}\" OWNER TO \"{role}\"", db.name),
@@ -560,13 +554,6 @@ async fn postgres_a_release_whose_notify_failed_is_sent_again() {
     // backoff timer.
     woken(&answered(waiting).await);
     sent_since(&a, sent).await;
-    drop((a, b, admin));
-    let admin_url = db.admin_url.clone();
-    drop(db);
-    // A role outlives its databases: dropped once its database is gone (a
-    // failed run leaves it on the test server).
-    let mut server = PgConnection::connect(&admin_url).await.expect("connect");
-    exec(&mut server, format!("DROP ROLE \"{role}\"")).await;
 }
 
 /// `n` selects that each need more than one released token can give, all

@@ -91,6 +91,9 @@ pub struct TestDb {
     pub admin_url: String,
     /// The database name.
     pub name: String,
+    /// Login roles made for this database ([`TestDb::login_role`]), dropped
+    /// after it (a role outlives its databases).
+    roles: std::sync::Mutex<Vec<String>>,
 }
 
 impl TestDb {
@@ -116,7 +119,26 @@ impl TestDb {
             url: with_database(admin_url, &name),
             admin_url: admin_url.to_owned(),
             name,
+            roles: std::sync::Mutex::default(),
         }
+    }
+
+    /// A login role `<database>_<suffix>` with `password`, dropped with the
+    /// database, even when the test fails; its name.
+    pub async fn login_role(&self, suffix: &str, password: &str) -> String {
+        let role = format!("{}_{suffix}", self.name);
+        let mut conn = self.connection().await;
+        exec(
+            &mut conn,
+            format!("CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'"),
+        )
+        .await;
+        let _ = conn.close().await;
+        self.roles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(role.clone());
+        role
     }
 
     /// A backend on this database.
@@ -150,6 +172,12 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         // Drop may run inside a runtime (or while panicking): use a thread with its own.
         let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        let roles = std::mem::take(
+            &mut *self
+                .roles
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -165,6 +193,12 @@ impl Drop for TestDb {
                 .execute(&mut admin)
                 .await
                 .map_err(|e| e.to_string())?;
+                for role in roles {
+                    sqlx::query(AssertSqlSafe(format!("DROP ROLE IF EXISTS \"{role}\"")))
+                        .execute(&mut admin)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
                 let _ = admin.close().await;
                 Ok::<(), String>(())
             })

@@ -993,6 +993,12 @@ pub const ADAPTER_CONSTANTS: &[AdapterConstant] = &[
         "first key of the read-and-claim advisory locks",
     ),
     constant(
+        PG_LOCKS,
+        "SMALL_WINDOW",
+        Basis::Tuned("docs/measurements.md"),
+        "windows claimed with scalar candidates, one plan per connection",
+    ),
+    constant(
         PG_BACKEND,
         "CLAIM_LINE_STRIPES",
         Basis::Tuned("crates/adapters-postgres/src/backend.rs"),

@@ -481,27 +481,33 @@ async fn a_claimer_killed_mid_statement_leaves_no_partial_and_no_double_claim() 
         return;
     };
     let mut observer = db.connection().await;
-    for strategy in LockStrategy::ALL {
+    // A window of 8 (the array statement) and of 4 (the scalar one), each with
+    // the lock row of one token held by an uncommitted insert.
+    for (strategy, size, blocked) in LockStrategy::ALL
+        .into_iter()
+        .flat_map(|strategy| [(strategy, 8u32, 5u32), (strategy, 4, 2)])
+    {
         let claimer = db.backend(strategy, 1).await;
         let s = claimer.stores();
-        let name = format!("kill-{strategy}");
-        let batch: Vec<_> = (0..8u32).map(|i| chf("w", &name, i, 1)).collect();
+        let name = format!("kill-{strategy}-{size}");
+        let batch: Vec<_> = (0..size).map(|i| chf("w", &name, i, 1)).collect();
         add(&s, &batch).await;
         let window: Vec<TokenId> = batch.iter().map(|t| t.id.clone()).collect();
 
-        // The blocker is inserting the lock row of token 5 (uncommitted): the claim
-        // inserts tokens 0..4 in order, then waits for the blocker on token 5.
+        // The blocker is inserting the lock row of token `blocked` (uncommitted):
+        // the claim inserts the tokens before it in order, then waits for it.
         let mut blocker = db.connection().await;
         exec(&mut blocker, "BEGIN").await;
         sqlx::query(
-            "INSERT INTO token_locks (tx_id, idx, consumer, created_at) VALUES ($1, 5, 'blocker', now())",
+            "INSERT INTO token_locks (tx_id, idx, consumer, created_at) VALUES ($1, $2, 'blocker', now())",
         )
         .bind(&name)
+        .bind(i64::from(blocked))
         .execute(&mut blocker)
         .await
         .expect("blocker insert");
 
-        let victim = tx(&format!("victim-{strategy}"));
+        let victim = tx(&format!("victim-{strategy}-{size}"));
         let claim = {
             let (s, window, victim) = (s.clone(), window.clone(), victim.clone());
             tokio::spawn(async move { s.locks.claim_window(&victim, &window, T0).await })
@@ -543,11 +549,11 @@ async fn a_claimer_killed_mid_statement_leaves_no_partial_and_no_double_claim() 
         // The claimer's pool recovers, and a new claim finds exactly one holder each.
         let again = s
             .locks
-            .claim_window(&tx(&format!("after-{strategy}")), &window, at(1))
+            .claim_window(&tx(&format!("after-{strategy}-{size}")), &window, at(1))
             .await
             .expect("claim after the kill");
         for (token, verdict) in &again {
-            let want = if token.index == 5 {
+            let want = if token.index == blocked {
                 ClaimVerdict::Contended
             } else {
                 ClaimVerdict::Won
@@ -556,7 +562,11 @@ async fn a_claimer_killed_mid_statement_leaves_no_partial_and_no_double_claim() 
         }
         let rows = lock_rows(&mut observer).await;
         let mine: Vec<_> = rows.iter().filter(|(t, _)| t.tx.as_str() == name).collect();
-        assert_eq!(mine.len(), 8, "{strategy}: one lock row per token");
+        assert_eq!(
+            mine.len(),
+            usize::try_from(size).unwrap_or(0),
+            "{strategy}: one lock row per token"
+        );
         let _ = blocker.close().await;
     }
 }

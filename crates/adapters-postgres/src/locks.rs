@@ -540,15 +540,13 @@ impl PgBackend {
         tokens: &[&TokenId],
         at: Timestamp,
     ) -> Result<BTreeMap<TokenId, ClaimVerdict>, LockStoreError> {
-        let skip_locked = matches!(self.strategy(), LockStrategy::SkipLocked);
+        let (small, arrays) = match self.strategy() {
+            LockStrategy::Insert | LockStrategy::OnConflict => (WINDOW_SMALL, WINDOW),
+            LockStrategy::SkipLocked => (WINDOW_SMALL_SKIP_LOCKED, WINDOW_SKIP_LOCKED),
+        };
         let query = match tokens {
             [first, .., last] | [first @ last] if tokens.len() <= SMALL_WINDOW => {
-                let sql = if skip_locked {
-                    WINDOW_SMALL_SKIP_LOCKED
-                } else {
-                    WINDOW_SMALL
-                };
-                let mut query = sqlx::query(sql)
+                let mut query = sqlx::query(small)
                     .bind(first.tx.as_str())
                     .bind(i64::from(first.index))
                     .bind(consumer.as_str())
@@ -564,13 +562,8 @@ impl PgBackend {
                 query
             }
             _ => {
-                let sql = if skip_locked {
-                    WINDOW_SKIP_LOCKED
-                } else {
-                    WINDOW
-                };
                 let (txs, idxs) = codec::token_arrays(tokens.iter().copied());
-                sqlx::query(sql)
+                sqlx::query(arrays)
                     .bind(txs)
                     .bind(idxs)
                     .bind(consumer.as_str())

@@ -20,7 +20,7 @@
 //!   keys its waits begin on, and sends a freed key only while another instance
 //!   waits for it (or while it may have missed announcements).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -487,7 +487,8 @@ impl Notifier {
     fn weigh(&self, batch: Vec<Out>) -> Batch {
         let now = Instant::now();
         let mut weighed = Batch::default();
-        let mut held = Vec::new();
+        // Distinct keys, as `sent` counts them.
+        let mut held = BTreeSet::new();
         let mut interest = lock(&self.interest);
         for out in batch {
             match out {
@@ -495,7 +496,7 @@ impl Notifier {
                     if interest.freed(&key, now) {
                         weighed.wake(key, now);
                     } else {
-                        held.push(key);
+                        held.insert(key);
                     }
                 }
                 Out::CatchUp(key) => weighed.wake(key, now),
@@ -760,8 +761,14 @@ mod tests {
         let key = tokens("w", "t");
         let earlier = Instant::now();
         tokio::time::advance(Duration::from_millis(10)).await;
-        // Freed here while nobody waits for it: held back...
-        assert!(notifier.weigh(vec![Out::Freed(key.clone())]).is_empty());
+        // Freed here twice while nobody waits for it: held back, and counted
+        // once, as a sent key is...
+        assert!(
+            notifier
+                .weigh(vec![Out::Freed(key.clone()), Out::Freed(key.clone())])
+                .is_empty()
+        );
+        assert_eq!(notifier.counts.withheld.load(Ordering::Relaxed), 1);
         // ... but freed again beside a resend of a failed statement: it goes,
         // stamped with the later release.
         let resend = Out::Resend {

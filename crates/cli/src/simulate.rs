@@ -68,6 +68,8 @@ pub enum StrategyArg {
     Naive,
     /// holdfast's selector.
     Holdfast,
+    /// The bound: claims what it knows to be free, without reading.
+    Oracle,
 }
 
 /// A mechanism named by `--ablate` (the simulator's [`Ablation`]; the binary crate
@@ -169,6 +171,7 @@ pub async fn run(
             .map(|s| match s {
                 StrategyArg::Naive => Strategy::Naive,
                 StrategyArg::Holdfast => Strategy::Holdfast,
+                StrategyArg::Oracle => Strategy::Oracle,
             })
             .chain(ablate.map(Strategy::Ablated))
             .collect()

@@ -58,7 +58,7 @@ fn color(run: &StrategyRun, index: usize) -> &'static str {
     match run.strategy {
         Strategy::Naive => COLORS[0],
         Strategy::Holdfast => COLORS[1],
-        Strategy::Ablated(_) => COLORS[2 + index % 2],
+        Strategy::Ablated(_) | Strategy::Oracle => COLORS[2 + index % 2],
     }
 }
 

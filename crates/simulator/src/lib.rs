@@ -29,6 +29,7 @@ pub mod html;
 pub mod ledger;
 pub mod memory;
 pub mod naive;
+pub mod oracle;
 pub mod provision;
 pub mod rawlimit;
 pub mod replay;
@@ -109,10 +110,13 @@ pub enum Strategy {
     Holdfast,
     /// holdfast with one mechanism switched off.
     Ablated(Ablation),
+    /// The bound: claims what it knows to be free without reading ([`oracle`]).
+    Oracle,
 }
 
 impl Strategy {
-    /// `naive`, `holdfast`, `holdfast-no-<mechanism>` or `holdfast-smallest-first`.
+    /// `naive`, `holdfast`, `holdfast-no-<mechanism>`, `holdfast-smallest-first`
+    /// or `oracle`.
     pub fn name(self) -> String {
         match self {
             Strategy::Naive => "naive".to_owned(),
@@ -120,6 +124,7 @@ impl Strategy {
             // Not a mechanism switched off but the other policy.
             Strategy::Ablated(Ablation::SmallestFirst) => "holdfast-smallest-first".to_owned(),
             Strategy::Ablated(a) => format!("holdfast-no-{}", a.as_str()),
+            Strategy::Oracle => "oracle".to_owned(),
         }
     }
 }
@@ -369,6 +374,7 @@ async fn simulate_on(
         Strategy::Naive => 0,
         Strategy::Holdfast => 1,
         Strategy::Ablated(_) => 2,
+        Strategy::Oracle => 3,
     });
     report.strategies = runs
         .iter()

@@ -23,6 +23,7 @@ use super::clock::SimClock;
 use super::ledger::{ClaimLedger, CountingLockStore, TokenClaims};
 use super::memory;
 use super::naive::{NaiveConfig, NaiveSelector};
+use super::oracle::{Oracle, OracleSelector};
 use super::provision::{FreshDb, Provisioner};
 use super::workload::{RequestMode, Workload};
 use super::{Ablation, SimulateError, Strategy};
@@ -303,6 +304,7 @@ impl Progress {
 enum Selector {
     Holdfast(Box<TokenSelector>),
     Naive(NaiveSelector),
+    Oracle(OracleSelector),
 }
 
 struct Replica {
@@ -318,6 +320,15 @@ impl Replica {
         match &self.selector {
             Selector::Holdfast(s) => s.select_seeded(request, seed).await,
             Selector::Naive(s) => s.select_seeded(request, seed).await,
+            Selector::Oracle(s) => s.select_seeded(request, seed).await,
+        }
+    }
+
+    /// The run's oracle, when this replica's selector is one.
+    fn oracle(&self) -> Option<&Oracle> {
+        match &self.selector {
+            Selector::Oracle(s) => Some(s.oracle()),
+            _ => None,
         }
     }
 }
@@ -454,8 +465,11 @@ async fn open_replicas(
 ) -> Result<(Vec<Backend>, Vec<Arc<Replica>>), SimulateError> {
     let selection = selection_for(strategy, &settings.selection);
     let mut options = settings.config.backend_options();
-    // No wake-ups, no NOTIFY either (the naive selector never waits for one).
-    options.postgres.wakeups = selection.wakeups && strategy != Strategy::Naive;
+    // No wake-ups, no NOTIFY either (neither the naive selector nor the oracle
+    // waits for one).
+    options.postgres.wakeups =
+        selection.wakeups && !matches!(strategy, Strategy::Naive | Strategy::Oracle);
+    let oracle = Arc::new(Oracle::default());
     let mut backends = Vec::new();
     let mut replicas = Vec::new();
     for r in 0..workload.replicas {
@@ -489,6 +503,11 @@ async fn open_replicas(
                     retry_interval: selection.retry_interval,
                     cache_refresh: Duration::from_secs(1),
                 },
+            )),
+            Strategy::Oracle => Selector::Oracle(OracleSelector::new(
+                oracle.clone(),
+                stores.locks.clone(),
+                clock_port.clone(),
             )),
             _ => Selector::Holdfast(Box::new(
                 TokenSelector::new(
@@ -590,6 +609,17 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                         .await
                     {
                         Ok(confirmed) => {
+                            if let Some(oracle) = replica.oracle() {
+                                oracle.spent(&confirmed.spent);
+                                for (id, output) in &confirmed.outputs {
+                                    oracle.add(
+                                        &output.wallet,
+                                        &output.token_type,
+                                        id.clone(),
+                                        output.quantity,
+                                    );
+                                }
+                            }
                             if !selected.change.is_zero() {
                                 checker.minted.fetch_add(1, Ordering::Relaxed);
                             }
@@ -621,6 +651,8 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                     {
                         checker.settle_errors.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(error = %e, "could not release");
+                    } else if let Some(oracle) = replica.oracle() {
+                        oracle.released(&selected.tokens);
                     }
                 }
                 // Left to the lease sweep: the holder stays in the checker until its
@@ -770,6 +802,16 @@ async fn drive(
     }
 
     let plan = plan(workload, settings.seed);
+    if let Some(oracle) = first.oracle() {
+        let keys: HashSet<(WalletId, TokenType)> = plan
+            .iter()
+            .map(|p| (p.wallet.clone(), p.token_type.clone()))
+            .collect();
+        oracle
+            .fill(first.stores.tokens.as_ref(), keys)
+            .await
+            .map_err(SimulateError::Seed)?;
+    }
     warm_up(replicas, workload, &plan).await;
     let total = u64::try_from(plan.len()).unwrap_or(u64::MAX);
     memory::reset_peak();

@@ -122,3 +122,36 @@ async fn a_fresh_database_has_statistics_of_its_tokens_only() {
         ]
     );
 }
+
+/// The oracle on a fresh PostgreSQL database: it learns of the change and of the
+/// released tokens, and never loses a claim (the SQLite test's workload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oracle_claims_what_is_free_on_postgres() {
+    let Some(db) = TestDb::create("simulator::oracle").await else {
+        return;
+    };
+    let options = holdfast_simulator::SimOptions {
+        workload: holdfast_simulator::Workload::from_toml_str(crate::simulate::ORACLE_WALLET)
+            .expect("workload"),
+        db: Some(db.url.clone()),
+        seed: 7,
+        ablate: None,
+        only: Some(vec![holdfast_simulator::Strategy::Oracle]),
+        raw_limit: None,
+        progress: false,
+        config: holdfast::Config::default(),
+    };
+    let report = holdfast_simulator::simulate(options)
+        .await
+        .expect("simulation runs");
+    let Some(holdfast_simulator::StrategyEntry::Tokens(oracle)) = report.strategies.first() else {
+        panic!("no oracle figures: {report:?}");
+    };
+    assert_eq!(oracle.strategy, "oracle");
+    assert_eq!(oracle.succeeded, 50, "{oracle:?}");
+    assert_eq!(oracle.errors, 0, "{oracle:?}");
+    assert_eq!(oracle.conflicts_per_select, 0.0, "{oracle:?}");
+    assert_eq!(oracle.round_trips_per_select, oracle.inputs_per_select);
+    assert_eq!(oracle.locks_left, 0);
+    assert_eq!(oracle.invariant_violations, 0);
+}

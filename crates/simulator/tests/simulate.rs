@@ -366,3 +366,51 @@ fn workload_errors_are_typed_and_name_the_key() {
         Err(WorkloadError::UnknownPreset { .. })
     ));
 }
+
+/// Four tokens, settled payments that mint change and unlocked requests that
+/// need two tokens: every select succeeds only if the oracle learns of the
+/// change and of the released tokens.
+pub(crate) const ORACLE_WALLET: &str = r#"
+name = "oracle-wallet"
+replicas = 2
+concurrency = 2
+legs = 50
+[[tokens]]
+wallet = "alice"
+type = "CHF"
+amount = "100"
+count = 4
+[[requests]]
+wallet = "alice"
+type = "CHF"
+amount = "5"
+count = 40
+mode = "settle"
+[[requests]]
+wallet = "alice"
+type = "CHF"
+amount = "120"
+count = 10
+mode = "unlock"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oracle_claims_what_is_free_without_reading_or_losing_a_race() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut opts = options(workload(ORACLE_WALLET), &dir);
+    opts.only = Some(vec![Strategy::Oracle]);
+    let report = simulator::simulate(opts).await.expect("simulation runs");
+    let oracle = by_name(&report, "oracle");
+    assert_eq!(oracle.succeeded, 50, "{oracle:?}");
+    assert_eq!(oracle.errors, 0, "{oracle:?}");
+    assert_eq!(oracle.conflicts_per_select, 0.0, "{oracle:?}");
+    // One claim per input, and no read.
+    assert_eq!(oracle.lock_attempts_per_select, oracle.inputs_per_select);
+    assert_eq!(oracle.round_trips_per_select, oracle.inputs_per_select);
+    assert!(
+        oracle.inputs_per_select > 1.0,
+        "the unlocked requests take two"
+    );
+    assert_eq!(oracle.locks_left, 0);
+    assert_eq!(oracle.invariant_violations, 0);
+}

@@ -61,7 +61,9 @@ const TIDY_PRESETS: &[&str] = &["many-wallets", "big-wallet"];
 /// crowd shares a few wallets.
 const SNAPSHOT_PRESETS: &[&str] = &["hot-wallets"];
 /// Presets whose ratios the bench measures again, [`REPEATS`] more runs each
-/// (seeds 1 to [`REPEATS`]): holdfast against naive and against the raw limit.
+/// (seeds 1 to [`REPEATS`]): holdfast against naive and against the raw limit,
+/// and the oracle (the most any selector reaches through the same stores,
+/// `docs/simulate.md`) against naive.
 /// The machine is shared and its speed moves from run to run, so each ratio is
 /// reported per run and as the median of those runs and the main table's.
 const REPEATED: &[&str] = &["many-wallets", "hot-wallets"];
@@ -377,7 +379,17 @@ pub fn run(args: &[String]) -> Result<(), Error> {
                 let report = json_of(&mut seeded(
                     db,
                     &seed.to_string(),
-                    &["--workload", preset, "--raw-limit"],
+                    &[
+                        "--workload",
+                        preset,
+                        "--raw-limit",
+                        "--strategy",
+                        "naive",
+                        "--strategy",
+                        "holdfast",
+                        "--strategy",
+                        "oracle",
+                    ],
                 ))?;
                 repeats.push(json!({
                     "backend": backend,
@@ -541,8 +553,8 @@ pub fn run(args: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
-/// Holdfast's selects/s against naive's and against the raw limit in one
-/// report (`null` where the report lacks either).
+/// Holdfast's and the oracle's selects/s against naive's, and holdfast's
+/// against the raw limit, in one report (`null` where the report lacks one).
 fn ratios(report: &Value) -> Value {
     let rate = |strategy: &str| {
         report["strategies"]
@@ -551,12 +563,15 @@ fn ratios(report: &Value) -> Value {
             .find(|s| s["strategy"] == strategy)?["selects_per_second"]
             .as_f64()
     };
-    let against_naive = rate("holdfast")
-        .zip(rate("naive"))
-        .filter(|(_, naive)| *naive > 0.0)
-        .map(|(holdfast, naive)| holdfast / naive);
+    let against_naive = |strategy: &str| {
+        rate(strategy)
+            .zip(rate("naive"))
+            .filter(|(_, naive)| *naive > 0.0)
+            .map(|(rate, naive)| rate / naive)
+    };
     json!({
-        "against_naive": against_naive,
+        "against_naive": against_naive("holdfast"),
+        "oracle_against_naive": against_naive("oracle"),
         "of_raw_limit": report["raw_limit"]["fraction_of_raw_limit"].as_f64(),
     })
 }
@@ -583,7 +598,7 @@ fn repeats_markdown(results: &Value) -> String {
         return String::new();
     }
     let mut out = format!(
-        "\n**Ratios measured again** (the machine is shared and its speed moves from run to run): the main table's run (seed {SEED}) and {REPEATS} more (seeds 1 to {REPEATS}), each a run of naive, holdfast and the raw cycle.\n\n| backend | workload | holdfast / naive, per run | median | % of raw limit, per run | median |\n|---|---|---|---|---|---|\n"
+        "\n**Ratios measured again** (the machine is shared and its speed moves from run to run): the main table's run (seed {SEED}) and {REPEATS} more (seeds 1 to {REPEATS}), each a run of naive, holdfast and the raw cycle; the {REPEATS} more also run the oracle, which claims what it knows to be free without reading and never loses a race: the most any selector reaches through the same stores (`docs/simulate.md`).\n\n| backend | workload | holdfast / naive, per run | median | % of raw limit, per run | median | oracle / naive, per run | median |\n|---|---|---|---|---|---|---|---|\n"
     );
     let presets = results["presets"].as_array().unwrap_or(&empty);
     let mut seen: Vec<(&str, &str)> = Vec::new();
@@ -618,9 +633,10 @@ fn repeats_markdown(results: &Value) -> String {
         };
         let (naive_each, naive_median) = column("against_naive", &|v| format!("{v:.2}x"));
         let (raw_each, raw_median) = column("of_raw_limit", &|v| format!("{:.0}%", v * 100.0));
+        let (oracle_each, oracle_median) = column("oracle_against_naive", &|v| format!("{v:.2}x"));
         let _ = writeln!(
             out,
-            "| {} | {} | {naive_each} | {naive_median} | {raw_each} | {raw_median} |",
+            "| {} | {} | {naive_each} | {naive_median} | {raw_each} | {raw_median} | {oracle_each} | {oracle_median} |",
             key.0, key.1
         );
     }
@@ -939,25 +955,29 @@ mod tests {
 
     #[test]
     fn the_repeated_ratios_are_shown_per_run_and_as_their_median() {
-        let report = |holdfast: f64, naive: f64, raw: f64| {
+        let report = |holdfast: f64, naive: f64, raw: f64, oracle: Option<f64>| {
+            let mut strategies = vec![
+                json!({"strategy": "naive", "selects_per_second": naive}),
+                json!({"strategy": "holdfast", "selects_per_second": holdfast}),
+            ];
+            strategies
+                .extend(oracle.map(|o| json!({"strategy": "oracle", "selects_per_second": o})));
             json!({
-                "strategies": [
-                    {"strategy": "naive", "selects_per_second": naive},
-                    {"strategy": "holdfast", "selects_per_second": holdfast},
-                ],
+                "strategies": strategies,
                 "raw_limit": {"fraction_of_raw_limit": raw},
             })
         };
         let results = json!({
-            "presets": [{"backend": "postgres", "preset": "hot-wallets", "report": report(90.0, 100.0, 0.5)}],
+            "presets": [{"backend": "postgres", "preset": "hot-wallets", "report": report(90.0, 100.0, 0.5, None)}],
             "repeats": [
-                {"backend": "postgres", "preset": "hot-wallets", "seed": 1, "ratios": ratios(&report(120.0, 100.0, 0.7))},
-                {"backend": "postgres", "preset": "hot-wallets", "seed": 2, "ratios": ratios(&report(110.0, 100.0, 0.6))},
+                {"backend": "postgres", "preset": "hot-wallets", "seed": 1, "ratios": ratios(&report(120.0, 100.0, 0.7, Some(115.0)))},
+                {"backend": "postgres", "preset": "hot-wallets", "seed": 2, "ratios": ratios(&report(110.0, 100.0, 0.6, Some(112.0)))},
             ],
         });
+        // The main table's run has no oracle: its median is the repeats'.
         assert_eq!(
             row_of(&markdown(&results), "| postgres | hot-wallets | 0.90x"),
-            "| postgres | hot-wallets | 0.90x, 1.20x, 1.10x | 1.10x | 50%, 70%, 60% | 60% |"
+            "| postgres | hot-wallets | 0.90x, 1.20x, 1.10x | 1.10x | 50%, 70%, 60% | 60% | 1.15x, 1.12x | 1.14x |"
         );
         assert_eq!(median(vec![3.0, 1.0, 4.0, 2.0]), Some(2.5));
         assert_eq!(median(Vec::new()), None);

@@ -383,10 +383,11 @@ pub fn run(args: &[String]) -> Result<(), Error> {
                         "--workload",
                         preset,
                         "--raw-limit",
-                        "--strategy",
-                        "naive",
+                        // Holdfast first, as a run without `--strategy` has it.
                         "--strategy",
                         "holdfast",
+                        "--strategy",
+                        "naive",
                         "--strategy",
                         "oracle",
                     ],

@@ -7,7 +7,7 @@
 //! mints, the tokens a release frees). So it never reads, never loses a race and
 //! claims exactly the tokens it needs: the smallest free token that covers the
 //! amount, else the largest free ones until the amount is covered. Its select is
-//! one claim per token and nothing else; with the settlement every strategy
+//! one claim (of one token, or a window of several) and nothing else; with the settlement every strategy
 //! shares, its selects per second bound what a selector that locks its tokens
 //! in the store can reach on a workload.
 //!
@@ -25,7 +25,7 @@ use std::time::Duration;
 use holdfast_domain::{
     ClaimVerdict, Quantity, SelectRequest, Selected, SelectionStats, TokenId, TokenType, WalletId,
 };
-use holdfast_ports::{Clock, LockStore, StoreFault, TokenStore, TokenStoreError};
+use holdfast_ports::{Clock, LockStore, Output, StoreFault, TokenStore, TokenStoreError};
 
 use holdfast::selector::{SelectError, SelectReport};
 
@@ -36,78 +36,102 @@ const POLL: Duration = Duration::from_millis(1);
 /// How long it looks before it answers insufficient funds.
 const MAX_WAIT: Duration = Duration::from_secs(10);
 
-/// The run's free tokens, by wallet and type, in ascending amount.
+/// The run's free tokens, by wallet and type, in ascending amount, and the
+/// tokens handed out; one lock for both, so a token is always in one of them
+/// until it is spent or lost.
 #[derive(Debug, Default)]
 pub struct Oracle {
-    free: Mutex<HashMap<Key, BTreeSet<(Quantity, TokenId)>>>,
+    lists: Mutex<Lists>,
+}
+
+#[derive(Debug, Default)]
+struct Lists {
+    free: HashMap<Key, BTreeSet<(Quantity, TokenId)>>,
     /// What each token handed out holds, for its release.
-    out: Mutex<HashMap<TokenId, (Key, Quantity)>>,
+    out: HashMap<TokenId, (Key, Quantity)>,
+}
+
+/// What [`Oracle::take`] found.
+enum Take {
+    /// These tokens cover the amount; they are handed out.
+    Chosen(Vec<(Quantity, TokenId)>),
+    /// The free tokens fall short, but others hold some that may come back.
+    Wait,
+    /// The free tokens fall short, and nothing is held: their total.
+    Short(Quantity),
 }
 
 impl Oracle {
-    /// Adds the free tokens of each wallet and type in `keys`, as `store` lists them.
+    /// Tracks each wallet and type in `keys`, with its free tokens as `store`
+    /// lists them. Tokens of other wallets (the payee's) are never tracked.
     pub async fn fill(
         &self,
         store: &dyn TokenStore,
         keys: impl IntoIterator<Item = Key>,
     ) -> Result<(), TokenStoreError> {
-        for (wallet, token_type) in keys {
+        for key in keys {
             let tokens = store
-                .list_tokens(&wallet, Some(token_type.clone()), usize::MAX)
+                .list_tokens(&key.0, Some(key.1.clone()), usize::MAX)
                 .await?;
+            let mut lists = lock(&self.lists);
+            let free = lists.free.entry(key).or_default();
             for t in tokens
                 .into_iter()
                 .filter(|t| t.spendable && t.spent_by.is_none())
             {
-                self.add(&t.wallet, &t.token_type, t.id, t.quantity);
+                free.insert((t.quantity, t.id));
             }
         }
         Ok(())
     }
 
-    /// `id`, holding `quantity`, is free (minted, or released).
-    pub fn add(&self, wallet: &WalletId, token_type: &TokenType, id: TokenId, quantity: Quantity) {
-        lock(&self.free)
-            .entry((wallet.clone(), token_type.clone()))
-            .or_default()
-            .insert((quantity, id));
+    /// A confirm of `selected` committed, minting `outputs`: the selected
+    /// tokens are gone, the outputs of tracked wallets free.
+    pub fn settled(&self, selected: &[TokenId], outputs: &[(TokenId, Output)]) {
+        let mut lists = lock(&self.lists);
+        for id in selected {
+            lists.out.remove(id);
+        }
+        for (id, output) in outputs {
+            let key = (output.wallet.clone(), output.token_type.clone());
+            if let Some(free) = lists.free.get_mut(&key) {
+                free.insert((output.quantity, id.clone()));
+            }
+        }
     }
 
     /// The tokens handed out in `ids` are free again.
     pub fn released(&self, ids: &[TokenId]) {
-        let freed: Vec<(TokenId, (Key, Quantity))> = {
-            let mut out = lock(&self.out);
-            ids.iter()
-                .filter_map(|id| out.remove(id).map(|was| (id.clone(), was)))
-                .collect()
-        };
-        for (id, ((wallet, token_type), quantity)) in freed {
-            self.add(&wallet, &token_type, id, quantity);
-        }
-    }
-
-    /// The tokens handed out in `ids` are spent.
-    pub fn spent(&self, ids: &[TokenId]) {
-        let mut out = lock(&self.out);
+        let mut lists = lock(&self.lists);
         for id in ids {
-            out.remove(id);
+            if let Some((key, quantity)) = lists.out.remove(id) {
+                lists
+                    .free
+                    .entry(key)
+                    .or_default()
+                    .insert((quantity, id.clone()));
+            }
         }
     }
 
-    /// Whether a token of `key` is handed out (it may come back).
-    fn holds(&self, key: &Key) -> bool {
-        lock(&self.out).values().any(|(k, _)| k == key)
+    /// The tokens handed out in `ids` are out of the oracle's sight (a failed
+    /// settlement, a held request, a lost claim): no longer waited for.
+    pub fn forget(&self, ids: &[TokenId]) {
+        let mut lists = lock(&self.lists);
+        for id in ids {
+            lists.out.remove(id);
+        }
     }
 
     /// Takes the tokens that cover `amount` out of the list: the smallest that
-    /// covers it alone, else the largest until covered. `Err`: the free total.
-    fn take(&self, key: &Key, amount: Quantity) -> Result<Vec<(Quantity, TokenId)>, Quantity> {
-        let mut free = lock(&self.free);
+    /// covers it alone, else the largest until covered.
+    fn take(&self, key: &Key, amount: Quantity) -> Take {
+        let mut lists = lock(&self.lists);
+        let Lists { free, out } = &mut *lists;
         let Some(tokens) = free.get_mut(key) else {
-            return Err(Quantity::ZERO);
+            return Take::Short(Quantity::ZERO);
         };
-        let cover = tokens.iter().find(|(q, _)| *q >= amount).cloned();
-        let chosen = match cover {
+        let chosen = match tokens.iter().find(|(q, _)| *q >= amount).cloned() {
             Some(one) => vec![one],
             None => {
                 // None: beyond 128 bits, so covered.
@@ -121,19 +145,20 @@ impl Oracle {
                     }
                 }
                 if let Some(short) = sum.filter(|s| *s < amount) {
-                    return Err(short);
+                    return if out.values().any(|(k, _)| k == key) {
+                        Take::Wait
+                    } else {
+                        Take::Short(short)
+                    };
                 }
                 chosen
             }
         };
         for token in &chosen {
             tokens.remove(token);
+            out.insert(token.1.clone(), (key.clone(), token.0));
         }
-        let mut out = lock(&self.out);
-        for (quantity, id) in &chosen {
-            out.insert(id.clone(), (key.clone(), *quantity));
-        }
-        Ok(chosen)
+        Take::Chosen(chosen)
     }
 }
 
@@ -194,13 +219,19 @@ impl OracleSelector {
         let since = tokio::time::Instant::now();
         let chosen = loop {
             match self.oracle.take(&key, request.amount) {
-                Ok(chosen) => break chosen,
+                Take::Chosen(chosen) => break chosen,
                 // What others hold may come back: wait for it, as a selector would.
-                Err(_) if self.oracle.holds(&key) && since.elapsed() < MAX_WAIT => {
+                Take::Wait if since.elapsed() < MAX_WAIT => {
                     stats.immediate_retries += 1;
                     tokio::time::sleep(POLL).await;
                 }
-                Err(available) => {
+                Take::Wait => {
+                    return Err(SelectError::InsufficientFunds {
+                        available: Quantity::ZERO,
+                        requested: request.amount,
+                    });
+                }
+                Take::Short(available) => {
                     return Err(SelectError::InsufficientFunds {
                         available,
                         requested: request.amount,
@@ -208,29 +239,40 @@ impl OracleSelector {
                 }
             }
         };
+        let ids: Vec<TokenId> = chosen.iter().map(|(_, id)| id.clone()).collect();
+        let n = u64::try_from(ids.len()).unwrap_or(u64::MAX);
+        // One round trip, as a window claim of holdfast's.
+        stats.claims += 1;
+        stats.lock_attempts += n;
+        stats.distinct_tokens_attempted += n;
+        let at = self.clock.now();
+        let verdicts = if let [one] = ids.as_slice() {
+            self.locks
+                .claim(&request.consumer, one, at)
+                .await
+                .map(|v| vec![(one.clone(), v)])
+        } else {
+            self.locks.claim_window(&request.consumer, &ids, at).await
+        };
+        let all_won = verdicts
+            .as_ref()
+            .is_ok_and(|v| v.len() == ids.len() && v.iter().all(|(_, v)| *v == ClaimVerdict::Won));
+        if !all_won {
+            stats.store_errors += 1;
+            self.oracle.forget(&ids);
+            return Err(SelectError::Store(StoreFault::Backend(format!(
+                "the oracle's claim of {ids:?} answered {verdicts:?}: its free list is wrong"
+            ))));
+        }
         let mut total = Quantity::ZERO;
-        let mut tokens = Vec::new();
-        for (quantity, id) in chosen {
-            stats.claims += 1;
-            stats.lock_attempts += 1;
-            stats.distinct_tokens_attempted += 1;
-            let verdict = self
-                .locks
-                .claim(&request.consumer, &id, self.clock.now())
-                .await;
-            if !matches!(verdict, Ok(ClaimVerdict::Won)) {
-                stats.store_errors += 1;
-                return Err(SelectError::Store(StoreFault::Backend(format!(
-                    "the oracle's claim of {id} answered {verdict:?}: its free list is wrong"
-                ))));
-            }
-            total = total.checked_add(quantity).ok_or_else(|| {
+        for (quantity, _) in &chosen {
+            total = total.checked_add(*quantity).ok_or_else(|| {
                 SelectError::Store(StoreFault::Backend(
                     "selected amounts overflow 128 bits".to_owned(),
                 ))
             })?;
-            tokens.push(id);
         }
+        let tokens = ids;
         Ok(Selected {
             tokens,
             total,

@@ -610,15 +610,7 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                     {
                         Ok(confirmed) => {
                             if let Some(oracle) = replica.oracle() {
-                                oracle.spent(&confirmed.spent);
-                                for (id, output) in &confirmed.outputs {
-                                    oracle.add(
-                                        &output.wallet,
-                                        &output.token_type,
-                                        id.clone(),
-                                        output.quantity,
-                                    );
-                                }
+                                oracle.settled(&selected.tokens, &confirmed.outputs);
                             }
                             if !selected.change.is_zero() {
                                 checker.minted.fetch_add(1, Ordering::Relaxed);
@@ -639,25 +631,37 @@ async fn run_request(shared: &Shared, replica: &Replica, index: usize) {
                         Err(e) => {
                             checker.settle_errors.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(error = %e, "could not confirm");
+                            if let Some(oracle) = replica.oracle() {
+                                oracle.forget(&selected.tokens);
+                            }
                         }
                     }
                 }
                 RequestMode::Unlock if replica.releases => {
                     checker.on_releasing(&selected.tokens);
-                    if let Err(e) = replica
+                    let released = replica
                         .settlement
                         .on_status(&consumer, SettlementStatus::Invalid)
-                        .await
-                    {
+                        .await;
+                    if let Err(e) = &released {
                         checker.settle_errors.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(error = %e, "could not release");
-                    } else if let Some(oracle) = replica.oracle() {
-                        oracle.released(&selected.tokens);
+                    }
+                    if let Some(oracle) = replica.oracle() {
+                        if released.is_ok() {
+                            oracle.released(&selected.tokens);
+                        } else {
+                            oracle.forget(&selected.tokens);
+                        }
                     }
                 }
                 // Left to the lease sweep: the holder stays in the checker until its
-                // lease has run out.
-                RequestMode::Unlock | RequestMode::Hold => {}
+                // lease has run out (and out of the oracle's sight).
+                RequestMode::Unlock | RequestMode::Hold => {
+                    if let Some(oracle) = replica.oracle() {
+                        oracle.forget(&selected.tokens);
+                    }
+                }
             }
         }
         Err(SelectError::Store(_) | SelectError::Input(_)) => sample.error = true,

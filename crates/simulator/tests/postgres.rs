@@ -151,7 +151,8 @@ async fn the_oracle_claims_what_is_free_on_postgres() {
     assert_eq!(oracle.succeeded, 50, "{oracle:?}");
     assert_eq!(oracle.errors, 0, "{oracle:?}");
     assert_eq!(oracle.conflicts_per_select, 0.0, "{oracle:?}");
-    assert_eq!(oracle.round_trips_per_select, oracle.inputs_per_select);
+    assert_eq!(oracle.lock_attempts_per_select, oracle.inputs_per_select);
+    assert_eq!(oracle.round_trips_per_select, 1.0);
     assert_eq!(oracle.locks_left, 0);
     assert_eq!(oracle.invariant_violations, 0);
 }

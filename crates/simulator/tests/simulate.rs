@@ -404,9 +404,9 @@ async fn the_oracle_claims_what_is_free_without_reading_or_losing_a_race() {
     assert_eq!(oracle.succeeded, 50, "{oracle:?}");
     assert_eq!(oracle.errors, 0, "{oracle:?}");
     assert_eq!(oracle.conflicts_per_select, 0.0, "{oracle:?}");
-    // One claim per input, and no read.
+    // One claim (a window of two for the unlocked requests), and no read.
     assert_eq!(oracle.lock_attempts_per_select, oracle.inputs_per_select);
-    assert_eq!(oracle.round_trips_per_select, oracle.inputs_per_select);
+    assert_eq!(oracle.round_trips_per_select, 1.0);
     assert!(
         oracle.inputs_per_select > 1.0,
         "the unlocked requests take two"

@@ -6,17 +6,18 @@
 //! the clock starts and kept up to date by the runner (the change a confirm
 //! mints, the tokens a release frees). So it never reads, never loses a race and
 //! claims exactly the tokens it needs: the smallest free token that covers the
-//! amount, else the largest free ones until the amount is covered. Its select is
-//! one claim (of one token, or a window of several) and nothing else; with the settlement every strategy
-//! shares, its selects per second bound what a selector that locks its tokens
-//! in the store can reach on a workload.
+//! amount, else the largest free ones until the amount is covered. Its select
+//! is one claim (of one token, or a window of several) and nothing else; with
+//! the settlement every strategy shares, its selects per second bound what a
+//! selector that locks its tokens in the store can reach on a workload.
 //!
 //! When the free tokens do not cover the amount while others hold some, it
 //! waits for them (polling every millisecond, for up to 10 s), as a selector
-//! waits for freed tokens. Tokens a held request keeps are not returned to the list (the lease sweep
-//! frees them in the store unseen): the oracle is for workloads that settle or
-//! release what they select. A claim it loses means its list was wrong, and the
-//! select fails with a store error, which the run's figures show.
+//! waits for freed tokens. Tokens a held request keeps, or a failed settlement
+//! leaves, go out of its sight (the lease sweep frees them in the store
+//! unseen): the oracle is for workloads that settle or release what they
+//! select. A claim it loses means its list was wrong: the select fails with a
+//! store error, which the run's figures show.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};

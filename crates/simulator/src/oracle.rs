@@ -20,7 +20,7 @@
 //! store error, which the run's figures show.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use holdfast_domain::{
@@ -63,6 +63,10 @@ enum Take {
 }
 
 impl Oracle {
+    fn lists(&self) -> MutexGuard<'_, Lists> {
+        self.lists.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Tracks each wallet and type in `keys`, with its free tokens as `store`
     /// lists them. Tokens of other wallets (the payee's) are never tracked.
     pub async fn fill(
@@ -74,7 +78,7 @@ impl Oracle {
             let tokens = store
                 .list_tokens(&key.0, Some(key.1.clone()), usize::MAX)
                 .await?;
-            let mut lists = lock(&self.lists);
+            let mut lists = self.lists();
             let free = lists.free.entry(key).or_default();
             for t in tokens
                 .into_iter()
@@ -89,7 +93,7 @@ impl Oracle {
     /// A confirm of `selected` committed, minting `outputs`: the selected
     /// tokens are gone, the outputs of tracked wallets free.
     pub fn settled(&self, selected: &[TokenId], outputs: &[(TokenId, Output)]) {
-        let mut lists = lock(&self.lists);
+        let mut lists = self.lists();
         for id in selected {
             lists.out.remove(id);
         }
@@ -103,7 +107,7 @@ impl Oracle {
 
     /// The tokens handed out in `ids` are free again.
     pub fn released(&self, ids: &[TokenId]) {
-        let mut lists = lock(&self.lists);
+        let mut lists = self.lists();
         for id in ids {
             if let Some((key, quantity)) = lists.out.remove(id) {
                 lists
@@ -118,7 +122,7 @@ impl Oracle {
     /// The tokens handed out in `ids` are out of the oracle's sight (a failed
     /// settlement, a held request, a lost claim): no longer waited for.
     pub fn forget(&self, ids: &[TokenId]) {
-        let mut lists = lock(&self.lists);
+        let mut lists = self.lists();
         for id in ids {
             lists.out.remove(id);
         }
@@ -127,7 +131,7 @@ impl Oracle {
     /// Takes the tokens that cover `amount` out of the list: the smallest that
     /// covers it alone, else the largest until covered.
     fn take(&self, key: &Key, amount: Quantity) -> Take {
-        let mut lists = lock(&self.lists);
+        let mut lists = self.lists();
         let Lists { free, out } = &mut *lists;
         let Some(tokens) = free.get_mut(key) else {
             return Take::Short(Quantity::ZERO);
@@ -161,10 +165,6 @@ impl Oracle {
         }
         Take::Chosen(chosen)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One replica's oracle selector: the run's [`Oracle`] and the replica's lock store.
@@ -219,26 +219,21 @@ impl OracleSelector {
         let key = (request.wallet.clone(), request.token_type.clone());
         let since = tokio::time::Instant::now();
         let chosen = loop {
-            match self.oracle.take(&key, request.amount) {
+            let available = match self.oracle.take(&key, request.amount) {
                 Take::Chosen(chosen) => break chosen,
                 // What others hold may come back: wait for it, as a selector would.
                 Take::Wait if since.elapsed() < MAX_WAIT => {
                     stats.immediate_retries += 1;
                     tokio::time::sleep(POLL).await;
+                    continue;
                 }
-                Take::Wait => {
-                    return Err(SelectError::InsufficientFunds {
-                        available: Quantity::ZERO,
-                        requested: request.amount,
-                    });
-                }
-                Take::Short(available) => {
-                    return Err(SelectError::InsufficientFunds {
-                        available,
-                        requested: request.amount,
-                    });
-                }
-            }
+                Take::Wait => Quantity::ZERO,
+                Take::Short(available) => available,
+            };
+            return Err(SelectError::InsufficientFunds {
+                available,
+                requested: request.amount,
+            });
         };
         let ids: Vec<TokenId> = chosen.iter().map(|(_, id)| id.clone()).collect();
         let n = u64::try_from(ids.len()).unwrap_or(u64::MAX);
@@ -273,9 +268,8 @@ impl OracleSelector {
                 ))
             })?;
         }
-        let tokens = ids;
         Ok(Selected {
-            tokens,
+            tokens: ids,
             total,
             change: total.saturating_sub(request.amount),
         })

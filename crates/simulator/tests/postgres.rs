@@ -3,6 +3,7 @@
 //! command says there is no server, fails otherwise and always under CI).
 
 use crate::pg_support::TestDb;
+use crate::simulate::{ORACLE_WALLET, options_on};
 
 /// The simulator's raw select cycle through sqlx, on fresh databases of the test
 /// server: cycles complete, no lock is left, holdfast's fraction is reported.
@@ -19,14 +20,9 @@ async fn the_raw_limit_runs_the_select_cycle_on_postgres() {
         ))
         .expect("workload");
         let options = holdfast_simulator::SimOptions {
-            workload: load,
-            db: Some(db.url.clone()),
-            seed: 7,
-            ablate: None,
             only: Some(vec![holdfast_simulator::Strategy::Holdfast]),
             raw_limit: Some(std::time::Duration::from_millis(200)),
-            progress: false,
-            config: holdfast::Config::default(),
+            ..options_on(load, db.url.clone())
         };
         let report = holdfast_simulator::simulate(options)
             .await
@@ -130,16 +126,10 @@ async fn the_oracle_claims_what_is_free_on_postgres() {
     let Some(db) = TestDb::create("simulator::oracle").await else {
         return;
     };
+    let workload = holdfast_simulator::Workload::from_toml_str(ORACLE_WALLET).expect("workload");
     let options = holdfast_simulator::SimOptions {
-        workload: holdfast_simulator::Workload::from_toml_str(crate::simulate::ORACLE_WALLET)
-            .expect("workload"),
-        db: Some(db.url.clone()),
-        seed: 7,
-        ablate: None,
         only: Some(vec![holdfast_simulator::Strategy::Oracle]),
-        raw_limit: None,
-        progress: false,
-        config: holdfast::Config::default(),
+        ..options_on(workload, db.url.clone())
     };
     let report = holdfast_simulator::simulate(options)
         .await

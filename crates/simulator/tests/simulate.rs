@@ -10,9 +10,14 @@ use holdfast_simulator::{
 };
 
 fn options(workload: Workload, dir: &tempfile::TempDir) -> SimOptions {
+    options_on(workload, dir.path().join("sim.db").display().to_string())
+}
+
+/// The tests' options for `workload` on the database `db` (a file or a URL).
+pub(crate) fn options_on(workload: Workload, db: String) -> SimOptions {
     SimOptions {
         workload,
-        db: Some(dir.path().join("sim.db").display().to_string()),
+        db: Some(db),
         seed: 7,
         ablate: None,
         only: None,
